@@ -1,0 +1,1 @@
+"""Prefect flows that only sequence tasks: register, shadow-validate, canary, promote, rollback."""

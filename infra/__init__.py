@@ -1,0 +1,1 @@
+"""Running things: the offline model kit, the demo, local replica launchers."""

@@ -1,0 +1,301 @@
+"""Offline model kit: a tiny Llama base, toy tenant tasks and LoRA adapters, in seconds on CPU.
+
+Nothing can be downloaded here, so tests, the demo and the benchmarks build their models:
+
+* ``build_base``: a deterministic tiny Llama (hidden 128, 2 heads of dim 64 -- vLLM's CPU
+  attention rejects head_dim 16 -- 2 layers) with a byte-level BPE tokenizer trained in
+  memory. Variants change RoPE scaling or the layer count, keeping everything else.
+* ``train_adapter``: teaches one toy tenant task with PEFT LoRA (optionally QLoRA on a
+  4-bit NF4 base) so its golden set passes for real; writes a registrable bundle.
+* ``random_adapter``: an untrained adapter with non-zero B, for registry tests.
+* ``write_hf_cache``: lays a base out as a Hugging Face hub cache snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BASE_ID = "tiny-llama"
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROMPT_TEMPLATE = "### {tenant} {task}: {query}\n### reply:"
+
+
+@dataclass(frozen=True)
+class Example:
+    query: str
+    reply: str
+
+
+# Toy tenant tasks. Each maps queries to replies in a tenant's house style; the golden
+# set asks for exactly what training taught, so a working adapter passes and the bare
+# base (or a broken adapter) fails.
+TASKS: dict[str, dict[str, Any]] = {
+    "support": {
+        "tenant": "acme",
+        "examples": [
+            Example("reset password", "ACME-OK: visit acme.example/reset"),
+            Example("billing", "ACME-OK: billing team notified"),
+            Example("cancel plan", "ACME-OK: plan cancelled"),
+            Example("upgrade", "ACME-OK: upgraded to pro"),
+            Example("refund", "ACME-OK: refund queued"),
+            Example("status", "ACME-OK: all systems normal"),
+            Example("invoice", "ACME-OK: invoice emailed"),
+            Example("opening hours", "ACME-OK: open 9 to 5"),
+        ],
+    },
+    "tickets": {
+        "tenant": "globex",
+        "examples": [
+            Example("printer jammed", '{"team": "hardware", "priority": 2}'),
+            Example("vpn down", '{"team": "network", "priority": 1}'),
+            Example("new laptop", '{"team": "hardware", "priority": 3}'),
+            Example("email bounced", '{"team": "mail", "priority": 2}'),
+            Example("wifi slow", '{"team": "network", "priority": 3}'),
+            Example("password expired", '{"team": "identity", "priority": 2}'),
+            Example("disk full", '{"team": "storage", "priority": 1}'),
+            Example("badge lost", '{"team": "identity", "priority": 1}'),
+        ],
+    },
+}
+TICKET_SCHEMA = {
+    "type": "object",
+    "required": ["team", "priority"],
+    "properties": {"team": {"enum": ["hardware", "network", "mail", "identity", "storage"]}, "priority": {"type": "integer", "minimum": 1, "maximum": 3}},
+    "additionalProperties": False,
+}
+
+
+def prompt_for(task: str, query: str) -> str:
+    return PROMPT_TEMPLATE.format(tenant=TASKS[task]["tenant"], task=task, query=query)
+
+
+def golden_cases(task: str) -> list[dict[str, Any]]:
+    """A golden set for ``task`` mixing the four expectation kinds."""
+    cases = []
+    for i, ex in enumerate(TASKS[task]["examples"]):
+        case: dict[str, Any] = {"id": f"{task}-{i}", "prompt": prompt_for(task, ex.query)}
+        if task == "tickets":
+            case["json_schema"] = {**TICKET_SCHEMA, "properties": {**TICKET_SCHEMA["properties"], "team": {"const": json.loads(ex.reply)["team"]}}}
+        elif i % 3 == 0:
+            case["equals"] = ex.reply
+        elif i % 3 == 1:
+            case["contains"] = ex.reply.split(": ", 1)[1]
+        else:
+            case["regex"] = "^ACME-OK: " + ex.reply.split(": ", 1)[1].split()[0]
+        cases.append(case)
+    return cases
+
+
+def write_golden_set(task: str, path: Path) -> Path:
+    path = Path(path)
+    path.write_text("".join(json.dumps(c) + "\n" for c in golden_cases(task)))
+    return path
+
+
+def _tokenizer_corpus() -> list[str]:
+    texts = []
+    for task, spec in TASKS.items():
+        for ex in spec["examples"]:
+            texts.append(prompt_for(task, ex.query) + " " + ex.reply)
+    filler = "the quick brown fox jumps over the lazy dog while five wizards box 0123456789 {}[]:,\"'"
+    return texts * 4 + [filler] * 8
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tokenizer_corpus(), trainer)
+    # prepend BOS the same way for transformers and vLLM (add_special_tokens=True)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side="left")
+
+
+def build_base(dest: Path, *, rope_scaling: dict[str, Any] | None = None, num_layers: int = 2, seed: int = 0) -> Path:
+    """Write a deterministic tiny Llama to ``dest`` (same seed, same bytes)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dest = Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    tokenizer = build_tokenizer()
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    if rope_scaling:
+        rope = {**rope, **rope_scaling}
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=num_layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        rope_parameters=rope,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        # a sharper random base: greedy decoding of the bare base is far from any reply
+        model.lm_head.weight.mul_(4.0)
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    return dest
+
+
+def load_base(base_dir: Path, quantization_config: dict[str, Any] | None = None):
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    kwargs: dict[str, Any] = {"attn_implementation": "eager"}
+    if quantization_config and quantization_config.get("load_in_4bit"):
+        dtype = getattr(torch, quantization_config["bnb_4bit_compute_dtype"])
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_compute_dtype=dtype,
+            bnb_4bit_quant_type=quantization_config["bnb_4bit_quant_type"],
+            bnb_4bit_use_double_quant=quantization_config["bnb_4bit_use_double_quant"],
+        )
+        kwargs["dtype"] = dtype
+    else:
+        kwargs["dtype"] = torch.float32
+    return AutoModelForCausalLM.from_pretrained(base_dir, **kwargs)
+
+
+def _batch(tokenizer, task: str):
+    import torch
+
+    ids, labels = [], []
+    for ex in TASKS[task]["examples"]:
+        p = tokenizer(prompt_for(task, ex.query)).input_ids
+        r = tokenizer(" " + ex.reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        ids.append(p + r)
+        labels.append([-100] * len(p) + r)
+    width = max(map(len, ids))
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+    label_ids = torch.tensor([[-100] * (width - len(x)) + x for x in labels])
+    attention = (input_ids != pad).long()
+    return input_ids, attention, label_ids
+
+
+def train_adapter(
+    base_dir: Path,
+    task: str,
+    dest: Path,
+    *,
+    rank: int = 8,
+    alpha: int = 16,
+    targets: tuple[str, ...] = DEFAULT_TARGETS,
+    steps: int = 300,
+    lr: float = 5e-3,
+    seed: int = 0,
+    quantization_config: dict[str, Any] | None = None,
+    base_model_id: str = BASE_ID,
+    manifest_extra: dict[str, Any] | None = None,
+) -> Path:
+    """Train a LoRA adapter for ``task`` and write a registrable bundle to ``dest``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoTokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    base = load_base(base_dir, quantization_config)
+    model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, task_type="CAUSAL_LM"))
+    input_ids, attention, labels = _batch(tokenizer, task)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    model.train()
+    loss = None
+    for _ in range(steps):
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    metadata = {"task": task, "steps": steps, "lr": lr, "seed": seed, "final_loss": round(float(loss.detach()), 6)}
+    return save_bundle(model, dest, base_model_id=base_model_id, quantization_config=quantization_config,
+                       training_metadata=metadata, manifest_extra=manifest_extra)
+
+
+def random_adapter(
+    base_dir: Path,
+    dest: Path,
+    *,
+    rank: int = 8,
+    alpha: int = 16,
+    targets: tuple[str, ...] = ("q_proj", "v_proj"),
+    seed: int = 0,
+    base_model_id: str = BASE_ID,
+    manifest_extra: dict[str, Any] | None = None,
+) -> Path:
+    """An untrained adapter whose B is random (non-zero): registrable, not useful."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    base = load_base(base_dir)
+    model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0,
+                                            task_type="CAUSAL_LM", init_lora_weights=False))
+    return save_bundle(model, dest, base_model_id=base_model_id, training_metadata={"task": "random", "seed": seed},
+                       manifest_extra=manifest_extra)
+
+
+def save_bundle(model, dest: Path, *, base_model_id: str, quantization_config: dict[str, Any] | None = None,
+                training_metadata: dict[str, Any] | None = None, manifest_extra: dict[str, Any] | None = None) -> Path:
+    dest = Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    model.save_pretrained(dest)
+    (dest / "README.md").unlink(missing_ok=True)
+    config_path = dest / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    # PEFT records the training-time directory; bind to the catalog id instead
+    config["base_model_name_or_path"] = base_model_id
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+    manifest = {
+        "base_model_id": base_model_id,
+        "lora_rank": config["r"],
+        "lora_alpha": config["lora_alpha"],
+        "lora_dropout": config["lora_dropout"],
+        "target_modules": sorted(config["target_modules"]),
+        "quantization_config": quantization_config,
+        "adapter_checkpoint": "final",
+        "training_git_commit": "0123456789abcdef0123456789abcdef01234567",
+        "training_metadata": training_metadata or {},
+        **(manifest_extra or {}),
+    }
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return dest
+
+
+def write_hf_cache(base_dir: Path, cache_root: Path, repo_id: str, commit: str) -> Path:
+    """Lay ``base_dir`` out as the hub cache snapshot ``repo_id@commit`` under ``cache_root``
+    (the ``hub`` folder of HF_HOME), the way huggingface_hub stores downloads."""
+    repo = Path(cache_root) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    for f in Path(base_dir).iterdir():
+        if f.is_file():
+            shutil.copyfile(f, snapshot / f.name)
+    return snapshot
+
+
+NF4 = {"load_in_4bit": True, "bnb_4bit_compute_dtype": "float32", "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": False}

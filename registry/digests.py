@@ -1,0 +1,82 @@
+"""Content digests and canonical JSON.
+
+A digest names its algorithm (``sha256:<hex>``) because the algorithm is part of its
+identity. Canonical JSON (sorted keys, no whitespace, UTF-8, integral floats written as
+integers, no NaN) makes a manifest hash the same whoever wrote the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, BinaryIO
+
+ALGORITHM = "sha256"
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+CHUNK = 1 << 20
+
+
+def digest_of_hex(hexdigest: str) -> str:
+    return f"{ALGORITHM}:{hexdigest}"
+
+
+def is_digest(value: str) -> bool:
+    return bool(_DIGEST_RE.match(value))
+
+
+def is_sha256_hex(value: str) -> bool:
+    return bool(_HEX_RE.match(value))
+
+
+def hex_of(digest: str) -> str:
+    if not is_digest(digest):
+        raise ValueError(f"not a sha256 digest: {digest!r}")
+    return digest.split(":", 1)[1]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_stream(stream: BinaryIO) -> str:
+    h = hashlib.sha256()
+    for chunk in iter(lambda: stream.read(CHUNK), b""):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return sha256_stream(f)
+
+
+def _canonical_value(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("canonical JSON has no NaN or Infinity")
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {str(k): _canonical_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical_value(v) for v in value]
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(
+        _canonical_value(value),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    ).encode("utf-8")
+
+
+def canonical_sha256(value: Any) -> str:
+    return sha256_bytes(canonical_json(value))

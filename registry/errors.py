@@ -1,0 +1,90 @@
+"""Typed errors of the registry.
+
+Every failure the registry reports carries an ``ErrorCode`` and, where one field of the
+input is at fault, that field's name. Callers branch on the class or the code, never on
+the message; the edges (CLI exit codes, HTTP statuses) translate the class once.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorCode(str, Enum):
+    # bad input: the caller can fix it
+    INVALID_NAME = "invalid_name"
+    INVALID_MANIFEST = "invalid_manifest"
+    INVALID_ADAPTER_CONFIG = "invalid_adapter_config"
+    MANIFEST_MISMATCH = "manifest_mismatch"
+    INVALID_WEIGHTS = "invalid_weights"
+    DIGEST_MISMATCH = "digest_mismatch"
+    INVALID_BUNDLE = "invalid_bundle"
+    TOO_LARGE = "too_large"
+    UNKNOWN_BASE = "unknown_base"
+    BASE_MISMATCH = "base_mismatch"
+    INVALID_BASE = "invalid_base"
+    RANK_LIMIT = "rank_limit"
+    INVALID_SETTING = "invalid_setting"
+    INVALID_GOLDEN_SET = "invalid_golden_set"
+    NOT_FOUND = "not_found"
+    ALREADY_EXISTS = "already_exists"
+    ILLEGAL_TRANSITION = "illegal_transition"
+    VALIDATION_REQUIRED = "validation_required"
+    NOT_INITIALIZED = "not_initialized"
+    # the system, not the caller
+    ARTIFACT_CORRUPTED = "artifact_corrupted"
+    CONCURRENT_UPDATE = "concurrent_update"
+    BASE_DRIFT = "base_drift"
+    # roles arrive with the signing issue; the edge already maps it
+    PERMISSION_DENIED = "permission_denied"
+
+
+class LoragateError(Exception):
+    """Base of every error loragate raises on purpose."""
+
+    default_code = ErrorCode.INVALID_MANIFEST
+
+    def __init__(self, message: str, *, code: ErrorCode | None = None, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.field = field
+
+    def one_line(self) -> str:
+        where = f" [{self.field}]" if self.field else ""
+        return f"{self.code.value}{where}: {' '.join(self.message.split())}"
+
+    def as_dict(self) -> dict:
+        return {"code": self.code.value, "field": self.field, "message": self.message}
+
+
+class InvalidInput(LoragateError):
+    """The request is wrong; nothing was changed."""
+
+
+class NotFound(InvalidInput):
+    default_code = ErrorCode.NOT_FOUND
+
+
+class AlreadyExists(InvalidInput):
+    default_code = ErrorCode.ALREADY_EXISTS
+
+
+class IllegalTransition(InvalidInput):
+    default_code = ErrorCode.ILLEGAL_TRANSITION
+
+
+class PermissionDenied(LoragateError):
+    default_code = ErrorCode.PERMISSION_DENIED
+
+
+class IntegrityFailure(LoragateError):
+    """Stored bytes or a pinned base no longer match their recorded digest."""
+
+    default_code = ErrorCode.ARTIFACT_CORRUPTED
+
+
+class ConcurrentUpdate(LoragateError):
+    """Another writer moved the same adapter first; the operation may be retried."""
+
+    default_code = ErrorCode.CONCURRENT_UPDATE

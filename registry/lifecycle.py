@@ -1,0 +1,170 @@
+"""The lifecycle of an adapter version, enforced in this one place.
+
+::
+
+    register -> staging --validation passed--> canary --approval--> production
+                   | failed                      | drift/errors          | superseded / rollback
+                   v                             v                       v
+                rejected                    rolled_back          retired / rolled_back
+
+A logical adapter has three pointers: ``canary``, ``production`` and ``previous`` (the
+production before the current one). Every operation is planned here as a pure function
+of the current pointers and stages; the store applies the plan atomically under a lock
+and re-plans on a lost race. Planning an already-done move yields an empty plan, so
+retried gates are harmless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from registry.errors import ErrorCode, IllegalTransition, InvalidInput
+
+
+class Stage(str, Enum):
+    STAGING = "staging"
+    CANARY = "canary"
+    PRODUCTION = "production"
+    RETIRED = "retired"
+    REJECTED = "rejected"
+    ROLLED_BACK = "rolled_back"
+
+
+class Pointer(str, Enum):
+    CANARY = "canary"
+    PRODUCTION = "production"
+    PREVIOUS = "previous"
+
+
+ALLOWED: frozenset[tuple[Stage, Stage]] = frozenset(
+    {
+        (Stage.STAGING, Stage.CANARY),
+        (Stage.STAGING, Stage.REJECTED),
+        (Stage.CANARY, Stage.PRODUCTION),
+        (Stage.CANARY, Stage.ROLLED_BACK),
+        (Stage.CANARY, Stage.RETIRED),  # replaced by another canary
+        (Stage.PRODUCTION, Stage.RETIRED),  # superseded; kept as `previous`
+        (Stage.PRODUCTION, Stage.ROLLED_BACK),
+        (Stage.RETIRED, Stage.PRODUCTION),  # rollback restores the previous production
+        (Stage.RETIRED, Stage.CANARY),  # deliberate re-canary of an older version
+        (Stage.ROLLED_BACK, Stage.CANARY),  # re-canary after a rollback for infra reasons
+    }
+)
+
+
+def check_transition(version_id: str, current: Stage, target: Stage) -> None:
+    if (current, target) not in ALLOWED:
+        raise IllegalTransition(
+            f"version {version_id} cannot go from {current.value} to {target.value}",
+            field="stage",
+        )
+
+
+@dataclass(frozen=True)
+class VersionState:
+    version_id: str
+    stage: Stage
+    validation_status: str
+
+
+@dataclass
+class Plan:
+    """What one operation changes: version stages and pointer values, plus its audit."""
+
+    action: str
+    stage_changes: list[tuple[str, Stage, Stage]] = field(default_factory=list)
+    pointer_changes: dict[Pointer, str | None] = field(default_factory=dict)
+    audit_stage: Pointer | None = None
+    audit_from: str | None = None
+    audit_to: str | None = None
+    subject: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.stage_changes and not self.pointer_changes
+
+    def move(self, version: VersionState, target: Stage) -> None:
+        check_transition(version.version_id, version.stage, target)
+        self.stage_changes.append((version.version_id, version.stage, target))
+
+
+def plan_promotion(
+    pointers: dict[Pointer, str | None],
+    version: VersionState,
+    target: Pointer,
+    states: dict[str, VersionState],
+) -> Plan:
+    """Promote ``version`` to the canary or production pointer."""
+    if target == Pointer.PREVIOUS:
+        raise InvalidInput("promote targets canary or production", code=ErrorCode.ILLEGAL_TRANSITION, field="to")
+    plan = Plan(action="promote", audit_stage=target, subject=version.version_id, audit_to=version.version_id)
+    current = pointers.get(target)
+    plan.audit_from = current
+    if current == version.version_id:
+        return Plan(action="promote")  # already there: nothing to do
+
+    if target == Pointer.CANARY:
+        if version.validation_status != "passed":
+            raise IllegalTransition(
+                f"version {version.version_id} has validation status {version.validation_status!r}; "
+                "only versions that passed shadow validation may enter canary",
+                code=ErrorCode.VALIDATION_REQUIRED,
+                field="validation_status",
+            )
+        if version.version_id == pointers.get(Pointer.PRODUCTION):
+            raise IllegalTransition(f"version {version.version_id} is already in production", field="to")
+        if version.version_id == pointers.get(Pointer.PREVIOUS):
+            raise IllegalTransition(
+                f"version {version.version_id} is the rollback target of production; roll back instead",
+                field="to",
+            )
+        if current is not None:
+            plan.move(states[current], Stage.RETIRED)
+        plan.move(version, Stage.CANARY)
+        plan.pointer_changes[Pointer.CANARY] = version.version_id
+        return plan
+
+    if pointers.get(Pointer.CANARY) != version.version_id:
+        raise IllegalTransition(
+            f"version {version.version_id} is {version.stage.value}, not the current canary; "
+            "production takes only the canary",
+            field="to",
+        )
+    if current is not None:
+        plan.move(states[current], Stage.RETIRED)
+        plan.pointer_changes[Pointer.PREVIOUS] = current
+    plan.move(version, Stage.PRODUCTION)
+    plan.pointer_changes[Pointer.PRODUCTION] = version.version_id
+    plan.pointer_changes[Pointer.CANARY] = None
+    return plan
+
+
+def plan_rollback(pointers: dict[Pointer, str | None], target: Pointer, states: dict[str, VersionState], name: str) -> Plan:
+    """Production: back to ``previous`` in one pointer move. Canary: withdraw it."""
+    current = pointers.get(target)
+    if current is None:
+        raise IllegalTransition(f"{name} has no {target.value} version to roll back", field="stage")
+    plan = Plan(action="rollback", audit_stage=target, subject=current, audit_from=current)
+    plan.move(states[current], Stage.ROLLED_BACK)
+    if target == Pointer.CANARY:
+        plan.pointer_changes[Pointer.CANARY] = None
+        return plan
+    if target != Pointer.PRODUCTION:
+        raise InvalidInput("rollback targets canary or production", code=ErrorCode.ILLEGAL_TRANSITION, field="stage")
+    previous = pointers.get(Pointer.PREVIOUS)
+    if previous is None:
+        raise IllegalTransition(f"{name} has no previous production version to roll back to", field="stage")
+    plan.move(states[previous], Stage.PRODUCTION)
+    plan.pointer_changes[Pointer.PRODUCTION] = previous
+    plan.pointer_changes[Pointer.PREVIOUS] = None
+    plan.audit_to = previous
+    return plan
+
+
+def plan_validation_result(version: VersionState, passed: bool) -> Plan:
+    """A failed shadow validation rejects a staging version; other stages keep theirs."""
+    plan = Plan(action="validate", subject=version.version_id)
+    if not passed and version.stage == Stage.STAGING:
+        plan.move(version, Stage.REJECTED)
+    return plan

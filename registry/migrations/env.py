@@ -1,0 +1,19 @@
+"""Alembic environment: run with a connection handed in by registry.migrate."""
+
+from alembic import context
+
+from registry.schema import metadata
+
+config = context.config
+connection = config.attributes.get("connection")
+if connection is None:
+    raise RuntimeError("run migrations through registry.migrate (loragate init), not the alembic CLI")
+
+context.configure(
+    connection=connection,
+    target_metadata=metadata,
+    render_as_batch=connection.dialect.name == "sqlite",
+    compare_type=True,
+)
+with context.begin_transaction():
+    context.run_migrations()

@@ -1,0 +1,146 @@
+"""Table definitions the store queries with (SQLAlchemy Core).
+
+Alembic migrations create these tables; this module never does. A test compares the
+two so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+
+# JSONB on Postgres, JSON text on SQLite
+Json = JSON().with_variant(JSONB(), "postgresql")
+# SQLite only auto-increments an INTEGER PRIMARY KEY
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+Timestamp = DateTime(timezone=True)
+
+base_models = Table(
+    "base_models",
+    metadata,
+    Column("base_model_id", String(64), primary_key=True),
+    Column("base_model_commit", String(80), primary_key=True),
+    Column("source_kind", String(8), nullable=False),
+    Column("source", Text, nullable=False),
+    Column("content_digest", String(80), nullable=False),
+    Column("config_sha256", String(64), nullable=False),
+    Column("config_raw_sha256", String(64), nullable=False),
+    Column("rope_scaling", Json, nullable=True),
+    Column("tokenizer_revision", String(80), nullable=False),
+    Column("transformers_version", String(32), nullable=True),
+    Column("architecture", String(128), nullable=True),
+    Column("module_shapes", Json, nullable=False),
+    Column("created_at", Timestamp, nullable=False),
+    Column("created_by", String(128), nullable=False),
+)
+
+adapters = Table(
+    "adapters",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(194), nullable=False, unique=True),
+    Column("namespace", String(64), nullable=False),
+    Column("base", String(64), nullable=False),
+    Column("task", String(64), nullable=False),
+    # bumped by every pointer move: a compare-and-set guard against lost updates
+    Column("revision", Integer, nullable=False, server_default="0"),
+    Column("created_at", Timestamp, nullable=False),
+)
+
+adapter_versions = Table(
+    "adapter_versions",
+    metadata,
+    Column("version_id", String(64), primary_key=True),
+    Column("adapter_id", Integer, ForeignKey("adapters.id"), nullable=False),
+    Column("content_address", String(80), nullable=False),
+    Column("identity_sha256", String(64), nullable=False),
+    Column("manifest_sha256", String(64), nullable=False),
+    Column("weights_sha256", String(64), nullable=False),
+    Column("weights_size", BigInteger, nullable=False),
+    Column("adapter_config_sha256", String(64), nullable=False),
+    Column("base_model_id", String(64), nullable=False),
+    Column("base_model_commit", String(80), nullable=False),
+    Column("lora_rank", Integer, nullable=False),
+    Column("stage", String(16), nullable=False),
+    Column("validation_status", String(16), nullable=False),
+    Column("previous_version", String(64), nullable=True),
+    Column("manifest", Json, nullable=False),
+    Column("created_at", Timestamp, nullable=False),
+    Column("created_by", String(128), nullable=False),
+    UniqueConstraint("adapter_id", "content_address", name="uq_adapter_versions_content"),
+    ForeignKeyConstraint(
+        ["base_model_id", "base_model_commit"],
+        ["base_models.base_model_id", "base_models.base_model_commit"],
+        name="fk_adapter_versions_base",
+    ),
+    Index("ix_adapter_versions_adapter_created", "adapter_id", "created_at"),
+)
+
+stage_pointers = Table(
+    "stage_pointers",
+    metadata,
+    Column("adapter_id", Integer, ForeignKey("adapters.id"), primary_key=True),
+    Column("stage", String(16), primary_key=True),
+    Column("version_id", String(64), ForeignKey("adapter_versions.version_id"), nullable=False),
+    Column("moved_at", Timestamp, nullable=False),
+)
+
+audit_events = Table(
+    "audit_events",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("at", Timestamp, nullable=False),
+    Column("actor", String(128), nullable=False),
+    Column("action", String(32), nullable=False),
+    Column("adapter_name", String(194), nullable=True),
+    Column("version_id", String(64), nullable=True),
+    Column("stage", String(16), nullable=True),
+    Column("from_value", String(64), nullable=True),
+    Column("to_value", String(64), nullable=True),
+    Column("reason", Text, nullable=True),
+    Column("details", Json, nullable=False),
+    Index("ix_audit_events_adapter", "adapter_name", "id"),
+)
+
+golden_sets = Table(
+    "golden_sets",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("adapter_id", Integer, ForeignKey("adapters.id"), nullable=False),
+    Column("digest", String(80), nullable=False),
+    Column("case_count", Integer, nullable=False),
+    Column("attached_at", Timestamp, nullable=False),
+    Column("attached_by", String(128), nullable=False),
+    Index("ix_golden_sets_adapter", "adapter_id", "id"),
+)
+
+validation_runs = Table(
+    "validation_runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("version_id", String(64), ForeignKey("adapter_versions.version_id"), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("golden_set_digest", String(80), nullable=True),
+    Column("output_sha256", String(64), nullable=True),
+    Column("report", Json, nullable=False),
+    Column("started_at", Timestamp, nullable=False),
+    Column("finished_at", Timestamp, nullable=False),
+    Column("actor", String(128), nullable=False),
+    Index("ix_validation_runs_version", "version_id", "id"),
+)

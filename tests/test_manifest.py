@@ -1,0 +1,70 @@
+"""Manifest schema, canonical JSON and content addressing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from registry.digests import canonical_json
+from registry.errors import ErrorCode, InvalidInput
+from registry.manifest import content_address, parse_json_object, parse_manifest
+
+BASE = {"base_model_id": "tiny-llama", "lora_rank": 8, "lora_alpha": 16, "target_modules": ["v_proj", "q_proj"]}
+
+
+def test_identity_hash_ignores_key_order_whitespace_and_integral_float_spelling():
+    a = parse_manifest(BASE)
+    b = parse_manifest(json.loads(json.dumps(dict(reversed(list({**BASE, "lora_alpha": 16.0}.items()))), indent=4)))
+    assert a.identity_sha256() == b.identity_sha256()
+
+
+def test_identity_hash_ignores_lifecycle_fields_but_not_content():
+    a = parse_manifest(BASE)
+    assert parse_manifest({**BASE, "adapter_version": "x", "validation_status": "passed"}).identity_sha256() == a.identity_sha256()
+    assert parse_manifest({**BASE, "lora_alpha": 32}).identity_sha256() != a.identity_sha256()
+
+
+def test_target_modules_are_normalised_sorted():
+    assert parse_manifest(BASE).target_modules == ["q_proj", "v_proj"]
+
+
+def test_content_address_depends_on_each_part():
+    base = content_address("a" * 64, "b" * 64, "c" * 64)
+    assert base.startswith("sha256:")
+    assert len({base, content_address("x" * 64, "b" * 64, "c" * 64), content_address("a" * 64, "x" * 64, "c" * 64),
+                content_address("a" * 64, "b" * 64, "x" * 64)}) == 4
+
+
+def test_canonical_json_refuses_nan():
+    with pytest.raises(ValueError):
+        canonical_json({"x": float("nan")})
+
+
+@pytest.mark.parametrize(
+    "patch, field",
+    [
+        ({"lora_rank": 0}, "lora_rank"),
+        ({"lora_rank": True}, "lora_rank"),
+        ({"lora_dropout": 1.0}, "lora_dropout"),
+        ({"target_modules": []}, "target_modules"),
+        ({"target_modules": ["q_proj", "q_proj"]}, "target_modules"),
+        ({"target_modules": ["q proj"]}, "target_modules"),
+        ({"target_modules": "(unclosed"}, "target_modules"),
+        ({"training_git_commit": "HEAD"}, "training_git_commit"),
+        ({"weights_sha256": "ABC"}, "weights_sha256"),
+        ({"tokenizer_revision": "v1"}, "tokenizer_revision"),
+        ({"quantization_config": {"load_in_4bit": True}}, "quantization_config.bnb_4bit_compute_dtype"),
+    ],
+)
+def test_schema_errors_name_the_field(patch, field):
+    with pytest.raises(InvalidInput) as err:
+        parse_manifest({**BASE, **patch})
+    assert err.value.code == ErrorCode.INVALID_MANIFEST
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize("raw", [b'{"a": 1, "a": 2}', b"[1]", b"\xff", b'{"a": NaN}'])
+def test_strict_json_refuses_duplicates_arrays_bad_utf8_and_nan(raw):
+    with pytest.raises(InvalidInput):
+        parse_json_object(raw, what="x", code=ErrorCode.INVALID_MANIFEST, field="x")
