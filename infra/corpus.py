@@ -16,7 +16,7 @@ from typing import Any, Callable
 WEIGHTS = "adapter_model.safetensors"
 
 
-def _copy(src: Path, dest: Path) -> Path:
+def copy_bundle(src: Path, dest: Path) -> Path:
     dest = Path(dest)
     if dest.exists():
         shutil.rmtree(dest)
@@ -24,7 +24,7 @@ def _copy(src: Path, dest: Path) -> Path:
     return dest
 
 
-def _edit_tensors(bundle: Path, fn: Callable[[dict], dict | None]) -> None:
+def edit_tensors(bundle: Path, fn: Callable[[dict], dict | None]) -> None:
     from safetensors.torch import load_file, save_file
 
     sd = load_file(bundle / WEIGHTS)
@@ -46,43 +46,43 @@ def _set_targets(bundle: Path, targets: list[str]) -> None:
 
 def partial_targets(src: Path, dest: Path, drop: str = "v_proj") -> Path:
     """Config targets a module whose weights the file lacks: LoRA left on meta / at init."""
-    b = _copy(src, dest)
-    _edit_tensors(b, lambda sd: {k: v for k, v in sd.items() if f".{drop}." not in k})
+    b = copy_bundle(src, dest)
+    edit_tensors(b, lambda sd: {k: v for k, v in sd.items() if f".{drop}." not in k})
     return b
 
 
 def missing_target(src: Path, dest: Path) -> Path:
     """Targets a module the base does not have at all (GPT-2's c_attn on a Llama)."""
-    b = _copy(src, dest)
-    _edit_tensors(b, lambda sd: {k.replace("q_proj", "c_attn"): v for k, v in sd.items() if ".q_proj." in k})
+    b = copy_bundle(src, dest)
+    edit_tensors(b, lambda sd: {k.replace("q_proj", "c_attn"): v for k, v in sd.items() if ".q_proj." in k})
     _set_targets(b, ["c_attn"])
     return b
 
 
 def fewer_targets_in_config(src: Path, dest: Path, keep: str = "q_proj") -> Path:
     """Config lists fewer modules than the file holds: PEFT silently drops the rest."""
-    b = _copy(src, dest)
+    b = copy_bundle(src, dest)
     _set_targets(b, [keep])
     return b
 
 
 def renamed_layer_prefix(src: Path, dest: Path) -> Path:
     """Keys under another layer prefix: loads with a warning only, B stays zero."""
-    b = _copy(src, dest)
-    _edit_tensors(b, lambda sd: {k.replace("model.model.layers", "model.model.decoder_layers"): v for k, v in sd.items()})
+    b = copy_bundle(src, dest)
+    edit_tensors(b, lambda sd: {k.replace("model.model.layers", "model.model.decoder_layers"): v for k, v in sd.items()})
     return b
 
 
 def nan_in_q_proj(src: Path, dest: Path) -> Path:
     """One NaN in a q_proj LoRA weight: CPU SDPA without padding hides it."""
-    b = _copy(src, dest)
+    b = copy_bundle(src, dest)
 
     def poison(sd):
         key = next(k for k in sorted(sd) if "q_proj.lora_A" in k)
         sd[key] = sd[key].clone()
         sd[key][0, 0] = float("nan")
 
-    _edit_tensors(b, poison)
+    edit_tensors(b, poison)
     return b
 
 
@@ -90,14 +90,14 @@ def zero_lora_b(src: Path, dest: Path) -> Path:
     """Every lora_B zero: loads fine, changes nothing."""
     import torch
 
-    b = _copy(src, dest)
-    _edit_tensors(b, lambda sd: {k: (torch.zeros_like(v) if "lora_B" in k else v) for k, v in sd.items()})
+    b = copy_bundle(src, dest)
+    edit_tensors(b, lambda sd: {k: (torch.zeros_like(v) if "lora_B" in k else v) for k, v in sd.items()})
     return b
 
 
 def zero_alpha(src: Path, dest: Path) -> Path:
     """lora_alpha 0 scales the adapter to nothing."""
-    b = _copy(src, dest)
+    b = copy_bundle(src, dest)
     _edit_json(b, "adapter_config.json", {"lora_alpha": 0})
     _edit_json(b, "manifest.json", {"lora_alpha": 0})
     return b
@@ -106,8 +106,8 @@ def zero_alpha(src: Path, dest: Path) -> Path:
 def large_activations(src: Path, dest: Path, compute_dtype: str, scale: float = 100.0) -> Path:
     """Attention logits beyond float16's range, declared for a 4-bit base computing in
     ``compute_dtype``: finite in bfloat16/float32, NaN in float16."""
-    b = _copy(src, dest)
-    _edit_tensors(b, lambda sd: {k: (v * scale if ("q_proj.lora_B" in k or "k_proj.lora_B" in k) else v) for k, v in sd.items()})
+    b = copy_bundle(src, dest)
+    edit_tensors(b, lambda sd: {k: (v * scale if ("q_proj.lora_B" in k or "k_proj.lora_B" in k) else v) for k, v in sd.items()})
     _edit_json(b, "manifest.json", {"quantization_config": {
         "load_in_4bit": True, "bnb_4bit_compute_dtype": compute_dtype, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": False,
     }})
@@ -116,7 +116,7 @@ def large_activations(src: Path, dest: Path, compute_dtype: str, scale: float = 
 
 def bound_to(src: Path, dest: Path, **manifest_fields: Any) -> Path:
     """The same adapter with other base-binding fields in its manifest."""
-    b = _copy(src, dest)
+    b = copy_bundle(src, dest)
     _edit_json(b, "manifest.json", manifest_fields)
     return b
 

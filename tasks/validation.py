@@ -20,6 +20,7 @@ validating fifty pending adapters cheap.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import tempfile
@@ -83,6 +84,18 @@ class AdapterUnderTest:
     golden: GoldenSet
     version_id: str | None = None
     reference: Reference | None = None
+
+
+@dataclass
+class LiveAdapter:
+    """The adapter slot currently attached to the base, and what its fresh load built."""
+
+    slot: str
+    targets: Any
+    shapes: dict[str, tuple[int, ...]]
+    state: dict[str, Any]  # PEFT's views of the slot's LoRA tensors (updated in place by hotswaps)
+    on_meta: list[str]
+    healthy: bool = False
 
 
 @dataclass
@@ -157,7 +170,9 @@ class BaseSession:
         self.model.eval()
         self.peft = None
         self._slot = 0
+        self._live: LiveAdapter | None = None
         self._base_runs: dict[str, dict[str, Any]] = {}
+        self._encodings: dict[str, Any] = {}
         self.load_seconds = time.perf_counter() - started
 
     # -- running prompts --------------------------------------------------------
@@ -165,8 +180,10 @@ class BaseSession:
     def _generate(self, golden: GoldenSet) -> dict[str, Any]:
         import torch
 
-        prompts = [c.prompt for c in golden.cases]
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
+        if golden.digest not in self._encodings:
+            prompts = [c.prompt for c in golden.cases]
+            self._encodings[golden.digest] = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
+        enc = self._encodings[golden.digest]
         model = self.peft if self.peft is not None else self.model
         with torch.no_grad():
             out = model.generate(
@@ -207,29 +224,53 @@ class BaseSession:
 
     # -- attaching adapters -----------------------------------------------------
 
-    def _attach(self, bundle_dir: Path, slot: str):
-        from peft import PeftModel
+    def _attach(self, bundle_dir: Path, targets: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[str, Any]:
+        """Put the adapter in the live slot; returns how ("hotswap" or "fresh") and PEFT's
+        load result for a fresh load.
 
+        Hotswapping (copying weights into the live slot's LoRA layers) is only used when a
+        fresh load would build exactly the same layers -- same target_modules in the
+        config, same tensor names and shapes in the file -- and the live slot itself
+        loaded cleanly. Anything else goes through PEFT's own loading, so its silent
+        failures show up the way they would in serving.
+        """
+        from peft import PeftModel
+        from peft.utils import get_peft_model_state_dict
+        from peft.utils.hotswap import hotswap_adapter
+
+        live = self._live
+        if live is not None and live.healthy and live.targets == targets and live.shapes == shapes:
+            try:
+                hotswap_adapter(self.peft, str(bundle_dir), adapter_name=live.slot, torch_device=self.device)
+                return "hotswap", None
+            except (RuntimeError, ValueError) as e:  # configs PEFT will not swap between
+                log.debug("hotswap refused, loading fresh: %s", e)
+        self._detach()
+        self._slot += 1
+        slot = f"v{self._slot}"
+        load_result = None
         if self.peft is None:
             self.peft = PeftModel.from_pretrained(self.model, str(bundle_dir), adapter_name=slot, low_cpu_mem_usage=True, is_trainable=False)
-            load_result = None
         else:
             load_result = self.peft.load_adapter(str(bundle_dir), adapter_name=slot, low_cpu_mem_usage=True, is_trainable=False)
         self.peft.set_adapter(slot)
         self.peft.eval()
-        return load_result
-
-    def _detach(self, slot: str) -> None:
-        if self.peft is not None and slot in self.peft.peft_config:
-            self.peft.delete_adapter(slot)
-
-    def _loaded_state(self, slot: str, file_tensors: dict[str, Any]) -> dict[str, Any]:
-        """Compare what PEFT holds for ``slot`` with the file, tensor by tensor."""
-        import torch
-        from peft.utils import get_peft_model_state_dict
-
-        held = get_peft_model_state_dict(self.peft, adapter_name=slot)
+        state = get_peft_model_state_dict(self.peft, adapter_name=slot)
         on_meta = sorted(n for n, p in self.peft.named_parameters() if f".{slot}." in n and p.device.type == "meta")
+        self._live = LiveAdapter(slot=slot, targets=targets, shapes=shapes, state=state, on_meta=on_meta)
+        return "fresh", load_result
+
+    def _detach(self) -> None:
+        if self._live is not None:
+            if self._live.slot in self.peft.peft_config:
+                self.peft.delete_adapter(self._live.slot)
+            self._live = None
+
+    def _loaded_state(self, file_tensors: dict[str, Any]) -> dict[str, Any]:
+        """Compare what PEFT holds in the live slot with the file, tensor by tensor."""
+        import torch
+
+        held = self._live.state
         missing = sorted(set(held) - set(file_tensors))  # initialised, never loaded
         dropped = sorted(set(file_tensors) - set(held))  # in the file, silently ignored
         # PEFT round-trips weights through a float16/bfloat16 compute dtype: allow that
@@ -247,8 +288,8 @@ class BaseSession:
             "unexpected_keys": dropped[:5],
             "unexpected_count": len(dropped),
             "differing_values": differing[:5],
-            "meta_params": on_meta[:5],
-            "meta_count": len(on_meta),
+            "meta_params": self._live.on_meta[:5],
+            "meta_count": len(self._live.on_meta),
         }
 
     # -- the gate ---------------------------------------------------------------
@@ -284,21 +325,24 @@ class BaseSession:
         checks.record("weights", scan.problem() is None, scan.problem() or "",
                       lora_tensors_in_file=len(structure.tensors), lora_params_in_file=structure.parameter_count,
                       nonfinite_tensors=list(scan.nonfinite_tensors[:5]))
-        import json as _json
-        adapter_config = _json.loads((Path(target.bundle_dir) / ADAPTER_CONFIG_FILE).read_text())
+        # PEFT's in-memory config goes stale after a hotswap: the file on disk is the truth
+        adapter_config = json.loads((Path(target.bundle_dir) / ADAPTER_CONFIG_FILE).read_text())
         checks.results["weights"]["adapter_config_lora_alpha"] = adapter_config.get("lora_alpha")
+        targets = adapter_config.get("target_modules")
+        targets = sorted(targets) if isinstance(targets, list) else targets
+        shapes = {name: info.shape for name, info in structure.tensors.items()}
 
-        self._slot += 1
-        slot = f"v{self._slot}"
         t0 = time.perf_counter()
         try:
-            try:
-                load_result = self._attach(Path(target.bundle_dir), slot)
-            except Exception as e:  # PEFT raises plain ValueError/RuntimeError on bad targets
-                checks.record("load", False, f"PEFT refused the adapter: {type(e).__name__}: {e}")
-                return self._finish(report, checks, timing, started, None)
-            timing["load_s"] = time.perf_counter() - t0
-            loaded = self._loaded_state(slot, load_file(str(weights_path)))
+            mode, load_result = self._attach(Path(target.bundle_dir), targets, shapes)
+        except Exception as e:  # PEFT raises plain ValueError/RuntimeError on bad targets
+            self._detach()
+            checks.record("load", False, f"PEFT refused the adapter: {type(e).__name__}: {e}")
+            return self._finish(report, checks, timing, started, None)
+        timing["load_s"] = time.perf_counter() - t0
+        try:
+            loaded = self._loaded_state(load_file(str(weights_path)))
+            loaded["mode"] = mode
             if load_result is not None:
                 loaded["peft_reported_unexpected"] = len(load_result.unexpected_keys)
                 loaded["peft_reported_missing"] = len(load_result.missing_keys)
@@ -316,6 +360,7 @@ class BaseSession:
             if not count_ok and not reasons:
                 reasons.append(f"LoRA parameter count {loaded['lora_params_loaded']} != {structure.parameter_count} in the file")
             checks.record("load", load_ok and count_ok, "; ".join(reasons), **loaded)
+            self._live.healthy = load_ok and count_ok
 
             t0 = time.perf_counter()
             base = self.base_run(target.golden)
@@ -323,10 +368,9 @@ class BaseSession:
             t0 = time.perf_counter()
             run = self._generate(target.golden)
             timing["forward_s"] = time.perf_counter() - t0
-        finally:
-            t_detach = time.perf_counter()
-            self._detach(slot)
-            timing["detach_s"] = time.perf_counter() - t_detach
+        except BaseException:
+            self._detach()  # never leave a half-checked adapter in the live slot
+            raise
 
         checks.record("finite", run["nonfinite_logits"] == 0,
                       f"{run['nonfinite_logits']} non-finite logits on the golden prompts"
@@ -537,8 +581,6 @@ def validate_bundle(record: BaseModelRecord, bundle_dir: Path, golden: GoldenSet
 
 
 def _read_manifest(bundle_dir: Path) -> dict[str, Any]:
-    import json
-
     return json.loads((bundle_dir / MANIFEST_FILE).read_text())
 
 

@@ -1,0 +1,155 @@
+"""Batched shadow validation against the naive way, on the same adapters in one run.
+
+naive:   per adapter, a fresh base (digest check + load) and PEFT's from_pretrained,
+         then the same checks (this is ``validate_group`` called with one adapter).
+batched: one base load per base, adapters attached and detached in turn
+         (``validate_group`` with all adapters).
+
+Both run the identical gate (same checks, same golden set, greedy decoding), so the
+difference is pure overhead. For batched validation the per-adapter overhead is
+reported against the bare forward-pass time of the golden set (the greedy generation
+with the adapter attached, ``timing.forward_s`` in each report).
+
+    .venv/bin/python bench/validation.py [--sizes 20 50] [--quick]
+
+Prints JSON on stdout; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from infra.corpus import copy_bundle, edit_tensors  # noqa: E402
+from infra.modelkit import build_base, golden_cases, train_adapter  # noqa: E402
+from registry.catalog import inspect_base  # noqa: E402
+from registry.golden import parse_golden_set  # noqa: E402
+from tasks.validation import AdapterUnderTest, ValidationPolicy, validate_group  # noqa: E402
+
+SPEEDUP_TARGET = 3.0
+OVERHEAD_TARGET = 0.25
+
+
+def log(msg: str) -> None:
+    print(f"[bench/validation] {msg}", file=sys.stderr, flush=True)
+
+
+def make_adapters(base: Path, root: Path, count: int, trained: int) -> list[Path]:
+    """``trained`` really trained adapters, and distinct variants of them (weights nudged
+    by 1e-4 relative noise) up to ``count``: every one passes its golden set."""
+    import torch
+
+    seeds = [train_adapter(base, "support", root / f"trained-{s}", seed=s, steps=300) for s in range(trained)]
+    bundles = []
+    for i in range(count):
+        src = seeds[i % trained]
+        if i < trained:
+            bundles.append(src)
+            continue
+        dest = copy_bundle(src, root / f"variant-{i}")
+        gen = torch.Generator().manual_seed(i)
+        edit_tensors(dest, lambda sd: {k: v * (1 + 1e-4 * torch.randn(v.shape, generator=gen)) for k, v in sd.items()})
+        bundles.append(dest)
+    return bundles
+
+
+def targets_for(bundles: list[Path], golden) -> list[AdapterUnderTest]:
+    return [
+        AdapterUnderTest(name=f"bench/tiny-llama/a{i}", bundle_dir=b, manifest=json.loads((b / "manifest.json").read_text()), golden=golden)
+        for i, b in enumerate(bundles)
+    ]
+
+
+def run_naive(record, targets, policy) -> tuple[float, list[dict]]:
+    reports = []
+    t0 = time.perf_counter()
+    for t in targets:
+        reports.extend(validate_group(record, None, [t], policy))
+    return time.perf_counter() - t0, reports
+
+
+def run_batched(record, targets, policy) -> tuple[float, list[dict]]:
+    t0 = time.perf_counter()
+    reports = validate_group(record, None, targets, policy)
+    return time.perf_counter() - t0, reports
+
+
+def summarize(n: int, naive_s: float, naive: list[dict], batched_s: float, batched: list[dict]) -> dict:
+    forward = [r["timing"]["forward_s"] for r in batched]
+    per_adapter = batched_s / n
+    mean_forward = statistics.fmean(forward)
+    overhead = per_adapter - mean_forward
+    assert all(r["status"] == "passed" for r in naive + batched), "every bench adapter must pass the gate"
+    assert [r["output_sha256"] for r in naive] == [r["output_sha256"] for r in batched], "naive and batched must agree"
+    return {
+        "adapters": n,
+        "naive_s": round(naive_s, 3),
+        "batched_s": round(batched_s, 3),
+        "speedup": round(naive_s / batched_s, 2),
+        "naive_per_adapter_ms": round(1000 * naive_s / n, 1),
+        "batched_per_adapter_ms": round(1000 * per_adapter, 1),
+        "forward_pass_ms_mean": round(1000 * mean_forward, 1),
+        "overhead_per_adapter_ms": round(1000 * overhead, 1),
+        "overhead_fraction_of_forward": round(overhead / mean_forward, 3),
+        "batched_breakdown_ms_mean": {
+            k: round(1000 * statistics.fmean(r["timing"].get(k, 0.0) for r in batched), 2)
+            for k in ("load_s", "forward_s", "total_s")
+        },
+        "speedup_target_met": naive_s / batched_s >= SPEEDUP_TARGET,
+        "overhead_target_met": overhead / mean_forward < OVERHEAD_TARGET,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[20, 50])
+    parser.add_argument("--quick", action="store_true", help="sizes 4 and 8, for a smoke run")
+    args = parser.parse_args()
+    sizes = [4, 8] if args.quick else args.sizes
+
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="loragate-bench-validation-") as tmp:
+        root = Path(tmp)
+        log("building the tiny base and training adapters")
+        base = build_base(root / "tiny-llama")
+        record = inspect_base(str(base), "tiny-llama")
+        bundles = make_adapters(base, root / "adapters", max(sizes), trained=min(5, max(sizes)))
+        golden = parse_golden_set("".join(json.dumps(c) + "\n" for c in golden_cases("support")).encode(), min_cases=5)
+        policy = ValidationPolicy()
+        # warm-up: imports, kernels and allocator, outside every timed region
+        validate_group(record, None, targets_for(bundles[:2], golden), policy)
+
+        results = []
+        for n in sizes:
+            targets = targets_for(bundles[:n], golden)
+            log(f"{n} adapters: naive")
+            naive_s, naive = run_naive(record, targets, policy)
+            log(f"{n} adapters: batched")
+            batched_s, batched = run_batched(record, targets, policy)
+            results.append(summarize(n, naive_s, naive, batched_s, batched))
+            log(f"{n} adapters: naive {naive_s:.2f}s, batched {batched_s:.2f}s, x{naive_s / batched_s:.1f}")
+
+    print(json.dumps({
+        "benchmark": "shadow validation: batched vs naive",
+        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads()},
+        "model": "tiny Llama (hidden 128, 2 layers), LoRA r=8 on 7 modules, golden set of 8 cases, max 32 new tokens",
+        "targets": {"speedup_at_50": SPEEDUP_TARGET, "overhead_fraction_of_forward": OVERHEAD_TARGET},
+        "results": results,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
