@@ -591,11 +591,34 @@ from prefect import task  # noqa: E402  (after the plain functions on purpose)
 
 @task(name="shadow-validate", log_prints=True)
 def shadow_validate(settings: Settings, version_ids: list[str]) -> list[dict[str, Any]]:
-    """Validate versions and record the runs; a failed adapter is rejected, never raised."""
+    """Validate versions, record the runs and publish a summary table as a Prefect
+    artifact; a failed adapter is rejected, never raised."""
+    from prefect.artifacts import create_table_artifact
     from prefect.logging import get_run_logger
 
     from registry.service import Registry
 
     logger = get_run_logger()
     registry = Registry.open(settings)
-    return validate_versions(registry, version_ids, ValidationPolicy.from_settings(settings), progress=logger.info)
+    reports = validate_versions(registry, version_ids, ValidationPolicy.from_settings(settings), progress=logger.info)
+    create_table_artifact(
+        key="shadow-validation",
+        table=summary_rows(reports),
+        description=f"Shadow validation of {len(reports)} adapter version(s)",
+    )
+    return reports
+
+
+def summary_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per report, for tables in the Prefect UI."""
+    rows = []
+    for r in reports:
+        golden = r.get("checks", {}).get("golden", {})
+        rows.append({
+            "version": r["version_id"],
+            "adapter": r["name"],
+            "status": r["status"],
+            "golden": f"{golden['passed']}/{golden['total']}" if golden else "-",
+            "failures": "; ".join(r["failures"]) or "-",
+        })
+    return rows

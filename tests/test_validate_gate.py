@@ -151,3 +151,8 @@ def test_shadow_validate_task_runs_in_a_prefect_flow(env, tmp_path, support_bund
     reports = validate_flow([vid])
     assert reports[0]["status"] == "passed"
     assert registry.get_version(vid).validation_status == "passed"
+
+    from prefect.artifacts import Artifact
+
+    table = Artifact.get("shadow-validation")
+    assert vid in str(table.data) and "8/8" in str(table.data)
