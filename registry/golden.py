@@ -15,6 +15,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from registry.digests import canonical_json, digest_of_hex, sha256_bytes
@@ -49,7 +50,7 @@ class GoldenSet:
     def canonical_bytes(self) -> bytes:
         return b"".join(canonical_json(c.as_dict()) + b"\n" for c in self.cases)
 
-    @property
+    @cached_property
     def digest(self) -> str:
         return digest_of_hex(sha256_bytes(self.canonical_bytes()))
 

@@ -64,6 +64,7 @@ class WeightsSummary:
     size: int
     tensors: dict[str, TensorInfo]
     modules: dict[str, LoraModule] = field(default_factory=dict)
+    data_start: int = 0
 
     @property
     def max_rank(self) -> int:
@@ -155,7 +156,7 @@ def _tensor_info(name: str, entry: object, data_len: int) -> TensorInfo:
 
 def read_lora_structure(path: Path) -> WeightsSummary:
     """Check the header, key names, dtypes and A/B pairing of a PEFT LoRA weights file."""
-    tensors, _ = read_header(path)
+    tensors, data_start = read_header(path)
     if not tensors:
         raise _bad("file holds no tensors")
     pairs: dict[str, dict[str, TensorInfo]] = {}
@@ -190,7 +191,7 @@ def read_lora_structure(path: Path) -> WeightsSummary:
         if a.dtype != b.dtype:
             raise _bad(f"module {module!r}: lora_A is {a.dtype} but lora_B is {b.dtype}")
         modules[module] = LoraModule(module, rank, in_features, out_features, a.dtype)
-    return WeightsSummary(size=path.stat().st_size, tensors=tensors, modules=modules)
+    return WeightsSummary(size=path.stat().st_size, tensors=tensors, modules=modules, data_start=data_start)
 
 
 @dataclass(frozen=True)
@@ -207,9 +208,11 @@ class ValueScan:
         return None
 
 
-def scan_lora_values(path: Path) -> ValueScan:
-    """NaN/Inf anywhere, and whether any lora_B is non-zero, read from the raw bits."""
-    tensors, data_start = read_header(path)
+def scan_lora_values(path: Path, header: tuple[dict[str, TensorInfo], int] | None = None) -> ValueScan:
+    """NaN/Inf anywhere, and whether any lora_B is non-zero, read from the raw bits.
+
+    ``header`` is ``read_header(path)`` when the caller parsed it already."""
+    tensors, data_start = header or read_header(path)
     nonfinite = []
     any_b_nonzero = False
     raw = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
@@ -231,7 +234,7 @@ def scan_lora_values(path: Path) -> ValueScan:
 def inspect_lora_weights(path: Path) -> WeightsSummary:
     """Structure and values: every tensor finite, at least one lora_B non-zero."""
     summary = read_lora_structure(path)
-    problem = scan_lora_values(path).problem()
+    problem = scan_lora_values(path, (summary.tensors, summary.data_start)).problem()
     if problem:
         raise _bad(problem)
     return summary

@@ -224,7 +224,7 @@ class BaseSession:
 
     # -- attaching adapters -----------------------------------------------------
 
-    def _attach(self, bundle_dir: Path, targets: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[str, Any]:
+    def _attach(self, bundle_dir: Path, targets: Any, file_tensors: dict[str, Any]) -> tuple[str, Any]:
         """Put the adapter in the live slot; returns how ("hotswap" or "fresh") and PEFT's
         load result for a fresh load.
 
@@ -234,14 +234,19 @@ class BaseSession:
         loaded cleanly. Anything else goes through PEFT's own loading, so its silent
         failures show up the way they would in serving.
         """
-        from peft import PeftModel
+        from peft import LoraConfig, PeftModel
         from peft.utils import get_peft_model_state_dict
-        from peft.utils.hotswap import hotswap_adapter
+        from peft.utils.hotswap import check_hotswap_configs_compatible, hotswap_adapter_from_state_dict
 
+        shapes = {k: tuple(t.shape) for k, t in file_tensors.items()}
         live = self._live
         if live is not None and live.healthy and live.targets == targets and live.shapes == shapes:
             try:
-                hotswap_adapter(self.peft, str(bundle_dir), adapter_name=live.slot, torch_device=self.device)
+                # PEFT's hotswap_adapter, minus re-reading the file we already hold
+                config = LoraConfig.from_pretrained(str(bundle_dir))
+                check_hotswap_configs_compatible(self.peft.peft_config[live.slot], config)
+                keyed = {f"{k.rsplit('.', 1)[0]}.{live.slot}.weight": t.to(self.device) for k, t in file_tensors.items()}
+                hotswap_adapter_from_state_dict(self.peft, keyed, adapter_name=live.slot, config=config, parameter_prefix="lora_")
                 return "hotswap", None
             except (RuntimeError, ValueError) as e:  # configs PEFT will not swap between
                 log.debug("hotswap refused, loading fresh: %s", e)
@@ -321,7 +326,7 @@ class BaseSession:
         except LoragateError as e:
             checks.record("weights", False, e.message)
             return self._finish(report, checks, timing, started, None)
-        scan = scan_lora_values(weights_path)
+        scan = scan_lora_values(weights_path, (structure.tensors, structure.data_start))
         checks.record("weights", scan.problem() is None, scan.problem() or "",
                       lora_tensors_in_file=len(structure.tensors), lora_params_in_file=structure.parameter_count,
                       nonfinite_tensors=list(scan.nonfinite_tensors[:5]))
@@ -330,18 +335,18 @@ class BaseSession:
         checks.results["weights"]["adapter_config_lora_alpha"] = adapter_config.get("lora_alpha")
         targets = adapter_config.get("target_modules")
         targets = sorted(targets) if isinstance(targets, list) else targets
-        shapes = {name: info.shape for name, info in structure.tensors.items()}
+        file_tensors = load_file(str(weights_path))
 
         t0 = time.perf_counter()
         try:
-            mode, load_result = self._attach(Path(target.bundle_dir), targets, shapes)
+            mode, load_result = self._attach(Path(target.bundle_dir), targets, file_tensors)
         except Exception as e:  # PEFT raises plain ValueError/RuntimeError on bad targets
             self._detach()
             checks.record("load", False, f"PEFT refused the adapter: {type(e).__name__}: {e}")
             return self._finish(report, checks, timing, started, None)
         timing["load_s"] = time.perf_counter() - t0
         try:
-            loaded = self._loaded_state(load_file(str(weights_path)))
+            loaded = self._loaded_state(file_tensors)
             loaded["mode"] = mode
             if load_result is not None:
                 loaded["peft_reported_unexpected"] = len(load_result.unexpected_keys)

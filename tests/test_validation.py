@@ -175,3 +175,30 @@ def test_drift_against_another_version_is_reported_not_failed(base_record, suppo
     assert report["status"] == "passed"
     assert report["drift"]["mean_token_overlap_delta"] == 0.0 and report["drift"]["changed_cases"] == []
 
+
+
+def test_batched_hotswaps_agree_with_fresh_loads_and_never_mask_silent_failures(base_record, support_bundle, tickets_bundle, corpus_dir):
+    from tasks.validation import AdapterUnderTest, validate_group
+
+    gs = golden("support")
+    bundles = [
+        support_bundle,
+        tickets_bundle,  # same layers: hot-swapped
+        corpus.fewer_targets_in_config(support_bundle, corpus_dir / "batch-fewer"),  # same tensors, other config
+        support_bundle,
+        corpus.partial_targets(support_bundle, corpus_dir / "batch-partial"),
+        support_bundle,
+    ]
+    targets = [AdapterUnderTest(name=f"n{i}", bundle_dir=b, manifest=json.loads((b / "manifest.json").read_text()), golden=gs)
+               for i, b in enumerate(bundles)]
+    batched = validate_group(base_record, None, targets, ValidationPolicy())
+    fresh = [validate_group(base_record, None, [t], ValidationPolicy())[0] for t in targets]
+
+    for b, f in zip(batched, fresh):
+        assert b["status"] == f["status"]
+        assert ("load" in failed_checks(b)) == ("load" in failed_checks(f))
+        if f["checks"]["load"]["ok"]:
+            # what LoRA left on meta computes is undefined; everything that loads agrees exactly
+            assert (b["output_sha256"], failed_checks(b)) == (f["output_sha256"], failed_checks(f))
+    assert [r["checks"]["load"]["mode"] for r in batched] == ["fresh", "hotswap", "fresh", "fresh", "fresh", "fresh"]
+    assert [r["status"] for r in batched] == ["passed", "failed", "failed", "passed", "failed", "passed"]
