@@ -56,7 +56,17 @@ def _verify_file(digest: str, path: Path, where: str) -> None:
         )
 
 
-class LocalArtifactStore:
+class _VerifiedReads:
+    """``read_bytes`` through ``fetch_to``, so small reads are digest-checked too."""
+
+    def read_bytes(self, digest: str) -> bytes:
+        with tempfile.TemporaryDirectory() as tmp:
+            dest = Path(tmp) / "blob"
+            self.fetch_to(digest, dest)
+            return dest.read_bytes()
+
+
+class LocalArtifactStore(_VerifiedReads):
     def __init__(self, root: Path):
         self.root = Path(root)
         self.location = str(self.root)
@@ -106,14 +116,7 @@ class LocalArtifactStore:
         shutil.copyfile(src, dest)
         _verify_file(digest, dest, self.location)
 
-    def read_bytes(self, digest: str) -> bytes:
-        with tempfile.TemporaryDirectory() as tmp:
-            dest = Path(tmp) / "blob"
-            self.fetch_to(digest, dest)
-            return dest.read_bytes()
-
-
-class S3ArtifactStore:
+class S3ArtifactStore(_VerifiedReads):
     """Blobs in ``s3://bucket/prefix``; boto3 switches to multipart above the threshold."""
 
     def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None, multipart_threshold: int = MULTIPART_THRESHOLD):
@@ -173,12 +176,6 @@ class S3ArtifactStore:
         except ClientError as e:
             raise IntegrityFailure(f"blob {digest} is missing from {self.location}: {e}", code=ErrorCode.ARTIFACT_CORRUPTED, field="artifacts")
         _verify_file(digest, dest, self.location)
-
-    def read_bytes(self, digest: str) -> bytes:
-        with tempfile.TemporaryDirectory() as tmp:
-            dest = Path(tmp) / "blob"
-            self.fetch_to(digest, dest)
-            return dest.read_bytes()
 
 
 def open_artifact_store(location: str, endpoint_url: str | None = None):

@@ -105,14 +105,6 @@ def pg_template():
         created.append(name)
         return _pg_url(name)
 
-    def empty() -> str:
-        name = f"{prefix}_{len(created)}"
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-        created.append(name)
-        return _pg_url(name)
-
-    clone.empty = empty
     yield clone
     for name in created + [template]:
         _drop_database(admin, name)

@@ -20,6 +20,16 @@ def register(registry, bundle, name=NAME):
     return registry.register_adapter(bundle, name).version.version_id
 
 
+def v1_in_production_v2_in_canary(registry, bundles) -> tuple[str, str]:
+    v1, v2 = register(registry, bundles[0]), register(registry, bundles[1])
+    for v in (v1, v2):
+        mark_validated(registry, v)
+    registry.promote(v1, "canary")
+    registry.promote(v1, "production")
+    registry.promote(v2, "canary")
+    return v1, v2
+
+
 def test_register_twice_returns_same_version_and_writes_nothing(cataloged, random_bundle):
     registry, _ = cataloged
     first = registry.register_adapter(random_bundle, NAME)
@@ -88,12 +98,7 @@ def test_audit_log_is_append_only_in_the_database(cataloged, random_bundle, stat
 
 def test_full_lifecycle_moves_pointers_and_audits_each_step(cataloged, seeded_bundles):
     registry, _ = cataloged
-    v1, v2 = register(registry, seeded_bundles[0]), register(registry, seeded_bundles[1])
-    for v in (v1, v2):
-        mark_validated(registry, v)
-    registry.promote(v1, "canary")
-    registry.promote(v1, "production")
-    registry.promote(v2, "canary")
+    v1, v2 = v1_in_production_v2_in_canary(registry, seeded_bundles)
     registry.promote(v2, "production", reason="approved by ops")
     a = registry.store.get_adapter(NAME)
     assert (a.canary, a.production, a.previous) == (None, v2, v1)
@@ -173,12 +178,7 @@ def test_rollback_without_previous_is_refused(cataloged, random_bundle):
 
 def test_canary_rollback_withdraws_the_canary_only(cataloged, seeded_bundles):
     registry, _ = cataloged
-    v1, v2 = register(registry, seeded_bundles[0]), register(registry, seeded_bundles[1])
-    for v in (v1, v2):
-        mark_validated(registry, v)
-    registry.promote(v1, "canary")
-    registry.promote(v1, "production")
-    registry.promote(v2, "canary")
+    v1, v2 = v1_in_production_v2_in_canary(registry, seeded_bundles)
     registry.rollback(NAME, stage="canary")
     a = registry.store.get_adapter(NAME)
     assert (a.canary, a.production) == (None, v1)
