@@ -257,9 +257,7 @@ class Registry:
             target = Pointer(to)
         except ValueError:
             raise InvalidInput(f"--to must be canary or production, not {to!r}", code=ErrorCode.ILLEGAL_TRANSITION, field="to")
-        version = self.store.get_version(version_id)
         return self.store.apply_plan(
-            version.name,
             lambda pointers, states: plan_promotion(pointers, states[version_id], target, states),
             subject=version_id,
             actor=self.settings.actor,
@@ -273,9 +271,8 @@ class Registry:
         except ValueError:
             raise InvalidInput(f"--stage must be canary or production, not {stage!r}", code=ErrorCode.ILLEGAL_TRANSITION, field="stage")
         return self.store.apply_plan(
-            name,
             lambda pointers, states: plan_rollback(pointers, target, states, name),
-            subject=None,
+            name=name,
             actor=self.settings.actor,
             reason=reason,
         )

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator
 
-from sqlalchemy import and_, bindparam, create_engine, delete, event, func, insert, select, update
+from sqlalchemy import and_, bindparam, case, create_engine, delete, event, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -94,6 +94,46 @@ def _base_from_row(row) -> BaseModelRecord:
     return BaseModelRecord(**m)
 
 
+# Statements on the pointer-move path are built once: constructing them per call costs
+# more than their round trips.
+_INSERT_AUDIT = insert(audit_events)
+_CLAIM = update(adapters).values(revision=adapters.c.revision + 1).returning(adapters.c.id, adapters.c.name)
+_CLAIM_BY_NAME = _CLAIM.where(adapters.c.name == bindparam("adapter_name"))
+_CLAIM_BY_VERSION = _CLAIM.where(
+    adapters.c.id == select(adapter_versions.c.adapter_id).where(adapter_versions.c.version_id == bindparam("version_id")).scalar_subquery()
+)
+_POINTED = stage_pointers.alias("pointed")
+_POINTERS_AND_STATES = (
+    select(adapter_versions.c.version_id, adapter_versions.c.stage, adapter_versions.c.validation_status, stage_pointers.c.stage.label("pointer"))
+    .select_from(
+        adapter_versions.outerjoin(
+            stage_pointers,
+            and_(stage_pointers.c.version_id == adapter_versions.c.version_id, stage_pointers.c.adapter_id == bindparam("adapter_id")),
+        )
+    )
+    .where(
+        or_(
+            adapter_versions.c.version_id.in_(select(_POINTED.c.version_id).where(_POINTED.c.adapter_id == bindparam("adapter_id"))),
+            adapter_versions.c.version_id == bindparam("subject"),
+        )
+    )
+)
+_DELETE_POINTER = delete(stage_pointers).where(stage_pointers.c.adapter_id == bindparam("adapter_id"), stage_pointers.c.stage == bindparam("pointer"))
+
+
+def _upsert_pointer_statement(dialect: str):
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    stmt = dialect_insert(stage_pointers).values(
+        adapter_id=bindparam("adapter_id"), stage=bindparam("pointer"), version_id=bindparam("version_id"), moved_at=bindparam("now")
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=["adapter_id", "stage"], set_={"version_id": stmt.excluded.version_id, "moved_at": stmt.excluded.moved_at}
+    )
+
+
 _VERSION_COLUMNS = [*adapter_versions.c, adapters.c.name]
 _VERSIONS_WITH_NAME = select(*_VERSION_COLUMNS).select_from(
     adapter_versions.join(adapters, adapters.c.id == adapter_versions.c.adapter_id)
@@ -104,13 +144,14 @@ class SqlStore:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.is_sqlite = engine.dialect.name == "sqlite"
+        # One-statement reads need no transaction: on Postgres that saves the BEGIN and
+        # ROLLBACK round trips around every resolve (same pool, other isolation level).
+        self.reader = engine if self.is_sqlite else engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._upsert_pointer = _upsert_pointer_statement(engine.dialect.name)
+        # the pointer's foreign key guarantees the version exists: no join needed
         self._resolve = (
-            select(adapter_versions.c.version_id)
-            .select_from(
-                adapters.join(stage_pointers, stage_pointers.c.adapter_id == adapters.c.id).join(
-                    adapter_versions, adapter_versions.c.version_id == stage_pointers.c.version_id
-                )
-            )
+            select(stage_pointers.c.version_id)
+            .select_from(adapters.join(stage_pointers, stage_pointers.c.adapter_id == adapters.c.id))
             .where(adapters.c.name == bindparam("name"), stage_pointers.c.stage == bindparam("stage"))
         )
 
@@ -159,10 +200,9 @@ class SqlStore:
                stage: str | None = None, from_value: str | None = None, to_value: str | None = None,
                reason: str | None = None, details: dict | None = None, at: datetime | None = None) -> None:
         conn.execute(
-            insert(audit_events).values(
-                at=at or utcnow(), actor=actor, action=action, adapter_name=adapter_name, version_id=version_id,
-                stage=stage, from_value=from_value, to_value=to_value, reason=reason, details=details or {},
-            )
+            _INSERT_AUDIT,
+            {"at": at or utcnow(), "actor": actor, "action": action, "adapter_name": adapter_name, "version_id": version_id,
+             "stage": stage, "from_value": from_value, "to_value": to_value, "reason": reason, "details": details or {}},
         )
 
     # -- base catalog ---------------------------------------------------------
@@ -186,7 +226,7 @@ class SqlStore:
         return self.get_base(record.base_model_id, record.base_model_commit), True
 
     def get_base(self, base_model_id: str, commit: str) -> BaseModelRecord | None:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             row = conn.execute(
                 select(base_models).where(base_models.c.base_model_id == base_model_id, base_models.c.base_model_commit == commit)
             ).first()
@@ -196,20 +236,20 @@ class SqlStore:
         stmt = select(base_models).order_by(base_models.c.base_model_id, base_models.c.created_at)
         if base_model_id is not None:
             stmt = stmt.where(base_models.c.base_model_id == base_model_id)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [_base_from_row(r) for r in conn.execute(stmt)]
 
     # -- versions -------------------------------------------------------------
 
     def find_version_by_content(self, name: str, content_address: str) -> AdapterVersion | None:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             row = conn.execute(
                 _VERSIONS_WITH_NAME.where(adapters.c.name == name, adapter_versions.c.content_address == content_address)
             ).first()
         return _version_from_row(row) if row else None
 
     def latest_version_id(self, name: str) -> str | None:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return self._latest_version_id(conn, name)
 
     def _latest_version_id(self, conn: Connection, name: str) -> str | None:
@@ -240,25 +280,24 @@ class SqlStore:
                 self._lock_adapter(conn, adapter_id)
                 if self._latest_version_id(conn, str(name)) != expected_previous:
                     raise ConcurrentUpdate(f"another version of {name} was registered meanwhile")
-                conn.execute(
-                    insert(adapter_versions).values(
-                        **values, adapter_id=adapter_id, previous_version=expected_previous,
-                        created_at=created_at, created_by=actor,
-                    )
-                )
+                row = conn.execute(
+                    insert(adapter_versions)
+                    .values(**values, adapter_id=adapter_id, previous_version=expected_previous, created_at=created_at, created_by=actor)
+                    .returning(*adapter_versions.c)
+                ).first()
                 self._audit(conn, actor=actor, action="register", adapter_name=str(name), version_id=values["version_id"],
                             to_value=Stage.STAGING.value, at=created_at,
                             details={"content_address": values["content_address"], "weights_sha256": values["weights_sha256"]})
         except IntegrityError as e:
             raise ConcurrentUpdate(f"version row for {name} collided: {e.orig}")
-        return self.get_version(values["version_id"])
+        return _version_from_row(row, name=str(name))
 
     def version_id_taken(self, version_id: str) -> bool:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return conn.execute(select(adapter_versions.c.version_id).where(adapter_versions.c.version_id == version_id)).first() is not None
 
     def get_version(self, version_id: str) -> AdapterVersion:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             row = conn.execute(_VERSIONS_WITH_NAME.where(adapter_versions.c.version_id == version_id)).first()
         if row is None:
             raise NotFound(f"no adapter version {version_id!r}", field="version")
@@ -268,13 +307,13 @@ class SqlStore:
         stmt = _VERSIONS_WITH_NAME.order_by(adapters.c.name, adapter_versions.c.created_at, adapter_versions.c.version_id)
         if name is not None:
             stmt = stmt.where(adapters.c.name == name)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [_version_from_row(r) for r in conn.execute(stmt)]
 
     # -- adapters and pointers ------------------------------------------------
 
     def get_adapter(self, name: str) -> Adapter:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             row = conn.execute(select(adapters).where(adapters.c.name == name)).first()
             if row is None:
                 raise NotFound(f"no adapter named {name!r}", field="name")
@@ -286,16 +325,16 @@ class SqlStore:
         )
 
     def adapter_names(self) -> list[str]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return list(conn.execute(select(adapters.c.name).order_by(adapters.c.name)).scalars())
 
     def resolve(self, name: str, stage: str) -> str | None:
         """The version a stage pointer names: one indexed join, the hot path of serving."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return conn.execute(self._resolve, {"name": name, "stage": stage}).scalar()
 
     def deployed_at(self, name: str, stage: str) -> datetime | None:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return _utc(
                 conn.execute(
                     select(stage_pointers.c.moved_at)
@@ -313,80 +352,96 @@ class SqlStore:
     def _lock_adapter(self, conn: Connection, adapter_id: int) -> int:
         return conn.execute(select(adapters.c.revision).where(adapters.c.id == adapter_id).with_for_update()).scalar_one()
 
-    def _states(self, conn: Connection, version_ids: set[str]) -> dict[str, VersionState]:
-        rows = conn.execute(
-            select(adapter_versions.c.version_id, adapter_versions.c.stage, adapter_versions.c.validation_status).where(
-                adapter_versions.c.version_id.in_(sorted(version_ids))
-            )
-        )
-        return {r.version_id: VersionState(r.version_id, Stage(r.stage), r.validation_status) for r in rows}
+    def _claim(self, conn: Connection, name: str | None, version_id: str | None):
+        """Lock the adapter row by bumping its revision; returns (id, name) or None.
+
+        An UPDATE takes the same row lock as SELECT ... FOR UPDATE and does the revision
+        bump in the same round trip; an operation that turns out to change nothing
+        rolls the bump back.
+        """
+        if name is not None:
+            return conn.execute(_CLAIM_BY_NAME, {"adapter_name": name}).first()
+        return conn.execute(_CLAIM_BY_VERSION, {"version_id": version_id}).first()
+
+    def _pointers_and_states(self, conn: Connection, adapter_id: int, subject: str | None):
+        """The adapter's pointers and the states of every version they or ``subject`` name."""
+        pointers: dict[Pointer, str] = {}
+        states: dict[str, VersionState] = {}
+        for r in conn.execute(_POINTERS_AND_STATES, {"adapter_id": adapter_id, "subject": subject}):
+            states[r.version_id] = VersionState(r.version_id, Stage(r.stage), r.validation_status)
+            if r.pointer is not None:
+                pointers[Pointer(r.pointer)] = r.version_id
+        return pointers, states
 
     def apply_plan(
         self,
-        name: str,
         planner: Callable[[dict[Pointer, str], dict[str, VersionState]], Plan],
         *,
-        subject: str | None,
+        name: str | None = None,
+        subject: str | None = None,
         actor: str,
         reason: str | None,
         details: dict | None = None,
         before_commit: Callable[[Connection], None] | None = None,
     ) -> Plan:
-        """Plan under the adapter's lock and apply atomically; retried on a lost race."""
+        """Plan under the adapter's row lock and apply atomically; retried on a lost race.
+
+        The adapter is named by ``name`` or found from the ``subject`` version.
+        """
+
+        class _NothingToDo(Exception):
+            pass
 
         def attempt() -> Plan:
             with self._write() as conn:
-                row = conn.execute(select(adapters.c.id, adapters.c.revision).where(adapters.c.name == name).with_for_update()).first()
+                row = self._claim(conn, name, subject)
                 if row is None:
-                    raise NotFound(f"no adapter named {name!r}", field="name")
-                pointers = self._pointers(conn, row.id)
-                wanted = {v for v in pointers.values()} | ({subject} if subject else set())
-                states = self._states(conn, wanted)
+                    raise NotFound(f"no adapter named {name!r}", field="name") if name else NotFound(f"no adapter version {subject!r}", field="version")
+                pointers, states = self._pointers_and_states(conn, row.id, subject)
                 if subject is not None and subject not in states:
                     raise NotFound(f"no adapter version {subject!r}", field="version")
                 plan = planner(pointers, states)
                 if before_commit is not None:
                     before_commit(conn)
                 if plan.empty and plan.action != "validate":
-                    return plan
+                    raise _NothingToDo(plan)  # roll back the revision bump
                 now = utcnow()
-                for version_id, current, target in plan.stage_changes:
-                    done = conn.execute(
+                if plan.stage_changes:
+                    changed = conn.execute(
                         update(adapter_versions)
-                        .where(adapter_versions.c.version_id == version_id, adapter_versions.c.stage == current.value)
-                        .values(stage=target.value)
+                        .where(or_(*[and_(adapter_versions.c.version_id == v, adapter_versions.c.stage == a.value) for v, a, _ in plan.stage_changes]))
+                        .values(stage=case({v: b.value for v, _, b in plan.stage_changes}, value=adapter_versions.c.version_id))
                     ).rowcount
-                    if done != 1:
-                        raise ConcurrentUpdate(f"version {version_id} left {current.value} meanwhile")
+                    if changed != len(plan.stage_changes):
+                        raise ConcurrentUpdate(f"a version of {row.name} changed stage meanwhile")
                 for pointer, version_id in plan.pointer_changes.items():
-                    conn.execute(delete(stage_pointers).where(stage_pointers.c.adapter_id == row.id, stage_pointers.c.stage == pointer.value))
-                    if version_id is not None:
-                        conn.execute(insert(stage_pointers).values(adapter_id=row.id, stage=pointer.value, version_id=version_id, moved_at=now))
-                bumped = conn.execute(
-                    update(adapters).where(adapters.c.id == row.id, adapters.c.revision == row.revision).values(revision=row.revision + 1)
-                ).rowcount
-                if bumped != 1:
-                    raise ConcurrentUpdate(f"{name} was moved by another writer")
+                    if version_id is None:
+                        conn.execute(_DELETE_POINTER, {"adapter_id": row.id, "pointer": pointer.value})
+                    else:
+                        conn.execute(self._upsert_pointer, {"adapter_id": row.id, "pointer": pointer.value, "version_id": version_id, "now": now})
                 self._audit(
-                    conn, actor=actor, action=plan.action, adapter_name=name, version_id=plan.subject,
+                    conn, actor=actor, action=plan.action, adapter_name=row.name, version_id=plan.subject,
                     stage=plan.audit_stage.value if plan.audit_stage else None,
                     from_value=plan.audit_from, to_value=plan.audit_to, reason=reason, at=now,
                     details={**(details or {}), "stage_changes": [[v, a.value, b.value] for v, a, b in plan.stage_changes]},
                 )
                 return plan
 
-        return self._retrying(attempt)
+        try:
+            return self._retrying(attempt)
+        except _NothingToDo as done:
+            return done.args[0]
 
     # -- audit ----------------------------------------------------------------
 
     def history(self, name: str) -> list[AuditEvent]:
         self.get_adapter(name)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(select(audit_events).where(audit_events.c.adapter_name == name).order_by(audit_events.c.id))
             return [AuditEvent(**{**r._mapping, "at": _utc(r.at)}) for r in rows]
 
     def audit_count(self) -> int:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return conn.execute(select(func.count()).select_from(audit_events)).scalar_one()
 
     # -- golden sets ----------------------------------------------------------
@@ -402,7 +457,7 @@ class SqlStore:
         return GoldenSetRef(name, digest, case_count, now, actor)
 
     def current_golden_set(self, name: str) -> GoldenSetRef | None:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             row = conn.execute(
                 select(golden_sets)
                 .join(adapters, adapters.c.id == golden_sets.c.adapter_id)
@@ -428,7 +483,6 @@ class SqlStore:
             conn.execute(update(adapter_versions).where(adapter_versions.c.version_id == version.version_id).values(validation_status=status))
 
         self.apply_plan(
-            version.name,
             lambda pointers, states: planner(states[version.version_id]),
             subject=version.version_id,
             actor=actor,
@@ -439,18 +493,18 @@ class SqlStore:
         return self.validation_run(inserted["id"])
 
     def validation_run(self, run_id: int) -> ValidationRun:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             row = conn.execute(select(validation_runs).where(validation_runs.c.id == run_id)).first()
         return ValidationRun(**{**row._mapping, "started_at": _utc(row.started_at), "finished_at": _utc(row.finished_at)})
 
     def validation_runs(self, version_id: str) -> list[ValidationRun]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             ids = list(conn.execute(select(validation_runs.c.id).where(validation_runs.c.version_id == version_id).order_by(validation_runs.c.id)).scalars())
         return [self.validation_run(i) for i in ids]
 
     def latest_passed_run_before(self, name: str, created_before: datetime, exclude_version: str) -> ValidationRun | None:
         """The newest passed run of an older version of ``name``: the drift reference."""
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             run_id = conn.execute(
                 select(validation_runs.c.id)
                 .select_from(

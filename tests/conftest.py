@@ -19,6 +19,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Prefect keeps its state under PREFECT_HOME: never the developer's own
 _PREFECT_HOME = Path(os.environ.setdefault("PREFECT_HOME", f"/tmp/loragate-test-prefect-{uuid.uuid4().hex[:8]}"))
 
+# Prefect binds its console log handler to the stderr of the moment it is imported: import
+# it now, not inside a test whose captured stderr is closed afterwards
+import prefect.main  # noqa: E402,F401  (prefect.main sets logging up)
+
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 
