@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator
 
-from sqlalchemy import and_, bindparam, case, create_engine, delete, event, func, insert, or_, select, update
+from sqlalchemy import String, and_, bindparam, case, create_engine, delete, event, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -102,19 +102,19 @@ _CLAIM_BY_NAME = _CLAIM.where(adapters.c.name == bindparam("adapter_name"))
 _CLAIM_BY_VERSION = _CLAIM.where(
     adapters.c.id == select(adapter_versions.c.adapter_id).where(adapter_versions.c.version_id == bindparam("version_id")).scalar_subquery()
 )
-_POINTED = stage_pointers.alias("pointed")
+# Driven from the (at most four) wanted ids, so every lookup is by primary key whatever
+# the number of versions: an OR of IN-subquery and equality makes Postgres scan the table.
+_WANTED = (
+    select(stage_pointers.c.version_id.label("version_id")).where(stage_pointers.c.adapter_id == bindparam("adapter_id"))
+    .union(select(bindparam("subject", type_=String(64)).label("version_id")))
+    .subquery("wanted")
+)
 _POINTERS_AND_STATES = (
     select(adapter_versions.c.version_id, adapter_versions.c.stage, adapter_versions.c.validation_status, stage_pointers.c.stage.label("pointer"))
     .select_from(
-        adapter_versions.outerjoin(
+        _WANTED.join(adapter_versions, adapter_versions.c.version_id == _WANTED.c.version_id).outerjoin(
             stage_pointers,
             and_(stage_pointers.c.version_id == adapter_versions.c.version_id, stage_pointers.c.adapter_id == bindparam("adapter_id")),
-        )
-    )
-    .where(
-        or_(
-            adapter_versions.c.version_id.in_(select(_POINTED.c.version_id).where(_POINTED.c.adapter_id == bindparam("adapter_id"))),
-            adapter_versions.c.version_id == bindparam("subject"),
         )
     )
 )
