@@ -181,9 +181,15 @@ def test_batched_hotswaps_agree_with_fresh_loads_and_never_mask_silent_failures(
     from tasks.validation import AdapterUnderTest, validate_group
 
     gs = golden("support")
+    rescaled = corpus.copy_bundle(support_bundle, corpus_dir / "batch-alpha")
+    for name in ("adapter_config.json", "manifest.json"):  # same tensors, other scaling
+        data = json.loads((rescaled / name).read_text())
+        data["lora_alpha"] = 12
+        (rescaled / name).write_text(json.dumps(data))
     bundles = [
         support_bundle,
         tickets_bundle,  # same layers: hot-swapped
+        rescaled,  # hot-swapped, and its scaling must follow
         corpus.fewer_targets_in_config(support_bundle, corpus_dir / "batch-fewer"),  # same tensors, other config
         support_bundle,
         corpus.partial_targets(support_bundle, corpus_dir / "batch-partial"),
@@ -200,5 +206,8 @@ def test_batched_hotswaps_agree_with_fresh_loads_and_never_mask_silent_failures(
         if f["checks"]["load"]["ok"]:
             # what LoRA left on meta computes is undefined; everything that loads agrees exactly
             assert (b["output_sha256"], failed_checks(b)) == (f["output_sha256"], failed_checks(f))
-    assert [r["checks"]["load"]["mode"] for r in batched] == ["fresh", "hotswap", "fresh", "fresh", "fresh", "fresh"]
-    assert [r["status"] for r in batched] == ["passed", "failed", "failed", "passed", "failed", "passed"]
+    assert [r["checks"]["load"]["mode"] for r in batched] == ["fresh", "hotswap", "hotswap", "fresh", "fresh", "fresh", "fresh"]
+    assert [r["status"] for r in batched][:2] + [r["status"] for r in batched][3:] == ["passed", "failed", "failed", "passed", "failed", "passed"]
+    delta = lambda r: r["checks"]["noop"]["max_abs_logit_delta"]  # noqa: E731
+    assert delta(batched[2]) != pytest.approx(delta(batched[0]))  # the new scaling took effect...
+    assert delta(batched[2]) == pytest.approx(delta(fresh[2]), rel=1e-5)  # ...exactly as a fresh load's
