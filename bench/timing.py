@@ -1,0 +1,44 @@
+"""Latency sampling shared by ``registry.py`` and ``mlflow_peer.py`` (stdlib only: it runs
+in both the project venv and the MLflow venv)."""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from typing import Any, Callable
+
+
+def summarize(samples_ns: list[int]) -> dict[str, float | int]:
+    """p50 / p90 / p99 (nearest rank), mean and max, in milliseconds."""
+    ordered = sorted(samples_ns)
+    n = len(ordered)
+
+    def rank(q: float) -> float:
+        return ordered[min(n - 1, max(0, math.ceil(q * n) - 1))] / 1e6
+
+    return {
+        "n": n,
+        "p50_ms": round(rank(0.50), 4),
+        "p90_ms": round(rank(0.90), 4),
+        "p99_ms": round(rank(0.99), 4),
+        "mean_ms": round(sum(ordered) / n / 1e6, 4),
+        "max_ms": round(ordered[-1] / 1e6, 4),
+    }
+
+
+def measure(op: Callable[..., Any], next_args: Callable[[], tuple], samples: int, warmup: int) -> dict[str, float | int]:
+    """Call ``op(*next_args())`` ``warmup`` times untimed, then time ``samples`` calls.
+
+    Only the call itself is inside the clock; choosing its arguments is not.
+    """
+    for _ in range(warmup):
+        op(*next_args())
+    gc.collect()
+    timings = []
+    for _ in range(samples):
+        args = next_args()
+        start = time.perf_counter_ns()
+        op(*args)
+        timings.append(time.perf_counter_ns() - start)
+    return summarize(timings)
