@@ -1,9 +1,10 @@
 """SQL store of the registry (SQLAlchemy 2 Core) for Postgres (psycopg 3) and SQLite.
 
-Every write is one transaction. Pointer moves lock the adapter's row (``FOR UPDATE`` on
-Postgres, ``BEGIN IMMEDIATE`` on SQLite), re-plan from what they read under the lock, and
-bump the adapter's ``revision`` with a compare-and-set, so concurrent moves serialise and
-none is lost. Rows are turned into domain objects before the connection is released.
+Every write is one transaction. A pointer move first claims the adapter's row with an
+UPDATE that bumps its ``revision`` (the row lock on Postgres; ``BEGIN IMMEDIATE`` holds the
+write lock on SQLite), plans from what it reads under that lock, and changes each version's
+stage only if it is still the stage it planned from, so concurrent moves serialise and none
+is lost. Rows are turned into domain objects before the connection is released.
 """
 
 from __future__ import annotations
@@ -323,10 +324,6 @@ class SqlStore:
             name=row.name, canary=pointers.get(Pointer.CANARY), production=pointers.get(Pointer.PRODUCTION),
             previous=pointers.get(Pointer.PREVIOUS), revision=row.revision, version_count=count, created_at=_utc(row.created_at),
         )
-
-    def adapter_names(self) -> list[str]:
-        with self.reader.connect() as conn:
-            return list(conn.execute(select(adapters.c.name).order_by(adapters.c.name)).scalars())
 
     def resolve(self, name: str, stage: str) -> str | None:
         """The version a stage pointer names: one indexed join, the hot path of serving."""
