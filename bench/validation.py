@@ -59,7 +59,7 @@ def make_adapters(base: Path, root: Path, count: int, trained: int) -> list[Path
             continue
         dest = copy_bundle(src, root / f"variant-{i}")
         gen = torch.Generator().manual_seed(i)
-        edit_tensors(dest, lambda sd: {k: v * (1 + 1e-4 * torch.randn(v.shape, generator=gen)) for k, v in sd.items()})
+        edit_tensors(dest, lambda sd, gen=gen: {k: v * (1 + 1e-4 * torch.randn(v.shape, generator=gen)) for k, v in sd.items()})
         bundles.append(dest)
     return bundles
 

@@ -8,7 +8,6 @@ uploads nothing) and the version row inserted in one transaction.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
@@ -172,9 +171,8 @@ class Registry:
     def _store_new_version(self, name: AdapterName, manifest: Manifest, base: BaseModelRecord, snap: BundleSnapshot,
                            identity: str, address: str, progress: Progress) -> RegisterResult:
         for _ in range(8):
-            created_at = utcnow().replace(microsecond=0)
+            created_at = utcnow()
             version_id = self._free_version_id(created_at, snap.weights_sha256)
-            created_at = created_at.replace(microsecond=utcnow().microsecond)
             previous = self.store.latest_version_id(str(name))
             final = manifest.model_copy(update={"adapter_version": version_id, "previous_version": previous, "validation_status": "pending"})
             manifest_bytes = final.canonical_bytes()
