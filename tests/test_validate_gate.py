@@ -156,3 +156,16 @@ def test_shadow_validate_task_runs_in_a_prefect_flow(env, tmp_path, support_bund
 
     table = Artifact.get("shadow-validation")
     assert vid in str(table.data) and "8/8" in str(table.data)
+
+
+def test_a_bad_golden_set_exits_2_and_attaches_nothing(env, capsys, tmp_path, random_bundle):
+    registry = env
+    registry.register_adapter(random_bundle, SUPPORT)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "prompt": "p", "equals": "x"}\n{"id": "a", "prompt": "q", "startswith": "y"}\n')
+    blobs_before = sorted(p.name for p in (registry.artifacts.root / "blobs").rglob("*"))
+    rc, out, err = run(capsys, "golden", "set", SUPPORT, str(bad))
+    assert rc == 2 and out["error"]["code"] == "invalid_golden_set"
+    assert "expect_column_values_to_be_unique(id)" in err and "expect_column_values_to_be_in_set(kind)" in err
+    assert registry.store.current_golden_set(SUPPORT) is None
+    assert sorted(p.name for p in (registry.artifacts.root / "blobs").rglob("*")) == blobs_before
