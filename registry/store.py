@@ -97,7 +97,7 @@ def _base_from_row(row) -> BaseModelRecord:
 
 # Statements on the pointer-move path are built once: constructing them per call costs
 # more than their round trips.
-_INSERT_AUDIT = insert(audit_events)
+_INSERT_AUDIT = insert(audit_events).inline()  # no RETURNING of the new id: nothing reads it
 _CLAIM = update(adapters).values(revision=adapters.c.revision + 1).returning(adapters.c.id, adapters.c.name)
 _CLAIM_BY_NAME = _CLAIM.where(adapters.c.name == bindparam("adapter_name"))
 _CLAIM_BY_VERSION = _CLAIM.where(
@@ -187,6 +187,15 @@ class SqlStore:
                 # take the write lock up front: two deferred writers would deadlock
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
             yield conn
+
+    @contextmanager
+    def _pipelined(self, conn: Connection) -> Iterator[None]:
+        """Postgres: send the statements inside in one round trip (psycopg pipeline mode)."""
+        if self.is_sqlite:
+            yield
+            return
+        with conn.connection.driver_connection.pipeline():
+            yield
 
     def _retrying(self, fn: Callable[[], Any]) -> Any:
         for attempt in range(MAX_ATTEMPTS):
@@ -411,17 +420,19 @@ class SqlStore:
                     ).rowcount
                     if changed != len(plan.stage_changes):
                         raise ConcurrentUpdate(f"a version of {row.name} changed stage meanwhile")
-                for pointer, version_id in plan.pointer_changes.items():
-                    if version_id is None:
-                        conn.execute(_DELETE_POINTER, {"adapter_id": row.id, "pointer": pointer.value})
-                    else:
-                        conn.execute(self._upsert_pointer, {"adapter_id": row.id, "pointer": pointer.value, "version_id": version_id, "now": now})
-                self._audit(
-                    conn, actor=actor, action=plan.action, adapter_name=row.name, version_id=plan.subject,
-                    stage=plan.audit_stage.value if plan.audit_stage else None,
-                    from_value=plan.audit_from, to_value=plan.audit_to, reason=reason, at=now,
-                    details={**(details or {}), "stage_changes": [[v, a.value, b.value] for v, a, b in plan.stage_changes]},
-                )
+                # nothing below returns anything we read: one round trip for all of it
+                with self._pipelined(conn):
+                    for pointer, version_id in plan.pointer_changes.items():
+                        if version_id is None:
+                            conn.execute(_DELETE_POINTER, {"adapter_id": row.id, "pointer": pointer.value})
+                        else:
+                            conn.execute(self._upsert_pointer, {"adapter_id": row.id, "pointer": pointer.value, "version_id": version_id, "now": now})
+                    self._audit(
+                        conn, actor=actor, action=plan.action, adapter_name=row.name, version_id=plan.subject,
+                        stage=plan.audit_stage.value if plan.audit_stage else None,
+                        from_value=plan.audit_from, to_value=plan.audit_to, reason=reason, at=now,
+                        details={**(details or {}), "stage_changes": [[v, a.value, b.value] for v, a, b in plan.stage_changes]},
+                    )
                 return plan
 
         try:
