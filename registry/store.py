@@ -89,6 +89,14 @@ def _version_from_row(row, name: str | None = None) -> AdapterVersion:
     )
 
 
+def _run_from_row(row) -> ValidationRun:
+    return ValidationRun(**{**row._mapping, "started_at": _utc(row.started_at), "finished_at": _utc(row.finished_at)})
+
+
+class _NothingToDo(Exception):
+    """Raised out of a write transaction to roll it back and return the (empty) plan."""
+
+
 def _base_from_row(row) -> BaseModelRecord:
     m = dict(row._mapping)
     m["created_at"] = _utc(m["created_at"])
@@ -395,9 +403,6 @@ class SqlStore:
         The adapter is named by ``name`` or found from the ``subject`` version.
         """
 
-        class _NothingToDo(Exception):
-            pass
-
         def attempt() -> Plan:
             with self._write() as conn:
                 row = self._claim(conn, name, subject)
@@ -503,12 +508,12 @@ class SqlStore:
     def validation_run(self, run_id: int) -> ValidationRun:
         with self.reader.connect() as conn:
             row = conn.execute(select(validation_runs).where(validation_runs.c.id == run_id)).first()
-        return ValidationRun(**{**row._mapping, "started_at": _utc(row.started_at), "finished_at": _utc(row.finished_at)})
+        return _run_from_row(row)
 
     def validation_runs(self, version_id: str) -> list[ValidationRun]:
         with self.reader.connect() as conn:
-            ids = list(conn.execute(select(validation_runs.c.id).where(validation_runs.c.version_id == version_id).order_by(validation_runs.c.id)).scalars())
-        return [self.validation_run(i) for i in ids]
+            rows = conn.execute(select(validation_runs).where(validation_runs.c.version_id == version_id).order_by(validation_runs.c.id))
+            return [_run_from_row(r) for r in rows]
 
     def latest_passed_run_before(self, name: str, created_before: datetime, exclude_version: str) -> ValidationRun | None:
         """The newest passed run of an older version of ``name``: the drift reference."""
