@@ -50,7 +50,6 @@ import json
 import os
 import platform
 import random
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -85,7 +84,6 @@ MLFLOW_VENV = ROOT / ".venv-mlflow"
 PG_ADMIN_URL = os.environ.get("LORAGATE_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 BASE_ID = "tiny-llama"
-WEIGHTS_FILE = "adapter_model.safetensors"
 VERSIONS_PER_ADAPTER = 10
 PREVIOUS, PRODUCTION, CANDIDATES = 6, 7, (8, 9)  # 0-based positions within an adapter
 EPOCH = datetime(2025, 1, 1, tzinfo=timezone.utc)
@@ -123,18 +121,16 @@ def hex_digest(*parts: object) -> str:
 
 def make_bundles(root: Path, count: int) -> tuple[Path, list[Path]]:
     """A tiny base and ``count`` registrable bundles that differ only in their weights."""
+    from infra.corpus import copy_bundle, edit_tensors
     from infra.modelkit import build_base, random_adapter
-    from safetensors.torch import load_file, save_file
 
     base = build_base(root / BASE_ID)
     original = random_adapter(base, root / "adapter")
-    tensors = load_file(original / WEIGHTS_FILE)
     bundles = []
     for i in range(count):
-        dest = root / f"bundle-{i:04d}"
-        shutil.copytree(original, dest)
+        dest = copy_bundle(original, root / f"bundle-{i:04d}")
         factor = 1.0 + (i + 1) * 1e-4  # finite, B stays non-zero, every file hashes differently
-        save_file({key: tensor * factor for key, tensor in tensors.items()}, dest / WEIGHTS_FILE, metadata={"format": "pt"})
+        edit_tensors(dest, lambda sd, factor=factor: {key: tensor * factor for key, tensor in sd.items()})
         bundles.append(dest)
     return base, bundles
 

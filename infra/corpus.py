@@ -95,12 +95,17 @@ def zero_lora_b(src: Path, dest: Path) -> Path:
     return b
 
 
+def with_alpha(src: Path, dest: Path, alpha: float) -> Path:
+    """The same tensors under another lora_alpha, in adapter_config.json and the manifest."""
+    b = copy_bundle(src, dest)
+    _edit_json(b, "adapter_config.json", {"lora_alpha": alpha})
+    _edit_json(b, "manifest.json", {"lora_alpha": alpha})
+    return b
+
+
 def zero_alpha(src: Path, dest: Path) -> Path:
     """lora_alpha 0 scales the adapter to nothing."""
-    b = copy_bundle(src, dest)
-    _edit_json(b, "adapter_config.json", {"lora_alpha": 0})
-    _edit_json(b, "manifest.json", {"lora_alpha": 0})
-    return b
+    return with_alpha(src, dest, 0)
 
 
 def large_activations(src: Path, dest: Path, compute_dtype: str, scale: float = 100.0) -> Path:

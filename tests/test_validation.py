@@ -180,11 +180,7 @@ def test_batched_hotswaps_agree_with_fresh_loads_and_never_mask_silent_failures(
     from tasks.validation import AdapterUnderTest, validate_group
 
     gs = golden("support")
-    rescaled = corpus.copy_bundle(support_bundle, corpus_dir / "batch-alpha")
-    for name in ("adapter_config.json", "manifest.json"):  # same tensors, other scaling
-        data = json.loads((rescaled / name).read_text())
-        data["lora_alpha"] = 12
-        (rescaled / name).write_text(json.dumps(data))
+    rescaled = corpus.with_alpha(support_bundle, corpus_dir / "batch-alpha", 12)  # same tensors, other scaling
     bundles = [
         support_bundle,
         tickets_bundle,  # same layers: hot-swapped
