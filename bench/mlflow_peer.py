@@ -28,7 +28,6 @@ import time
 import mlflow
 import sqlalchemy as sa
 from mlflow import MlflowClient
-
 from timing import measure, summarize
 
 VERSIONS_PER_MODEL = 10
@@ -93,22 +92,39 @@ class Population:
         while missing > 0:
             batch = [model_name(len(self.names) + i) for i in range(min(chunk, missing))]
             with self.engine.begin() as conn:
-                conn.execute(self.models.insert(), [
-                    {**model_row, "name": n, "creation_time": now_ms, "last_updated_time": now_ms} for n in batch
-                ])
-                conn.execute(self.versions.insert(), [
-                    {**version_row, "name": n, "version": v, "source": f"s3://bench/{n}/{v}", "storage_location": f"s3://bench/{n}/{v}",
-                     "creation_time": now_ms, "last_updated_time": now_ms}
-                    for n in batch for v in range(1, VERSIONS_PER_MODEL + 1)
-                ])
-                conn.execute(self.aliases.insert(), [{**alias_row, "name": n, "alias": "production", "version": PRODUCTION} for n in batch])
+                conn.execute(
+                    self.models.insert(),
+                    [{**model_row, "name": n, "creation_time": now_ms, "last_updated_time": now_ms} for n in batch],
+                )
+                conn.execute(
+                    self.versions.insert(),
+                    [
+                        {
+                            **version_row,
+                            "name": n,
+                            "version": v,
+                            "source": f"s3://bench/{n}/{v}",
+                            "storage_location": f"s3://bench/{n}/{v}",
+                            "creation_time": now_ms,
+                            "last_updated_time": now_ms,
+                        }
+                        for n in batch
+                        for v in range(1, VERSIONS_PER_MODEL + 1)
+                    ],
+                )
+                conn.execute(
+                    self.aliases.insert(),
+                    [{**alias_row, "name": n, "alias": "production", "version": PRODUCTION} for n in batch],
+                )
             self.names.extend(batch)
             missing -= len(batch)
         with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(sa.text("VACUUM ANALYZE"))  # as autovacuum would after such a load
 
 
-def measure_at_size(client: MlflowClient, names: list[str], samples: int, move_samples: int, warmup: int, seed: int) -> dict:
+def measure_at_size(
+    client: MlflowClient, names: list[str], samples: int, move_samples: int, warmup: int, seed: int
+) -> dict:
     rng = random.Random(seed)
     lookup = measure(client.get_model_version_by_alias, lambda: (rng.choice(names), "production"), samples, warmup)
     canary: dict[str, int] = {}
@@ -129,7 +145,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="SQLAlchemy URL of an empty Postgres database")
     parser.add_argument("--sizes", required=True, help="comma-separated version counts, ascending")
-    parser.add_argument("--register-models", type=int, required=True, help="models whose versions are created through the client")
+    parser.add_argument(
+        "--register-models", type=int, required=True, help="models whose versions are created through the client"
+    )
     parser.add_argument("--samples", type=int, required=True)
     parser.add_argument("--move-samples", type=int, required=True)
     parser.add_argument("--warmup", type=int, required=True)
@@ -141,14 +159,21 @@ def main() -> None:
     client.search_registered_models(max_results=1)  # the store migrates an empty database on first use
     population = Population(args.url, client)
     log(f"creating {args.register_models} x {VERSIONS_PER_MODEL} versions through MlflowClient")
-    result = {"mlflow_version": mlflow.__version__, "register": population.register_through_client(args.register_models), "sizes": {}}
+    result = {
+        "mlflow_version": mlflow.__version__,
+        "register": population.register_through_client(args.register_models),
+        "sizes": {},
+    }
     for size in map(int, args.sizes.split(",")):
         log(f"bulk-inserting up to {size} versions")
         started = time.perf_counter()
         population.fill_to(size)
         count = population.count()
         log(f"  {count} versions in {time.perf_counter() - started:.1f}s; measuring")
-        result["sizes"][str(size)] = {"versions": count, **measure_at_size(client, population.names, args.samples, args.move_samples, args.warmup, args.seed)}
+        result["sizes"][str(size)] = {
+            "versions": count,
+            **measure_at_size(client, population.names, args.samples, args.move_samples, args.warmup, args.seed),
+        }
     population.engine.dispose()
     json.dump(result, sys.stdout)
 

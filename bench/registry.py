@@ -4,6 +4,7 @@ Run from the repository root::
 
     .venv/bin/python bench/registry.py            # 10k and 100k versions, several minutes
     .venv/bin/python bench/registry.py --quick    # 1k and 5k versions, a sanity check
+    .venv/bin/python bench/registry.py --scale smoke --peers auto   # seconds: does it still run (make test)
 
 Everything runs one thing at a time (the machine has two cores), in one process except
 the MLflow peer:
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -56,28 +58,33 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Iterator
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+# The code under test: this tree, or (--against) an earlier revision's checkout driven by
+# this same harness, so both sides are measured the same way.
+CODE = Path(os.environ.get("LORAGATE_BENCH_CODE", ROOT)).resolve()
 # Python puts this script's directory first on sys.path, where this file's name would
-# shadow the registry package: look from the repository root instead.
-sys.path[0] = str(ROOT)
+# shadow the registry package: look from the code's root instead (then this tree's, for bench/).
+sys.path[0:1] = [str(CODE), str(ROOT)]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model kit builds everything locally
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import psycopg  # noqa: E402
 import sqlalchemy  # noqa: E402
 from sqlalchemy import create_engine, func, insert, select, text  # noqa: E402
+from sqlalchemy.engine import Engine, make_url  # noqa: E402
 
 from bench.timing import measure, summarize  # noqa: E402
 from registry.domain import AdapterVersion  # noqa: E402
 from registry.schema import adapter_versions, adapters, audit_events, stage_pointers  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
+from registry.store import SqlStore, make_engine  # noqa: E402
 
 OUT = BENCH / "out"
 MLFLOW_VENV = ROOT / ".venv-mlflow"
@@ -86,7 +93,7 @@ PG_ADMIN_URL = os.environ.get("LORAGATE_BENCH_PG", "postgresql+psycopg://postgre
 BASE_ID = "tiny-llama"
 VERSIONS_PER_ADAPTER = 10
 PREVIOUS, PRODUCTION, CANDIDATES = 6, 7, (8, 9)  # 0-based positions within an adapter
-EPOCH = datetime(2025, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 SEED = 20261121
 
 RESOLVE_TARGET_MS = 1.0
@@ -104,8 +111,20 @@ class Scale:
     warmup: int
 
 
-FULL = Scale(sizes=(10_000, 100_000), mlflow_sizes=(10_000, 100_000), register_bundles=200, samples=5000, move_samples=2000, warmup=300)
-QUICK = Scale(sizes=(1_000, 5_000), mlflow_sizes=(1_000,), register_bundles=40, samples=500, move_samples=300, warmup=50)
+FULL = Scale(
+    sizes=(10_000, 100_000),
+    mlflow_sizes=(10_000, 100_000),
+    register_bundles=200,
+    samples=5000,
+    move_samples=2000,
+    warmup=300,
+)
+QUICK = Scale(
+    sizes=(1_000, 5_000), mlflow_sizes=(1_000,), register_bundles=40, samples=500, move_samples=300, warmup=50
+)
+# a run that only proves the benchmark still works (make test): no figure means anything
+SMOKE = Scale(sizes=(100, 200), mlflow_sizes=(100,), register_bundles=4, samples=30, move_samples=20, warmup=3)
+SCALES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
 
 def log(message: str) -> None:
@@ -137,12 +156,14 @@ def make_bundles(root: Path, count: int) -> tuple[Path, list[Path]]:
 
 def time_registrations(registry: Registry, bundles: list[Path], names: list[str], expect_created: bool) -> dict:
     timings = []
-    for bundle, name in zip(bundles, names):
+    for bundle, name in zip(bundles, names, strict=False):
         start = time.perf_counter_ns()
         result = registry.register_adapter(bundle, name)
         timings.append(time.perf_counter_ns() - start)
         if result.created != expect_created:
-            raise RuntimeError(f"register of {bundle} under {name}: created={result.created}, expected {expect_created}")
+            raise RuntimeError(
+                f"register of {bundle} under {name}: created={result.created}, expected {expect_created}"
+            )
     return {"per_s": round(len(timings) / (sum(timings) / 1e9), 1), "latency": summarize(timings)}
 
 
@@ -192,7 +213,9 @@ class Fleet:
             created_at = EPOCH + timedelta(seconds=serial)  # one second apart: ids never collide
             weights = hex_digest("weights", serial)
             stage = "production" if position == PRODUCTION else "staging" if position in CANDIDATES else "retired"
-            version = SyntheticVersion(f"{created_at:%Y%m%d_%H%M%S}_{weights[:12]}", weights, created_at, stage, previous)
+            version = SyntheticVersion(
+                f"{created_at:%Y%m%d_%H%M%S}_{weights[:12]}", weights, created_at, stage, previous
+            )
             versions.append(version)
             previous = version.version_id
         self.names.append(name)
@@ -214,8 +237,8 @@ class Fleet:
 class BulkAdapters:
     """Whole adapters inserted straight into loragate's tables, bypassing register."""
 
-    def __init__(self, registry: Registry, template: AdapterVersion, chunk: int = 500):
-        self.engine = registry.store.engine
+    def __init__(self, engine: Engine, template: AdapterVersion, chunk: int = 500):
+        self.engine = engine
         self.template = template
         self.chunk = chunk
         self.fleet = Fleet()
@@ -229,18 +252,42 @@ class BulkAdapters:
         while missing > 0:
             batch = [self.fleet.add() for _ in range(min(self.chunk, missing))]
             with self.engine.begin() as conn:
-                conn.execute(insert(adapters), [
-                    {"name": name, "namespace": name.split("/")[0], "base": BASE_ID, "task": "support", "revision": 0, "created_at": EPOCH}
-                    for name, _ in batch
-                ])
-                ids = dict(conn.execute(select(adapters.c.name, adapters.c.id).where(adapters.c.name.in_([n for n, _ in batch]))).all())
+                conn.execute(
+                    insert(adapters),
+                    [
+                        {
+                            "name": name,
+                            "namespace": name.split("/")[0],
+                            "base": BASE_ID,
+                            "task": "support",
+                            "revision": 0,
+                            "created_at": EPOCH,
+                        }
+                        for name, _ in batch
+                    ],
+                )
+                ids = dict(
+                    conn.execute(
+                        select(adapters.c.name, adapters.c.id).where(adapters.c.name.in_([n for n, _ in batch]))
+                    ).all()
+                )
                 version_rows, pointer_rows, audit_rows = [], [], []
                 for name, versions in batch:
                     version_rows += [self._version_row(ids[name], v) for v in versions]
                     audit_rows += [self._audit_row(name, v) for v in versions]
                     pointer_rows += [
-                        {"adapter_id": ids[name], "stage": "previous", "version_id": versions[PREVIOUS].version_id, "moved_at": EPOCH},
-                        {"adapter_id": ids[name], "stage": "production", "version_id": versions[PRODUCTION].version_id, "moved_at": EPOCH},
+                        {
+                            "adapter_id": ids[name],
+                            "stage": "previous",
+                            "version_id": versions[PREVIOUS].version_id,
+                            "moved_at": EPOCH,
+                        },
+                        {
+                            "adapter_id": ids[name],
+                            "stage": "production",
+                            "version_id": versions[PRODUCTION].version_id,
+                            "moved_at": EPOCH,
+                        },
                     ]
                 conn.execute(insert(adapter_versions), version_rows)
                 conn.execute(insert(stage_pointers), pointer_rows)
@@ -253,14 +300,15 @@ class BulkAdapters:
 
     def _version_row(self, adapter_id: int, v: SyntheticVersion) -> dict:
         t = self.template
-        manifest = {**t.manifest, "adapter_version": v.version_id, "previous_version": v.previous, "weights_sha256": v.weights_sha256}
+        manifest = {**t.manifest, "adapter_version": v.version_id, "previous_version": v.previous}
+        # every bulk version stores the template's real blobs, so a promotion can verify them
         return {
             "version_id": v.version_id,
             "adapter_id": adapter_id,
             "content_address": "sha256:" + hex_digest("address", v.version_id),
             "identity_sha256": t.identity_sha256,
-            "manifest_sha256": hex_digest("manifest", v.version_id),
-            "weights_sha256": v.weights_sha256,
+            "manifest_sha256": t.manifest_sha256,
+            "weights_sha256": t.weights_sha256,
             "weights_size": t.weights_size,
             "adapter_config_sha256": t.adapter_config_sha256,
             "base_model_id": t.base_model_id,
@@ -277,23 +325,36 @@ class BulkAdapters:
     @staticmethod
     def _audit_row(name: str, v: SyntheticVersion) -> dict:
         return {
-            "at": v.created_at, "actor": "bench", "action": "register", "adapter_name": name, "version_id": v.version_id,
-            "stage": None, "from_value": None, "to_value": "staging", "reason": None, "details": {"weights_sha256": v.weights_sha256},
+            "at": v.created_at,
+            "actor": "bench",
+            "action": "register",
+            "adapter_name": name,
+            "version_id": v.version_id,
+            "stage": None,
+            "from_value": None,
+            "to_value": "staging",
+            "reason": None,
+            "details": {"weights_sha256": v.weights_sha256},
         }
 
 
 def postgres_floor(url: str, scale: Scale) -> dict:
     """What the server and the machine allow right now: a bare round trip and a bare durable
     commit through psycopg, no SQLAlchemy; other load on the machine shows up here first."""
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://", 1), autocommit=True) as conn:
+    plain = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(plain, autocommit=True) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS bench_floor (at timestamptz NOT NULL)")
         return {
             "select_1": measure(lambda: conn.execute("SELECT 1").fetchone(), tuple, scale.samples, scale.warmup),
-            "insert_commit": measure(lambda: conn.execute("INSERT INTO bench_floor VALUES (now())"), tuple, scale.move_samples, scale.warmup),
+            "insert_commit": measure(
+                lambda: conn.execute("INSERT INTO bench_floor VALUES (now())"), tuple, scale.move_samples, scale.warmup
+            ),
         }
 
 
-def measure_loragate_at_size(registry: Registry, fleet: Fleet, scale: Scale, rng: random.Random) -> dict:
+def measure_loragate_at_size(
+    registry: Registry, store: SqlStore, fleet: Fleet, scale: Scale, rng: random.Random
+) -> dict:
     def production() -> tuple:
         return rng.choice(fleet.names), "production"
 
@@ -301,12 +362,15 @@ def measure_loragate_at_size(registry: Registry, fleet: Fleet, scale: Scale, rng
         return fleet.next_canary(rng)[1], "canary"
 
     result = {
-        "store_resolve": measure(registry.store.resolve, production, scale.samples, scale.warmup),
+        "store_resolve": measure(store.resolve, production, scale.samples, scale.warmup),
         "registry_resolve_stage": measure(registry.resolve_stage, production, scale.samples, scale.warmup),
         "promote_canary": measure(registry.promote, canary_move, scale.move_samples, scale.warmup),
     }
     for name in rng.sample(sorted(fleet.canary), min(50, len(fleet.canary))):
-        if (registry.store.resolve(name, "production"), registry.store.resolve(name, "canary")) != (fleet.production[name], fleet.canary[name]):
+        if (store.resolve(name, "production"), store.resolve(name, "canary")) != (
+            fleet.production[name],
+            fleet.canary[name],
+        ):
             raise RuntimeError(f"pointers of {name} are not where the benchmark moved them")
     return result
 
@@ -315,28 +379,35 @@ def bench_loragate(url: str, home: Path, base: Path, bundles: list[Path], scale:
     """Register, then fill to each size and measure; returns the result and a registered manifest."""
     settings = Settings(home=home, database_url=url, artifacts=str(home / "artifacts"), actor="bench")
     registry = Registry.open(settings, check_schema=False)
+    # the hot path of serving is the store's one-query resolve: timed on its own, beside Registry's
+    store = SqlStore.from_url(settings.database)
+    engine = make_engine(settings.database)
     try:
         registry.init()
         registry.add_base(str(base), BASE_ID)
         log(f"  registering {len(bundles) - 1} distinct bundles, then the same again")
         result = {"register": measure_register(registry, bundles), "sizes": {}}
-        sample = registry.store.list_versions(f"warmup/{BASE_ID}/support")[0]
-        population = BulkAdapters(registry, sample)
+        sample = registry.list_versions(f"warmup/{BASE_ID}/support")[0]
+        population = BulkAdapters(engine, sample)
         rng = random.Random(SEED)
         for size in scale.sizes:
             started = time.perf_counter()
             population.fill_to(size)
             count = population.count()
             log(f"  {count} versions after {time.perf_counter() - started:.1f}s of bulk insert; measuring")
-            measured = measure_loragate_at_size(registry, population.fleet, scale, rng)
-            if registry.store.engine.dialect.name == "postgresql":
+            measured = measure_loragate_at_size(registry, store, population.fleet, scale, rng)
+            if engine.dialect.name == "postgresql":
                 measured["postgres_floor"] = postgres_floor(url, scale)
-                log(f"  bare INSERT+COMMIT p99 {measured['postgres_floor']['insert_commit']['p99_ms']} ms on the same server")
-            log(f"  resolve p99 {measured['store_resolve']['p99_ms']} ms, promote p99 {measured['promote_canary']['p99_ms']} ms")
+                floor = measured["postgres_floor"]["insert_commit"]["p99_ms"]
+                log(f"  bare INSERT+COMMIT p99 {floor} ms on the same server")
+            resolve_p99, move_p99 = measured["store_resolve"]["p99_ms"], measured["promote_canary"]["p99_ms"]
+            log(f"  resolve p99 {resolve_p99} ms, promote p99 {move_p99} ms")
             result["sizes"][str(size)] = {"versions": count, "bulk_adapters": len(population.fleet.names), **measured}
         return result, sample.manifest
     finally:
-        registry.store.engine.dispose()
+        registry.close()
+        store.close()
+        engine.dispose()
 
 
 # -- the naive layout -------------------------------------------------------------------
@@ -360,8 +431,14 @@ class ManifestDirectory:
             directory = self._dir(name)
             directory.mkdir(parents=True)
             for v in versions:
-                manifest = {**self.template, "adapter_version": v.version_id, "previous_version": v.previous,
-                            "weights_sha256": v.weights_sha256, "validation_status": "passed", "stage": v.stage}
+                manifest = {
+                    **self.template,
+                    "adapter_version": v.version_id,
+                    "previous_version": v.previous,
+                    "weights_sha256": v.weights_sha256,
+                    "validation_status": "passed",
+                    "stage": v.stage,
+                }
                 (directory / f"{v.version_id}.json").write_text(json.dumps(manifest))
 
     def _manifests(self, name: str) -> Iterator[tuple[Path, dict]]:
@@ -427,8 +504,11 @@ def ensure_mlflow_venv() -> Path:
         subprocess.run(["python3", "-m", "venv", str(MLFLOW_VENV)], check=True, stdout=sys.stderr)
     if subprocess.run([str(python), "-c", "import mlflow, psycopg2"], capture_output=True).returncode != 0:
         log("installing bench/requirements-mlflow.txt into .venv-mlflow")
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(BENCH / "requirements-mlflow.txt")],
-                       check=True, stdout=sys.stderr)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "-r", str(BENCH / "requirements-mlflow.txt")],
+            check=True,
+            stdout=sys.stderr,
+        )
     return python
 
 
@@ -439,14 +519,22 @@ def bench_mlflow(scale: Scale) -> dict:
         return {"available": False, "reason": f"could not set up .venv-mlflow: {e}"}
     with fresh_postgres_database("mlflow_bench") as url:
         command = [
-            str(python), str(BENCH / "mlflow_peer.py"),
-            "--url", url.replace("+psycopg:", "+psycopg2:", 1),
-            "--sizes", ",".join(map(str, scale.mlflow_sizes)),
-            "--register-models", str(scale.register_bundles // VERSIONS_PER_ADAPTER),
-            "--samples", str(scale.samples),
-            "--move-samples", str(scale.move_samples),
-            "--warmup", str(scale.warmup),
-            "--seed", str(SEED),
+            str(python),
+            str(BENCH / "mlflow_peer.py"),
+            "--url",
+            make_url(url).set(drivername="postgresql+psycopg2").render_as_string(hide_password=False),
+            "--sizes",
+            ",".join(map(str, scale.mlflow_sizes)),
+            "--register-models",
+            str(scale.register_bundles // VERSIONS_PER_ADAPTER),
+            "--samples",
+            str(scale.samples),
+            "--move-samples",
+            str(scale.move_samples),
+            "--warmup",
+            str(scale.warmup),
+            "--seed",
+            str(SEED),
         ]
         peer = subprocess.run(command, stdout=subprocess.PIPE, text=True)
     if peer.returncode != 0:
@@ -466,7 +554,7 @@ def fresh_postgres_database(prefix: str) -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
         try:
-            yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+            yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
         finally:
             with admin.connect() as conn:
                 conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -474,11 +562,19 @@ def fresh_postgres_database(prefix: str) -> Iterator[str]:
         admin.dispose()
 
 
+def _commit_of(root: Path) -> str | None:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=False)
+    return done.stdout.strip() or None
+
+
 def environment() -> dict:
     admin = create_engine(PG_ADMIN_URL)
     try:
         with admin.connect() as conn:
-            pg = {key: conn.execute(text(f"SHOW {key}")).scalar() for key in ("server_version", "synchronous_commit", "fsync", "shared_buffers")}
+            pg = {
+                key: conn.execute(text(f"SHOW {key}")).scalar()
+                for key in ("server_version", "synchronous_commit", "fsync", "shared_buffers")
+            }
     finally:
         admin.dispose()
     return {
@@ -501,9 +597,9 @@ def judge(loragate: dict) -> dict:
         move = [result["sizes"][s]["promote_canary"]["p99_ms"] for s in sizes]
         verdicts[backend] = {
             "resolve_p50_ms": {s: result["sizes"][s]["store_resolve"]["p50_ms"] for s in sizes},
-            "resolve_p99_ms": dict(zip(sizes, resolve)),
+            "resolve_p99_ms": dict(zip(sizes, resolve, strict=False)),
             "pointer_move_p50_ms": {s: result["sizes"][s]["promote_canary"]["p50_ms"] for s in sizes},
-            "pointer_move_p99_ms": dict(zip(sizes, move)),
+            "pointer_move_p99_ms": dict(zip(sizes, move, strict=False)),
             f"resolve_p99_under_{RESOLVE_TARGET_MS:g}ms": max(resolve) < RESOLVE_TARGET_MS,
             f"pointer_move_p99_under_{MOVE_TARGET_MS:g}ms": max(move) < MOVE_TARGET_MS,
             "resolve_p99_growth": round(resolve[-1] / resolve[0], 2),
@@ -515,32 +611,151 @@ def judge(loragate: dict) -> dict:
 
 
 NOTES = [
-    "register throughput goes through Registry.register_adapter (bundle snapshot, hashing, manifest and weights checks, "
-    "content-addressed blob store in a local directory, one transaction), one call at a time, on the registry before bulk population",
-    "bulk population bypasses register: adapters, versions, stage pointers and one audit event per version are inserted "
-    "with SQLAlchemy Core into the Alembic-created tables; Postgres gets VACUUM ANALYZE after each load, as autovacuum would",
+    "register throughput goes through Registry.register_adapter (bundle snapshot, hashing, manifest and weights "
+    "checks, content-addressed blob store in a local directory, one transaction), one call at a time, on the "
+    "registry before bulk population",
+    "bulk population bypasses register: adapters, versions, stage pointers and one audit event per version are "
+    "inserted with SQLAlchemy Core into the Alembic-created tables; Postgres gets VACUUM ANALYZE after each load, "
+    "as autovacuum would",
     "resolve and pointer-move samples pick adapters uniformly at random among the bulk adapters; the pointer move is "
     "Registry.promote(version, 'canary') on a version that passed validation, retiring the previous canary, audited",
     "latencies: time.perf_counter_ns around each call, after untimed warm-up calls, one caller, no concurrency; "
-    "other processes on the machine (see load averages) can inflate the tails; loragate.postgres.sizes.*.postgres_floor "
-    "is a bare psycopg SELECT 1 and a bare INSERT+COMMIT on the same server right after, the floor under any registry",
-    "naive layout: the same shape as files; per-adapter directory scan (10 manifests per resolve), so its cost does not grow "
-    "with the registry; writes are not fsynced and the two-file pointer move is not atomic as a pair",
-    "MLflow: MlflowClient straight against Postgres (no tracking server); its first versions go through create_model_version, "
-    "the rest are bulk-inserted into its own tables, copied from rows it wrote",
+    "other processes on the machine (see load averages) can inflate the tails; "
+    "loragate.postgres.sizes.*.postgres_floor is a bare psycopg SELECT 1 and a bare INSERT+COMMIT on the same "
+    "server right after, the floor under any registry",
+    "naive layout: the same shape as files; per-adapter directory scan (10 manifests per resolve), so its cost does "
+    "not grow with the registry; writes are not fsynced and the two-file pointer move is not atomic as a pair",
+    "MLflow: MlflowClient straight against Postgres (no tracking server); its first versions go through "
+    "create_model_version, the rest are bulk-inserted into its own tables, copied from rows it wrote",
 ]
 
 
+# -- the same benchmark against an earlier revision of the code ---------------------------
+
+COMPARED = {
+    "register_new_per_s": (lambda r: r["register"]["new_version"]["per_s"], "higher"),
+    "register_again_per_s": (lambda r: r["register"]["identical_bundle_again"]["per_s"], "higher"),
+}
+COMPARED_AT_SIZE = {
+    "resolve_p50_ms": (lambda s: s["store_resolve"]["p50_ms"], "lower"),
+    "resolve_p99_ms": (lambda s: s["store_resolve"]["p99_ms"], "lower"),
+    "move_p50_ms": (lambda s: s["promote_canary"]["p50_ms"], "lower"),
+    "move_p99_ms": (lambda s: s["promote_canary"]["p99_ms"], "lower"),
+}
+COMPARE_TOLERANCE = 0.10
+
+
+def _run_side(code: Path, scale_name: str, out: Path) -> dict:
+    subprocess.run(
+        [sys.executable, str(BENCH / "registry.py"), "--scale", scale_name, "--peers", "none", "--out", str(out)],
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "LORAGATE_BENCH_CODE": str(code)},
+    )
+    return json.loads(out.read_text())["loragate"]
+
+
+def _figures(runs: list[dict]) -> dict:
+    """Median over rounds of every compared figure, by backend (and size)."""
+    import statistics
+
+    figures: dict = {}
+    for backend in runs[0]:
+        for key, (get, _) in COMPARED.items():
+            figures[f"{backend}.{key}"] = statistics.median(get(r[backend]) for r in runs)
+        for size in runs[0][backend]["sizes"]:
+            for key, (get, _) in COMPARED_AT_SIZE.items():
+                figures[f"{backend}.{size}.{key}"] = statistics.median(get(r[backend]["sizes"][size]) for r in runs)
+    return figures
+
+
+def compare_with_revision(revision: str, scale_name: str, rounds: int, out: Path | None) -> None:
+    """Run this tree's loragate benchmark and REV's, alternating, and report the ratios.
+
+    Both sides are ``--peers none`` runs of this harness on the same machine, databases and
+    Python environment, one importing this tree's code, the other REV's (checked out in a
+    temporary worktree); rounds alternate which side runs first.
+    A figure is within tolerance when it is at most 10 % worse than REV's (median of rounds).
+    """
+    started = time.perf_counter()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="loragate-bench-against-") as tmp:
+        worktree = Path(tmp) / "before"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(worktree), commit], cwd=ROOT, check=True, capture_output=True
+        )
+        try:
+            before, after = [], []
+            sides = [("before", worktree, before), ("after", ROOT, after)]
+            for i in range(rounds):
+                # ABBA: neither side always runs first, after the other's database drop and load
+                for side, root, runs in sides if i % 2 == 0 else reversed(sides):
+                    log(f"round {i + 1}/{rounds}: {side} ({commit[:10] if side == 'before' else 'this tree'})")
+                    runs.append(_run_side(root, scale_name, Path(tmp) / f"{side}-{i}.json"))
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=False)
+    was, now = _figures(before), _figures(after)
+    ratios = {}
+    for key in was:
+        direction = (COMPARED | COMPARED_AT_SIZE)[key.rsplit(".", 1)[-1]][1]
+        worse = was[key] / now[key] if direction == "higher" else now[key] / was[key]
+        ratios[key] = {"before": was[key], "after": now[key], "worse_by": round(worse - 1, 3)}
+    result = {
+        "benchmark": "loragate registry, this tree against an earlier revision",
+        "against": commit,
+        "scale": scale_name,
+        "rounds": rounds,
+        "tolerance": COMPARE_TOLERANCE,
+        "figures": ratios,
+        "within_tolerance": {k: v["worse_by"] <= COMPARE_TOLERANCE for k, v in ratios.items()},
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    target = out or OUT / f"registry-against-{commit[:10]}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"done in {result['wall_s']}s; written to {target}")
+    print(json.dumps(result, indent=2))
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Benchmark loragate's registry against JSON manifest files and MLflow.")
-    parser.add_argument("--quick", action="store_true", help="small sizes for a fast sanity check")
-    scale = QUICK if parser.parse_args().quick else FULL
+    parser = argparse.ArgumentParser(
+        description="Benchmark loragate's registry against JSON manifest files and MLflow."
+    )
+    parser.add_argument("--scale", choices=sorted(SCALES), default="full", help="full (default), quick or smoke")
+    parser.add_argument("--quick", action="store_true", help="the same as --scale quick")
+    parser.add_argument(
+        "--peers",
+        choices=["all", "none", "auto"],
+        default="all",
+        help="naive files and MLflow too (all), loragate only (none), or MLflow only if .venv-mlflow exists (auto)",
+    )
+    parser.add_argument("--out", type=Path, help="where the JSON goes (default bench/out/registry[-SCALE].json)")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="compare loragate with the code at git revision REV in the same run (alternating, --rounds each)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each side with --against (default 3)")
+    args = parser.parse_args()
+    scale_name = "quick" if args.quick else args.scale
+    if args.against:
+        compare_with_revision(args.against, scale_name, args.rounds, args.out)
+        return
+    scale = SCALES[scale_name]
     started = time.perf_counter()
     result = {
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "scale": asdict(scale),
         "environment": environment(),
-        "targets": {"resolve_p99_ms": RESOLVE_TARGET_MS, "pointer_move_p99_ms": MOVE_TARGET_MS, "flat_p99_max_growth": FLAT_RATIO},
+        "code_under_test": {"root": str(CODE), "commit": _commit_of(CODE)},
+        "targets": {
+            "resolve_p99_ms": RESOLVE_TARGET_MS,
+            "pointer_move_p99_ms": MOVE_TARGET_MS,
+            "flat_p99_max_growth": FLAT_RATIO,
+        },
         "notes": NOTES,
         "loragate": {},
     }
@@ -548,24 +763,32 @@ def main() -> None:
         work = Path(tmp)
         log(f"building the tiny base and {scale.register_bundles + 1} bundles")
         base, bundles = make_bundles(work / "bundles", scale.register_bundles + 1)
+        # the model kit's heap (torch, transformers) is no part of a registry process: keep
+        # the collector from re-scanning it during the measurements
+        gc.collect()
+        gc.freeze()
         log("loragate on Postgres")
         with fresh_postgres_database("loragate_bench") as url:
             result["loragate"]["postgres"], manifest = bench_loragate(url, work / "postgres", base, bundles, scale)
         log("loragate on SQLite")
         sqlite_home = work / "sqlite"
-        result["loragate"]["sqlite"], _ = bench_loragate(f"sqlite:///{sqlite_home / 'registry.db'}", sqlite_home, base, bundles, scale)
-        log("naive JSON manifest files")
-        result["naive_files"] = bench_naive(work / "manifests", manifest, scale)
-    log("MLflow model registry")
-    result["mlflow"] = bench_mlflow(scale)
+        result["loragate"]["sqlite"], _ = bench_loragate(
+            f"sqlite:///{sqlite_home / 'registry.db'}", sqlite_home, base, bundles, scale
+        )
+        if args.peers != "none":
+            log("naive JSON manifest files")
+            result["naive_files"] = bench_naive(work / "manifests", manifest, scale)
+    if args.peers == "all" or (args.peers == "auto" and (MLFLOW_VENV / "bin" / "python").exists()):
+        log("MLflow model registry")
+        result["mlflow"] = bench_mlflow(scale)
     result["verdict"] = judge(result["loragate"])
     result["environment"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     result["wall_s"] = round(time.perf_counter() - started, 1)
 
-    OUT.mkdir(exist_ok=True)
-    out = OUT / ("registry-quick.json" if scale is QUICK else "registry.json")
+    out = args.out or OUT / ("registry.json" if scale is FULL else f"registry-{scale_name}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    log(f"done in {result['wall_s']}s; written to {out.relative_to(ROOT)}")
+    log(f"done in {result['wall_s']}s; written to {out}")
     print(json.dumps(result, indent=2))
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import gc
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def summarize(samples_ns: list[int]) -> dict[str, float | int]:
@@ -27,7 +28,9 @@ def summarize(samples_ns: list[int]) -> dict[str, float | int]:
     }
 
 
-def measure(op: Callable[..., Any], next_args: Callable[[], tuple], samples: int, warmup: int) -> dict[str, float | int]:
+def measure(
+    op: Callable[..., Any], next_args: Callable[[], tuple], samples: int, warmup: int
+) -> dict[str, float | int]:
     """Call ``op(*next_args())`` ``warmup`` times untimed, then time ``samples`` calls.
 
     Only the call itself is inside the clock; choosing its arguments is not.

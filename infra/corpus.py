@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 WEIGHTS = "adapter_model.safetensors"
 
@@ -69,7 +70,9 @@ def fewer_targets_in_config(src: Path, dest: Path, keep: str = "q_proj") -> Path
 def renamed_layer_prefix(src: Path, dest: Path) -> Path:
     """Keys under another layer prefix: loads with a warning only, B stays zero."""
     b = copy_bundle(src, dest)
-    edit_tensors(b, lambda sd: {k.replace("model.model.layers", "model.model.decoder_layers"): v for k, v in sd.items()})
+    edit_tensors(
+        b, lambda sd: {k.replace("model.model.layers", "model.model.decoder_layers"): v for k, v in sd.items()}
+    )
     return b
 
 
@@ -112,10 +115,21 @@ def large_activations(src: Path, dest: Path, compute_dtype: str, scale: float = 
     """Attention logits beyond float16's range, declared for a 4-bit base computing in
     ``compute_dtype``: finite in bfloat16/float32, NaN in float16."""
     b = copy_bundle(src, dest)
-    edit_tensors(b, lambda sd: {k: (v * scale if ("q_proj.lora_B" in k or "k_proj.lora_B" in k) else v) for k, v in sd.items()})
-    _edit_json(b, "manifest.json", {"quantization_config": {
-        "load_in_4bit": True, "bnb_4bit_compute_dtype": compute_dtype, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": False,
-    }})
+    edit_tensors(
+        b, lambda sd: {k: (v * scale if ("q_proj.lora_B" in k or "k_proj.lora_B" in k) else v) for k, v in sd.items()}
+    )
+    _edit_json(
+        b,
+        "manifest.json",
+        {
+            "quantization_config": {
+                "load_in_4bit": True,
+                "bnb_4bit_compute_dtype": compute_dtype,
+                "bnb_4bit_quant_type": "nf4",
+                "bnb_4bit_use_double_quant": False,
+            }
+        },
+    )
     return b
 
 

@@ -64,7 +64,10 @@ TASKS: dict[str, dict[str, Any]] = {
 TICKET_SCHEMA = {
     "type": "object",
     "required": ["team", "priority"],
-    "properties": {"team": {"enum": ["hardware", "network", "mail", "identity", "storage"]}, "priority": {"type": "integer", "minimum": 1, "maximum": 3}},
+    "properties": {
+        "team": {"enum": ["hardware", "network", "mail", "identity", "storage"]},
+        "priority": {"type": "integer", "minimum": 1, "maximum": 3},
+    },
     "additionalProperties": False,
 }
 
@@ -79,7 +82,10 @@ def golden_cases(task: str) -> list[dict[str, Any]]:
     for i, ex in enumerate(TASKS[task]["examples"]):
         case: dict[str, Any] = {"id": f"{task}-{i}", "prompt": prompt_for(task, ex.query)}
         if task == "tickets":
-            case["json_schema"] = {**TICKET_SCHEMA, "properties": {**TICKET_SCHEMA["properties"], "team": {"const": json.loads(ex.reply)["team"]}}}
+            case["json_schema"] = {
+                **TICKET_SCHEMA,
+                "properties": {**TICKET_SCHEMA["properties"], "team": {"const": json.loads(ex.reply)["team"]}},
+            }
         elif i % 3 == 0:
             case["equals"] = ex.reply
         elif i % 3 == 1:
@@ -88,6 +94,13 @@ def golden_cases(task: str) -> list[dict[str, Any]]:
             case["regex"] = "^ACME-OK: " + ex.reply.split(": ", 1)[1].split()[0]
         cases.append(case)
     return cases
+
+
+def golden_set(task: str):
+    """The golden set of ``task``, parsed and checked the way the registry does."""
+    from registry.golden import parse_golden_set
+
+    return parse_golden_set("".join(json.dumps(c) + "\n" for c in golden_cases(task)).encode(), min_cases=5)
 
 
 def write_golden_set(task: str, path: Path) -> Path:
@@ -121,7 +134,9 @@ def build_tokenizer():
     tok.train_from_iterator(_tokenizer_corpus(), trainer)
     # prepend BOS the same way for transformers and vLLM (add_special_tokens=True)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side="left")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", padding_side="left"
+    )
 
 
 def build_base(dest: Path, *, rope_scaling: dict[str, Any] | None = None, num_layers: int = 2, seed: int = 0) -> Path:
@@ -160,22 +175,21 @@ def build_base(dest: Path, *, rope_scaling: dict[str, Any] | None = None, num_la
 
 
 def load_base(base_dir: Path, quantization_config: dict[str, Any] | None = None):
-    import torch
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    """The base as shadow validation loads it (same dtype and bitsandbytes setup)."""
+    from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"attn_implementation": "eager"}
-    if quantization_config and quantization_config.get("load_in_4bit"):
-        dtype = getattr(torch, quantization_config["bnb_4bit_compute_dtype"])
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_compute_dtype=dtype,
-            bnb_4bit_quant_type=quantization_config["bnb_4bit_quant_type"],
-            bnb_4bit_use_double_quant=quantization_config["bnb_4bit_use_double_quant"],
-        )
-        kwargs["dtype"] = dtype
-    else:
-        kwargs["dtype"] = torch.float32
-    return AutoModelForCausalLM.from_pretrained(base_dir, **kwargs)
+    from tasks.validation.session import base_load_kwargs
+
+    return AutoModelForCausalLM.from_pretrained(
+        base_dir, attn_implementation="eager", **base_load_kwargs(quantization_config)
+    )
+
+
+def base_commit(base_dir: Path) -> str:
+    """The commit a local base is pinned at: the content digest of its directory."""
+    from registry.catalog import directory_digest
+
+    return directory_digest(Path(base_dir))
 
 
 def _batch(tokenizer, task: str):
@@ -218,7 +232,10 @@ def train_adapter(
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     base = load_base(base_dir, quantization_config)
-    model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        base,
+        LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, task_type="CAUSAL_LM"),
+    )
     input_ids, attention, labels = _batch(tokenizer, task)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     model.train()
@@ -229,8 +246,15 @@ def train_adapter(
         optimizer.step()
         optimizer.zero_grad()
     metadata = {"task": task, "steps": steps, "lr": lr, "seed": seed, "final_loss": round(float(loss.detach()), 6)}
-    return save_bundle(model, dest, base_model_id=base_model_id, quantization_config=quantization_config,
-                       training_metadata=metadata, manifest_extra=manifest_extra)
+    return save_bundle(
+        model,
+        dest,
+        base_model_id=base_model_id,
+        base_model_commit=base_commit(base_dir),
+        quantization_config=quantization_config,
+        training_metadata=metadata,
+        manifest_extra=manifest_extra,
+    )
 
 
 def random_adapter(
@@ -250,14 +274,37 @@ def random_adapter(
 
     torch.manual_seed(seed)
     base = load_base(base_dir)
-    model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0,
-                                            task_type="CAUSAL_LM", init_lora_weights=False))
-    return save_bundle(model, dest, base_model_id=base_model_id, training_metadata={"task": "random", "seed": seed},
-                       manifest_extra=manifest_extra)
+    model = get_peft_model(
+        base,
+        LoraConfig(
+            r=rank,
+            lora_alpha=alpha,
+            target_modules=list(targets),
+            lora_dropout=0.0,
+            task_type="CAUSAL_LM",
+            init_lora_weights=False,
+        ),
+    )
+    return save_bundle(
+        model,
+        dest,
+        base_model_id=base_model_id,
+        base_model_commit=base_commit(base_dir),
+        training_metadata={"task": "random", "seed": seed},
+        manifest_extra=manifest_extra,
+    )
 
 
-def save_bundle(model, dest: Path, *, base_model_id: str, quantization_config: dict[str, Any] | None = None,
-                training_metadata: dict[str, Any] | None = None, manifest_extra: dict[str, Any] | None = None) -> Path:
+def save_bundle(
+    model,
+    dest: Path,
+    *,
+    base_model_id: str,
+    base_model_commit: str,
+    quantization_config: dict[str, Any] | None = None,
+    training_metadata: dict[str, Any] | None = None,
+    manifest_extra: dict[str, Any] | None = None,
+) -> Path:
     dest = Path(dest)
     if dest.exists():
         shutil.rmtree(dest)
@@ -270,6 +317,7 @@ def save_bundle(model, dest: Path, *, base_model_id: str, quantization_config: d
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
     manifest = {
         "base_model_id": base_model_id,
+        "base_model_commit": base_model_commit,
         "lora_rank": config["r"],
         "lora_alpha": config["lora_alpha"],
         "lora_dropout": config["lora_dropout"],
@@ -298,4 +346,9 @@ def write_hf_cache(base_dir: Path, cache_root: Path, repo_id: str, commit: str) 
     return snapshot
 
 
-NF4 = {"load_in_4bit": True, "bnb_4bit_compute_dtype": "float32", "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": False}
+NF4 = {
+    "load_in_4bit": True,
+    "bnb_4bit_compute_dtype": "float32",
+    "bnb_4bit_quant_type": "nf4",
+    "bnb_4bit_use_double_quant": False,
+}

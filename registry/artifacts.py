@@ -1,23 +1,43 @@
 """Content-addressed blob store: a local directory or an S3 bucket.
 
-Blobs are keyed by algorithm and digest (``blobs/sha256/ab/abcd...``), written once and
-never modified. A put of bytes already present writes nothing; every read re-hashes what
-it got and refuses bytes that do not match their key.
+Blobs are keyed by algorithm and digest (``blobs/sha256/ab/abcd...``) and never trusted
+for already being there:
+
+* a put of a blob that exists checks it first -- by hashing the file (local) or by the
+  SHA-256 checksum S3 recorded when it was uploaded -- and rewrites it when it is
+  corrupted or missing, so a register heals the store instead of reusing bad bytes;
+* ``verify`` checks a blob without writing it (promotion does, before moving a pointer);
+* every read re-hashes what it got and refuses bytes that do not match their key.
+
+Local writes go through ``incoming/`` and an atomic rename; S3 uploads carry SHA-256
+checksums (per part for multipart) and an unfinished multipart upload is aborted. S3
+calls have bounded connect and read timeouts; an unreachable store is a typed
+``artifact_store_unavailable`` error, never a traceback.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import hashlib
+import io
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Any, Protocol
 
-from registry.digests import CHUNK, hex_of
-from registry.errors import ErrorCode, IntegrityFailure, InvalidInput
+from registry.digests import CHUNK, hex_of, is_digest
+from registry.errors import ErrorCode, IntegrityFailure, InvalidInput, Unavailable
+from registry.scratch import Litter, find_litter, remove, scratch_name, sweep
+from registry.settings import Settings
 
 MULTIPART_THRESHOLD = 8 << 20
+MULTIPART_CHUNK = 8 << 20
 
 
 def blob_key(digest: str) -> str:
@@ -25,16 +45,36 @@ def blob_key(digest: str) -> str:
     return f"blobs/sha256/{h[:2]}/{h}"
 
 
+@dataclass(frozen=True)
+class StoredBlob:
+    digest: str
+    size: int
+    age_s: float
+
+
 class ArtifactStore(Protocol):
     location: str
 
-    def has(self, digest: str) -> bool: ...
+    def ensure(self) -> None:
+        """Create the directory or bucket when missing."""
+        ...
+
+    def exists(self, digest: str) -> bool: ...
+
+    def holds(self, digest: str) -> bool:
+        """Present and known to match its digest, judged without fetching it; False when
+        only the bytes could tell (a put with the bytes in hand then decides)."""
+        ...
 
     def put_file(self, digest: str, path: Path) -> bool:
-        """Store ``path`` under ``digest``; False when it was already there."""
+        """Store ``path`` under ``digest``; False when a verified copy was already there."""
         ...
 
     def put_bytes(self, digest: str, data: bytes) -> bool: ...
+
+    def verify(self, digest: str) -> None:
+        """Check the stored blob against its digest without fetching it when possible."""
+        ...
 
     def fetch_to(self, digest: str, dest: Path) -> None:
         """Write the blob to ``dest`` after checking its digest."""
@@ -42,149 +82,492 @@ class ArtifactStore(Protocol):
 
     def read_bytes(self, digest: str) -> bytes: ...
 
+    def blobs(self) -> Iterator[StoredBlob]:
+        """Every blob in the store (for ``loragate gc``)."""
+        ...
 
-def _verify_file(digest: str, path: Path, where: str) -> None:
+    def delete(self, digest: str) -> None: ...
+
+    def litter(self, max_age_s: float) -> list[Litter]:
+        """Unfinished writes of gone or stale writers."""
+        ...
+
+    def remove_litter(self, litter: list[Litter]) -> int: ...
+
+
+def _missing(digest: str, where: str) -> IntegrityFailure:
+    return IntegrityFailure(
+        f"blob {digest} is missing from {where}", code=ErrorCode.ARTIFACT_CORRUPTED, field="artifacts"
+    )
+
+
+def _corrupted(digest: str, actual_hex: str, where: str) -> IntegrityFailure:
+    return IntegrityFailure(
+        f"blob {digest} in {where} hashes to sha256:{actual_hex}: stored bytes are corrupted",
+        code=ErrorCode.ARTIFACT_CORRUPTED,
+        field="artifacts",
+    )
+
+
+def _hash_stream(read: Callable[[int], bytes], sink: IO[bytes] | None = None) -> str:
     h = hashlib.sha256()
+    for chunk in iter(lambda: read(CHUNK), b""):
+        h.update(chunk)
+        if sink is not None:
+            sink.write(chunk)
+    return h.hexdigest()
+
+
+def _hash_file(path: str | Path) -> str:
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    if h.hexdigest() != hex_of(digest):
-        raise IntegrityFailure(
-            f"blob {digest} in {where} hashes to sha256:{h.hexdigest()}: stored bytes are corrupted",
-            code=ErrorCode.ARTIFACT_CORRUPTED,
-            field="artifacts",
-        )
+        return _hash_stream(f.read)
 
 
-class _VerifiedReads:
-    """``read_bytes`` through ``fetch_to``, so small reads are digest-checked too."""
-
-    def read_bytes(self, digest: str) -> bytes:
-        with tempfile.TemporaryDirectory() as tmp:
-            dest = Path(tmp) / "blob"
-            self.fetch_to(digest, dest)
-            return dest.read_bytes()
+def _check_upload(digest: str, actual_hex: str) -> None:
+    if actual_hex != hex_of(digest):
+        raise _corrupted(digest, actual_hex, "the upload")
 
 
-class LocalArtifactStore(_VerifiedReads):
-    def __init__(self, root: Path):
+def _fingerprint(path: str | Path) -> tuple[int, int, int, int]:
+    """What changes whenever a file's bytes do: inode, size, mtime and ctime (which no user
+    can set back), as git's index and rsync trust it."""
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+class LocalArtifactStore:
+    def __init__(self, root: Path, litter_age_s: float = 3600.0):
         self.root = Path(root)
         self.location = str(self.root)
+        self.incoming = self.root / "incoming"
+        self.litter_age_s = litter_age_s
+        # blobs this process hashed and found good, by their file's fingerprint at the time:
+        # a long-running worker re-checks with a stat, and re-hashes whatever changed since
+        self._verified: dict[str, tuple[str, tuple[int, int, int, int]]] = {}
 
     def ensure(self) -> None:
         (self.root / "blobs").mkdir(parents=True, exist_ok=True)
+        self.incoming.mkdir(parents=True, exist_ok=True)
 
     def _path(self, digest: str) -> Path:
-        return self.root / blob_key(digest)
+        return Path(self._file(digest))
 
-    def has(self, digest: str) -> bool:
-        return self._path(digest).is_file()
+    def _file(self, digest: str) -> str:
+        # a plain string join: on the pointer-move path pathlib's operators cost more than the stat
+        return os.path.join(self.location, blob_key(digest))
 
-    def _put(self, digest: str, write) -> bool:
+    def exists(self, digest: str) -> bool:
+        return os.path.isfile(self._file(digest))
+
+    def holds(self, digest: str) -> bool:
+        return self._stored_hex(digest) == hex_of(digest)
+
+    def _stored_hex(self, digest: str) -> str | None:
+        """The stored blob's sha256 (its digest's hex when it is known good); None when missing."""
+        known = self._verified.get(digest)
+        path = known[0] if known else self._file(digest)
+        try:
+            before = _fingerprint(path)
+            if known is not None and known[1] == before:
+                return digest[len("sha256:") :]  # one stat: the pointer-move path
+            actual = _hash_file(path)
+        except FileNotFoundError:
+            return None
+        if actual == hex_of(digest):
+            self._verified[digest] = (path, before)
+        return actual
+
+    def _put(self, digest: str, write: Callable[[IO[bytes]], None]) -> bool:
         target = self._path(digest)
-        if target.is_file():
+        if self._stored_hex(digest) == hex_of(digest):
+            os.utime(target)  # in use again: not an orphan for gc's age check
+            self._verified[digest] = (str(target), _fingerprint(target))
             return False
+        # absent, or corrupted: (re)write it from the good bytes in hand
+        self.incoming.mkdir(parents=True, exist_ok=True)
+        sweep(self.incoming, self.litter_age_s)
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".incoming-", dir=target.parent)
+        # a name of its own: writers of the same blob in other threads must not collide
+        fd, name = tempfile.mkstemp(prefix=scratch_name("incoming"), dir=self.incoming)
+        tmp = Path(name)
         try:
             with os.fdopen(fd, "wb") as f:
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
-            _verify_file(digest, Path(tmp), "the upload")
+            _check_upload(digest, _hash_file(tmp))
             os.chmod(tmp, 0o444)
             os.replace(tmp, target)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
+        self._verified[digest] = (str(target), _fingerprint(target))  # hashed just above, as written
         return True
 
     def put_file(self, digest: str, path: Path) -> bool:
-        def write(f):
+        def write(f: IO[bytes]) -> None:
             with open(path, "rb") as src:
                 shutil.copyfileobj(src, f, CHUNK)
 
         return self._put(digest, write)
 
     def put_bytes(self, digest: str, data: bytes) -> bool:
-        return self._put(digest, lambda f: f.write(data))
+        def write(f: IO[bytes]) -> None:
+            f.write(data)
+
+        return self._put(digest, write)
+
+    def verify(self, digest: str) -> None:
+        """Raises:
+        IntegrityFailure: ARTIFACT_CORRUPTED when the blob is missing or damaged.
+        """
+        actual = self._stored_hex(digest)
+        if actual is None:
+            raise _missing(digest, self.location)
+        if actual != hex_of(digest):
+            raise _corrupted(digest, actual, self.location)
 
     def fetch_to(self, digest: str, dest: Path) -> None:
-        src = self._path(digest)
-        if not src.is_file():
-            raise IntegrityFailure(f"blob {digest} is missing from {self.location}", code=ErrorCode.ARTIFACT_CORRUPTED, field="artifacts")
-        shutil.copyfile(src, dest)
-        _verify_file(digest, dest, self.location)
+        """Raises:
+        IntegrityFailure: ARTIFACT_CORRUPTED when the blob is missing or its bytes do not match.
+        """
+        try:
+            src = open(self._path(digest), "rb")  # noqa: SIM115 (closed below; missing is a typed error)
+        except FileNotFoundError:
+            raise _missing(digest, self.location) from None
+        with src, open(dest, "wb") as out:
+            actual = _hash_stream(src.read, out)
+        if actual != hex_of(digest):
+            raise _corrupted(digest, actual, self.location)
 
-class S3ArtifactStore(_VerifiedReads):
-    """Blobs in ``s3://bucket/prefix``; boto3 switches to multipart above the threshold."""
+    def read_bytes(self, digest: str) -> bytes:
+        """Raises:
+        IntegrityFailure: ARTIFACT_CORRUPTED when the blob is missing or its bytes do not match.
+        """
+        try:
+            data = self._path(digest).read_bytes()
+        except FileNotFoundError:
+            raise _missing(digest, self.location) from None
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != hex_of(digest):
+            raise _corrupted(digest, actual, self.location)
+        return data
 
-    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None, multipart_threshold: int = MULTIPART_THRESHOLD):
+    def blobs(self) -> Iterator[StoredBlob]:
+        now = time.time()
+        for path in (self.root / "blobs" / "sha256").glob("*/*"):
+            digest = f"sha256:{path.name}"
+            if is_digest(digest):
+                st = path.stat()
+                yield StoredBlob(digest, st.st_size, now - st.st_mtime)
+
+    def delete(self, digest: str) -> None:
+        self._path(digest).unlink(missing_ok=True)
+
+    def litter(self, max_age_s: float) -> list[Litter]:
+        return find_litter(self.incoming, max_age_s)
+
+    def remove_litter(self, litter: list[Litter]) -> int:
+        return remove(litter)
+
+
+def _b64(raw_digest: bytes) -> str:
+    return base64.b64encode(raw_digest).decode()
+
+
+def _composite(part_digests: list[bytes]) -> str:
+    """S3's checksum of a multipart upload: the SHA-256 of the parts' SHA-256s."""
+    return f"{_b64(hashlib.sha256(b''.join(part_digests)).digest())}-{len(part_digests)}"
+
+
+def _same_checksum(stored: str | None, expected: str) -> bool:
+    # real S3 writes a composite as "<b64>-<parts>"; moto leaves the suffix off
+    return stored is not None and stored.split("-")[0] == expected.split("-")[0]
+
+
+class S3ArtifactStore:
+    """Blobs in ``s3://bucket/prefix``, uploaded with SHA-256 checksums S3 keeps and returns."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        *,
+        multipart_threshold: int = MULTIPART_THRESHOLD,
+        multipart_chunk: int = MULTIPART_CHUNK,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 30.0,
+        max_attempts: int = 3,
+    ):
         import boto3
-        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
 
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.location = f"s3://{bucket}/{self.prefix}".rstrip("/")
-        self.client = boto3.client("s3", endpoint_url=endpoint_url)
-        self.transfer = TransferConfig(multipart_threshold=multipart_threshold, multipart_chunksize=max(multipart_threshold, 5 << 20))
+        self.multipart_threshold = multipart_threshold
+        self.multipart_chunk = max(multipart_chunk, 5 << 20)  # S3's smallest part
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            config=Config(
+                connect_timeout=connect_timeout_s,
+                read_timeout=read_timeout_s,
+                retries={"max_attempts": max_attempts, "mode": "standard"},
+            ),
+        )
 
     def _key(self, digest: str) -> str:
         key = blob_key(digest)
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    @contextmanager
+    def _calls(self, what: str) -> Iterator[None]:
+        """Connection failures, timeouts and server errors become one typed error."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            yield
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "?")
+            raise Unavailable(
+                f"artifact store {self.location}: {what} failed: {code}",
+                code=ErrorCode.ARTIFACT_STORE_UNAVAILABLE,
+                field="LORAGATE_ARTIFACTS",
+            ) from e
+        except BotoCoreError as e:
+            raise Unavailable(
+                f"artifact store {self.location} unreachable while {what}: {type(e).__name__}",
+                code=ErrorCode.ARTIFACT_STORE_UNAVAILABLE,
+                field="LORAGATE_S3_ENDPOINT_URL",
+            ) from e
+
     def ensure(self) -> None:
         from botocore.exceptions import ClientError
 
-        try:
-            self.client.head_bucket(Bucket=self.bucket)
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket", "NotFound"):
+        with self._calls("checking the bucket"):
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
+                    raise
                 self.client.create_bucket(Bucket=self.bucket)
-            else:
+
+    def _head(self, digest: str) -> dict[str, Any] | None:
+        from botocore.exceptions import ClientError
+
+        with self._calls(f"reading {digest[:19]}"):
+            try:
+                return self.client.head_object(Bucket=self.bucket, Key=self._key(digest), ChecksumMode="ENABLED")
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return None
                 raise
 
-    def has(self, digest: str) -> bool:
-        from botocore.exceptions import ClientError
+    def exists(self, digest: str) -> bool:
+        return self._head(digest) is not None
 
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(digest))
-            return True
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise
+    def holds(self, digest: str) -> bool:
+        head = self._head(digest)
+        return head is not None and _same_checksum(head.get("ChecksumSHA256"), _b64(bytes.fromhex(hex_of(digest))))
 
-    def put_file(self, digest: str, path: Path) -> bool:
-        if self.has(digest):
+    def _expected_checksum(self, digest: str, size: int, open_source: Callable[[], IO[bytes]]) -> str:
+        """The checksum S3 holds for these bytes as this store uploads them."""
+        if size <= self.multipart_threshold:
+            return _b64(bytes.fromhex(hex_of(digest)))
+        with open_source() as f:
+            return _composite([hashlib.sha256(p).digest() for p in iter(lambda: f.read(self.multipart_chunk), b"")])
+
+    def _put(self, digest: str, size: int, open_source: Callable[[], IO[bytes]]) -> bool:
+        head = self._head(digest)
+        if head is not None and _same_checksum(
+            head.get("ChecksumSHA256"), self._expected_checksum(digest, size, open_source)
+        ):
             return False
-        _verify_file(digest, Path(path), "the upload")
-        self.client.upload_file(str(path), self.bucket, self._key(digest), Config=self.transfer)
+        # absent, written without a checksum, or corrupted: upload the good bytes in hand
+        with open_source() as f:
+            if size > self.multipart_threshold:
+                self._multipart(digest, f)
+                return True
+            body = f.read()
+        raw = hashlib.sha256(body).digest()
+        _check_upload(digest, raw.hex())
+        with self._calls(f"uploading {digest[:19]}"):
+            self.client.put_object(
+                Bucket=self.bucket,
+                Key=self._key(digest),
+                Body=body,
+                ChecksumAlgorithm="SHA256",
+                ChecksumSHA256=_b64(raw),
+            )
         return True
 
-    def put_bytes(self, digest: str, data: bytes) -> bool:
-        with tempfile.TemporaryDirectory() as tmp:
-            p = Path(tmp) / "blob"
-            p.write_bytes(data)
-            return self.put_file(digest, p)
+    def _multipart(self, digest: str, source: IO[bytes]) -> None:
+        key = self._key(digest)
+        with self._calls(f"starting the upload of {digest[:19]}"):
+            upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256")[
+                "UploadId"
+            ]
+        try:
+            whole, parts, digests = hashlib.sha256(), [], []
+            for number, part in enumerate(iter(lambda: source.read(self.multipart_chunk), b""), start=1):
+                whole.update(part)
+                raw = hashlib.sha256(part).digest()
+                digests.append(raw)
+                with self._calls(f"uploading part {number} of {digest[:19]}"):
+                    answer = self.client.upload_part(
+                        Bucket=self.bucket,
+                        Key=key,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=part,
+                        ChecksumAlgorithm="SHA256",
+                        ChecksumSHA256=_b64(raw),
+                    )
+                parts.append({"ETag": answer["ETag"], "PartNumber": number, "ChecksumSHA256": _b64(raw)})
+            # the bytes sent must be the blob: checked before S3 makes them visible
+            _check_upload(digest, whole.hexdigest())
+            with self._calls(f"completing the upload of {digest[:19]}"):
+                done = self.client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                )
+            stored = done.get("ChecksumSHA256") or (self._head(digest) or {}).get("ChecksumSHA256")
+            if not _same_checksum(stored, _composite(digests)):
+                raise _corrupted(digest, "(composite checksum differs)", self.location)
+        except BaseException:
+            self._abort(key, upload_id)
+            raise
 
-    def fetch_to(self, digest: str, dest: Path) -> None:
+    def _abort(self, key: str, upload_id: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        # when the store is down the upload stays: gc aborts it once the store is back
+        with contextlib.suppress(BotoCoreError, ClientError):
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+
+    def put_file(self, digest: str, path: Path) -> bool:
+        return self._put(digest, Path(path).stat().st_size, lambda: open(path, "rb"))
+
+    def put_bytes(self, digest: str, data: bytes) -> bool:
+        return self._put(digest, len(data), lambda: io.BytesIO(data))
+
+    def verify(self, digest: str) -> None:
+        """Raises:
+        IntegrityFailure: ARTIFACT_CORRUPTED when the blob is missing, damaged, or carries no checksum.
+        Unavailable: ARTIFACT_STORE_UNAVAILABLE when S3 cannot be reached.
+        """
+        head = self._head(digest)
+        if head is None:
+            raise _missing(digest, self.location)
+        stored = head.get("ChecksumSHA256")
+        if _same_checksum(stored, _b64(bytes.fromhex(hex_of(digest)))):
+            return
+        if stored is not None and head["ContentLength"] > self.multipart_threshold:
+            # a multipart checksum covers the parts, not the digest: read the bytes instead
+            actual = self._stream_hash(digest, None)
+            if actual != hex_of(digest):
+                raise _corrupted(digest, actual, self.location)
+            return
+        raise IntegrityFailure(
+            f"blob {digest} in {self.location} does not carry its SHA-256 checksum: overwritten outside loragate",
+            code=ErrorCode.ARTIFACT_CORRUPTED,
+            field="artifacts",
+        )
+
+    def _stream_hash(self, digest: str, sink: IO[bytes] | None) -> str:
         from botocore.exceptions import ClientError
 
-        try:
-            self.client.download_file(self.bucket, self._key(digest), str(dest), Config=self.transfer)
-        except ClientError as e:
-            raise IntegrityFailure(f"blob {digest} is missing from {self.location}: {e}", code=ErrorCode.ARTIFACT_CORRUPTED, field="artifacts")
-        _verify_file(digest, dest, self.location)
+        with self._calls(f"downloading {digest[:19]}"):
+            try:
+                body = self.client.get_object(Bucket=self.bucket, Key=self._key(digest))["Body"]
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    raise _missing(digest, self.location) from None
+                raise
+            return _hash_stream(body.read, sink)
+
+    def fetch_to(self, digest: str, dest: Path) -> None:
+        """Raises:
+        IntegrityFailure: ARTIFACT_CORRUPTED when the blob is missing or its bytes do not match.
+        Unavailable: ARTIFACT_STORE_UNAVAILABLE when S3 cannot be reached.
+        """
+        with open(dest, "wb") as out:
+            actual = self._stream_hash(digest, out)
+        if actual != hex_of(digest):
+            raise _corrupted(digest, actual, self.location)
+
+    def read_bytes(self, digest: str) -> bytes:
+        """Raises:
+        IntegrityFailure: ARTIFACT_CORRUPTED when the blob is missing or its bytes do not match.
+        Unavailable: ARTIFACT_STORE_UNAVAILABLE when S3 cannot be reached.
+        """
+        sink = io.BytesIO()
+        actual = self._stream_hash(digest, sink)
+        if actual != hex_of(digest):
+            raise _corrupted(digest, actual, self.location)
+        return sink.getvalue()
+
+    def blobs(self) -> Iterator[StoredBlob]:
+        prefix = f"{self.prefix}/blobs/sha256/" if self.prefix else "blobs/sha256/"
+        now = time.time()
+        with self._calls("listing blobs"):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                for obj in page.get("Contents", []):
+                    digest = f"sha256:{obj['Key'].rsplit('/', 1)[-1]}"
+                    if is_digest(digest):
+                        yield StoredBlob(digest, obj["Size"], now - obj["LastModified"].timestamp())
+
+    def delete(self, digest: str) -> None:
+        with self._calls(f"deleting {digest[:19]}"):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(digest))
+
+    def litter(self, max_age_s: float) -> list[Litter]:
+        """Multipart uploads never completed nor aborted, older than ``max_age_s``."""
+        found = []
+        now = time.time()
+        with self._calls("listing unfinished uploads"):
+            for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket):
+                for upload in page.get("Uploads", []):
+                    age = now - upload["Initiated"].timestamp()
+                    if age > max_age_s:
+                        path = Path(upload["Key"]) / upload["UploadId"]
+                        found.append(Litter(path, 0, age, "unfinished multipart upload"))
+        return found
+
+    def remove_litter(self, litter: list[Litter]) -> int:
+        for item in litter:
+            self._abort(str(item.path.parent), item.path.name)
+        return 0
 
 
-def open_artifact_store(location: str, endpoint_url: str | None = None):
+def open_artifact_store(settings: Settings) -> LocalArtifactStore | S3ArtifactStore:
+    """The store ``LORAGATE_ARTIFACTS`` names: a directory, or ``s3://bucket/prefix``.
+
+    Raises:
+        InvalidInput: INVALID_SETTING for any other location.
+    """
+    location = settings.artifacts
     if location.startswith("s3://"):
-        rest = location[len("s3://"):]
-        bucket, _, prefix = rest.partition("/")
+        bucket, _, prefix = location[len("s3://") :].partition("/")
         if not bucket:
-            raise InvalidInput(f"artifact location {location!r} names no bucket", code=ErrorCode.INVALID_SETTING, field="LORAGATE_ARTIFACTS")
-        return S3ArtifactStore(bucket, prefix, endpoint_url)
+            raise InvalidInput(
+                f"artifact location {location!r} names no bucket",
+                code=ErrorCode.INVALID_SETTING,
+                field="LORAGATE_ARTIFACTS",
+            )
+        return S3ArtifactStore(
+            bucket,
+            prefix,
+            settings.s3_endpoint_url,
+            connect_timeout_s=settings.s3_connect_timeout_s,
+            read_timeout_s=settings.s3_read_timeout_s,
+            max_attempts=settings.s3_max_attempts,
+        )
     if "://" in location:
-        raise InvalidInput(f"artifact location {location!r}: only a directory or s3://bucket/prefix is supported", code=ErrorCode.INVALID_SETTING, field="LORAGATE_ARTIFACTS")
-    return LocalArtifactStore(Path(location))
+        raise InvalidInput(
+            f"artifact location {location!r}: only a directory or s3://bucket/prefix is supported",
+            code=ErrorCode.INVALID_SETTING,
+            field="LORAGATE_ARTIFACTS",
+        )
+    return LocalArtifactStore(Path(location), litter_age_s=settings.litter_age_s)

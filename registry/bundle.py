@@ -8,18 +8,19 @@ directory; sizes are capped before and during the copy.
 
 from __future__ import annotations
 
+import hashlib
 import os
-import shutil
 import stat
-import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from registry.digests import CHUNK, sha256_bytes
 from registry.errors import ErrorCode, InvalidInput
 from registry.manifest import Manifest, parse_json_object
+from registry.scratch import scratch_dir
 from registry.weights import WeightsSummary
 
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -43,15 +44,26 @@ class BundleSnapshot:
 
 @contextmanager
 def snapshot_bundle(src: Path, *, max_weights_bytes: int, max_json_bytes: int) -> Iterator[BundleSnapshot]:
+    """Copy the bundle's three files into a private snapshot while hashing them.
+
+    Raises:
+        InvalidInput: INVALID_BUNDLE for a missing or unreadable file, a symlink out of the
+            bundle or a file that is not regular (a FIFO, a device, a directory); TOO_LARGE
+            past a size limit.
+    """
     src = Path(src)
     if not src.is_dir():
-        raise InvalidInput(f"bundle directory {str(src)!r} does not exist or is not a directory", code=ErrorCode.INVALID_BUNDLE, field="bundle")
+        raise InvalidInput(
+            f"bundle directory {str(src)!r} does not exist or is not a directory",
+            code=ErrorCode.INVALID_BUNDLE,
+            field="bundle",
+        )
     root = src.resolve()
     limits = {WEIGHTS_FILE: max_weights_bytes, ADAPTER_CONFIG_FILE: max_json_bytes, MANIFEST_FILE: max_json_bytes}
-    with tempfile.TemporaryDirectory(prefix="loragate-bundle-") as tmp:
+    with scratch_dir("bundle") as tmp:
         copied: dict[str, tuple[Path, str, int]] = {}
         for name in BUNDLE_FILES:
-            copied[name] = _copy_checked(root, name, Path(tmp) / name, limits[name])
+            copied[name] = _copy_checked(root, name, tmp / name, limits[name])
         weights_path, weights_hex, weights_size = copied[WEIGHTS_FILE]
         yield BundleSnapshot(
             weights_path=weights_path,
@@ -62,45 +74,85 @@ def snapshot_bundle(src: Path, *, max_weights_bytes: int, max_json_bytes: int) -
         )
 
 
-def _copy_checked(root: Path, name: str, dest: Path, limit: int) -> tuple[Path, str, int]:
-    import hashlib
+def open_regular(path: Path, *, field: str, code: ErrorCode = ErrorCode.INVALID_BUNDLE, follow: bool = False) -> int:
+    """A descriptor on ``path``, which must be a regular file; never blocks.
 
+    Opening a FIFO for reading blocks until a writer appears, so the file is opened
+    non-blocking and only then ``fstat``-ed: what is checked is what was opened.
+
+    Raises:
+        InvalidInput: ``code`` when the path cannot be opened or is not a regular file.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise InvalidInput(f"{field} does not exist", code=code, field=field) from None
+    except OSError as e:
+        raise InvalidInput(f"cannot open {field}: {e.strerror}", code=code, field=field) from e
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        what = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory", stat.S_IFSOCK: "a socket"}.get(kind, "a device")
+        raise InvalidInput(f"{field} is {what}, not a regular file", code=code, field=field)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_regular_file(path: Path, limit: int, *, field: str, code: ErrorCode = ErrorCode.INVALID_BUNDLE) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (symlinks followed).
+
+    Raises:
+        InvalidInput: ``code`` for what is not a readable regular file; TOO_LARGE past ``limit``.
+    """
+    with os.fdopen(open_regular(Path(path), field=field, code=code, follow=True), "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise InvalidInput(f"{path} is over the {limit}-byte limit", code=ErrorCode.TOO_LARGE, field=field)
+    return data
+
+
+def _copy_checked(root: Path, name: str, dest: Path, limit: int) -> tuple[Path, str, int]:
     path = root / name
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        raise InvalidInput(f"bundle has no {name}", code=ErrorCode.INVALID_BUNDLE, field=name)
+        raise InvalidInput(f"bundle has no {name}", code=ErrorCode.INVALID_BUNDLE, field=name) from None
     if stat.S_ISLNK(st.st_mode):
         target = path.resolve()
         if root not in target.parents:
-            raise InvalidInput(f"{name} is a symlink to {str(target)!r}, outside the bundle directory", code=ErrorCode.INVALID_BUNDLE, field=name)
+            raise InvalidInput(
+                f"{name} is a symlink to {str(target)!r}, outside the bundle directory",
+                code=ErrorCode.INVALID_BUNDLE,
+                field=name,
+            )
         path = target
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as e:
-        raise InvalidInput(f"cannot open {name}: {e.strerror}", code=ErrorCode.INVALID_BUNDLE, field=name)
-    fst = os.fstat(fd)
-    if not stat.S_ISREG(fst.st_mode):
-        os.close(fd)
-        raise InvalidInput(f"{name} is not a regular file", code=ErrorCode.INVALID_BUNDLE, field=name)
-    with os.fdopen(fd, "rb") as f:
-        if fst.st_size > limit:
-            raise InvalidInput(f"{name} is {fst.st_size} bytes, over the {limit}-byte limit", code=ErrorCode.TOO_LARGE, field=name)
+    with os.fdopen(open_regular(path, field=name), "rb") as f:
+        size_now = os.fstat(f.fileno()).st_size
+        if size_now > limit:
+            raise InvalidInput(
+                f"{name} is {size_now} bytes, over the {limit}-byte limit", code=ErrorCode.TOO_LARGE, field=name
+            )
         h = hashlib.sha256()
         size = 0
         with open(dest, "wb") as out:
             for chunk in iter(lambda: f.read(CHUNK), b""):
                 size += len(chunk)
                 if size > limit:
-                    raise InvalidInput(f"{name} grew past the {limit}-byte limit while being read", code=ErrorCode.TOO_LARGE, field=name)
+                    raise InvalidInput(
+                        f"{name} grew past the {limit}-byte limit while being read",
+                        code=ErrorCode.TOO_LARGE,
+                        field=name,
+                    )
                 h.update(chunk)
                 out.write(chunk)
     return dest, h.hexdigest(), size
 
 
 def parse_adapter_config(raw: bytes) -> dict[str, Any]:
-    return parse_json_object(raw, what=ADAPTER_CONFIG_FILE, code=ErrorCode.INVALID_ADAPTER_CONFIG, field=ADAPTER_CONFIG_FILE)
+    return parse_json_object(
+        raw, what=ADAPTER_CONFIG_FILE, code=ErrorCode.INVALID_ADAPTER_CONFIG, field=ADAPTER_CONFIG_FILE
+    )
 
 
 def _mismatch(field: str, message: str) -> InvalidInput:
@@ -108,7 +160,9 @@ def _mismatch(field: str, message: str) -> InvalidInput:
 
 
 def _unsupported(key: str, message: str) -> InvalidInput:
-    return InvalidInput(f"adapter_config.{key}: {message}", code=ErrorCode.INVALID_ADAPTER_CONFIG, field=f"adapter_config.{key}")
+    return InvalidInput(
+        f"adapter_config.{key}: {message}", code=ErrorCode.INVALID_ADAPTER_CONFIG, field=f"adapter_config.{key}"
+    )
 
 
 def check_adapter_config(cfg: dict[str, Any], manifest: Manifest, base_names: set[str]) -> None:
@@ -116,6 +170,10 @@ def check_adapter_config(cfg: dict[str, Any], manifest: Manifest, base_names: se
 
     ``base_names`` are the spellings under which the pinned base may appear in
     ``base_model_name_or_path``: its catalog id, its hub id or its directory.
+
+    Raises:
+        InvalidInput: MANIFEST_MISMATCH naming the field that disagrees, or
+        INVALID_ADAPTER_CONFIG for what vLLM cannot serve.
     """
     if cfg.get("peft_type") != "LORA":
         raise _unsupported("peft_type", f"is {cfg.get('peft_type')!r}; only LORA adapters are served")
@@ -137,14 +195,24 @@ def check_adapter_config(cfg: dict[str, Any], manifest: Manifest, base_names: se
     if cfg.get("r") != manifest.lora_rank:
         raise _mismatch("lora_rank", f"manifest lora_rank {manifest.lora_rank} != adapter_config r {cfg.get('r')!r}")
     if cfg.get("lora_alpha") != manifest.lora_alpha:
-        raise _mismatch("lora_alpha", f"manifest lora_alpha {manifest.lora_alpha} != adapter_config lora_alpha {cfg.get('lora_alpha')!r}")
+        raise _mismatch(
+            "lora_alpha",
+            f"manifest lora_alpha {manifest.lora_alpha} != adapter_config lora_alpha {cfg.get('lora_alpha')!r}",
+        )
     if cfg.get("lora_dropout", 0.0) != manifest.lora_dropout:
-        raise _mismatch("lora_dropout", f"manifest lora_dropout {manifest.lora_dropout} != adapter_config lora_dropout {cfg.get('lora_dropout')!r}")
+        raise _mismatch(
+            "lora_dropout",
+            f"manifest lora_dropout {manifest.lora_dropout} != adapter_config lora_dropout {cfg.get('lora_dropout')!r}",
+        )
     cfg_targets = cfg.get("target_modules")
     if isinstance(cfg_targets, list):
         cfg_targets = sorted(set(cfg_targets))
     if cfg_targets != manifest.target_modules:
-        raise _mismatch("target_modules", f"manifest target_modules {manifest.target_modules!r} != adapter_config target_modules {cfg.get('target_modules')!r}")
+        raise _mismatch(
+            "target_modules",
+            f"manifest target_modules {manifest.target_modules!r} != "
+            f"adapter_config target_modules {cfg.get('target_modules')!r}",
+        )
     named = cfg.get("base_model_name_or_path")
     if named not in base_names:
         raise _mismatch(
@@ -154,7 +222,10 @@ def check_adapter_config(cfg: dict[str, Any], manifest: Manifest, base_names: se
         )
     revision = cfg.get("revision")
     if revision not in (None, "", "main") and revision != manifest.base_model_commit:
-        raise _mismatch("base_model_commit", f"adapter_config revision {revision!r} != manifest base_model_commit {manifest.base_model_commit!r}")
+        raise _mismatch(
+            "base_model_commit",
+            f"adapter_config revision {revision!r} != manifest base_model_commit {manifest.base_model_commit!r}",
+        )
 
 
 def check_weights_against(
@@ -165,12 +236,20 @@ def check_weights_against(
     base_shapes: dict[str, list[int]],
     base_label: str,
 ) -> None:
-    """Shapes must fit the rank, the target modules and the pinned base's layers."""
+    """Shapes must fit the rank, the target modules and the pinned base's layers.
+
+    Raises:
+        InvalidInput: MANIFEST_MISMATCH (rank, target modules), RANK_LIMIT, or BASE_MISMATCH
+        for a module the pinned base does not have in that shape.
+    """
     import re
 
     for module in weights.modules.values():
         if module.rank != manifest.lora_rank:
-            raise _mismatch("lora_rank", f"module {module.path!r} has rank {module.rank}, manifest lora_rank is {manifest.lora_rank}")
+            raise _mismatch(
+                "lora_rank",
+                f"module {module.path!r} has rank {module.rank}, manifest lora_rank is {manifest.lora_rank}",
+            )
     if manifest.lora_rank > max_lora_rank:
         raise InvalidInput(
             f"lora_rank {manifest.lora_rank} is above the fleet's max_lora_rank {max_lora_rank}",
@@ -181,11 +260,18 @@ def check_weights_against(
     if isinstance(targets, str):
         unmatched = sorted(p for p in weights.modules if not re.fullmatch(targets, p))
         if unmatched:
-            raise _mismatch("target_modules", f"modules {unmatched[:3]} in the weights do not match target_modules {targets!r}; PEFT would drop them silently")
+            raise _mismatch(
+                "target_modules",
+                f"modules {unmatched[:3]} in the weights do not match target_modules {targets!r}; "
+                "PEFT would drop them silently",
+            )
     else:
         extra = sorted(weights.leaf_names - set(targets))
         if extra:
-            raise _mismatch("target_modules", f"weights hold modules {extra} that target_modules {targets} leaves out; PEFT would drop them silently")
+            raise _mismatch(
+                "target_modules",
+                f"weights hold modules {extra} that target_modules {targets} leaves out; PEFT would drop them silently",
+            )
         missing = sorted(set(targets) - weights.leaf_names)
         if missing:
             raise _mismatch("target_modules", f"target_modules {missing} match nothing in the weights")
@@ -207,21 +293,17 @@ def check_weights_against(
             )
 
 
-def write_atomic_dir(dest: Path, files: dict[str, bytes | Path]) -> None:
-    """Write files into ``dest`` all at once: a sibling temp dir, then a rename."""
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+def publish_dir(staging: Path, dest: Path) -> None:
+    """Make a fully written directory appear at ``dest`` at once: fsync, then rename.
+
+    A reader sees the whole bundle or nothing, never a half-written one.
+    """
+    for path in staging.iterdir():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    directory = os.open(staging, os.O_RDONLY)
     try:
-        for name, content in files.items():
-            target = tmp / name
-            if isinstance(content, Path):
-                shutil.copyfile(content, target)
-            else:
-                target.write_bytes(content)
-            with open(target, "rb+") as f:
-                os.fsync(f.fileno())
-        os.rename(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    os.rename(staging, dest)

@@ -17,8 +17,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from registry.digests import canonical_json, canonical_sha256, digest_of_hex, sha256_bytes, sha256_file
+from registry.digests import HF_COMMIT, canonical_json, canonical_sha256, digest_of_hex, sha256_bytes, sha256_file
 from registry.errors import ErrorCode, IntegrityFailure, InvalidInput
+from registry.jsonio import loads_object
 from registry.manifest import normalize_rope_scaling
 from registry.names import check_base_id
 from registry.weights import read_base_linear_shapes
@@ -48,7 +49,6 @@ _VOLATILE_KEYS = {
     "_attn_implementation_autoset",
     "_attn_implementation_internal",
 }
-_HF_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
@@ -93,11 +93,7 @@ def canonical_config(config: dict[str, Any]) -> dict[str, Any]:
 
     def strip(value: Any) -> Any:
         if isinstance(value, dict):
-            return {
-                k: strip(v)
-                for k, v in value.items()
-                if k not in _VOLATILE_KEYS and not k.startswith("output_")
-            }
+            return {k: strip(v) for k, v in value.items() if k not in _VOLATILE_KEYS and not k.startswith("output_")}
         if isinstance(value, list):
             return [strip(v) for v in value]
         return value
@@ -118,14 +114,10 @@ def canonical_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_facts(config_raw: bytes) -> dict[str, Any]:
-    import json
-
-    try:
-        config = json.loads(config_raw)
-    except ValueError as e:
-        raise InvalidInput(f"config.json is not valid JSON: {e}", code=ErrorCode.INVALID_BASE, field="config.json")
-    if not isinstance(config, dict):
-        raise InvalidInput("config.json is not a JSON object", code=ErrorCode.INVALID_BASE, field="config.json")
+    """Raises:
+    InvalidInput: INVALID_BASE when config.json is not a JSON object.
+    """
+    config = loads_object(config_raw, what="config.json", code=ErrorCode.INVALID_BASE, field="config.json")
     canon = canonical_config(config)
     archs = config.get("architectures") or [None]
     return {
@@ -156,6 +148,9 @@ def directory_digest(directory: Path) -> str:
 
 
 def tokenizer_digest(directory: Path) -> str:
+    """Raises:
+    InvalidInput: INVALID_BASE when the directory holds no tokenizer files.
+    """
     entries = [[name, sha256_file(directory / name)] for name in TOKENIZER_FILES if (directory / name).is_file()]
     if not entries:
         raise InvalidInput(f"no tokenizer files in {str(directory)!r}", code=ErrorCode.INVALID_BASE, field="tokenizer")
@@ -163,7 +158,11 @@ def tokenizer_digest(directory: Path) -> str:
 
 
 def resolve_hf_snapshot(repo_id: str, revision: str, cache_dir: str | None = None) -> Path:
-    """The local hub-cache snapshot of ``repo_id`` at ``revision``; never downloads."""
+    """The local hub-cache snapshot of ``repo_id`` at ``revision``; never downloads.
+
+    Raises:
+        InvalidInput: INVALID_BASE when the snapshot is not in the local cache.
+    """
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -175,39 +174,61 @@ def resolve_hf_snapshot(repo_id: str, revision: str, cache_dir: str | None = Non
             f"loragate never downloads: {type(e).__name__}",
             code=ErrorCode.INVALID_BASE,
             field="revision",
-        )
+        ) from e
 
 
-def inspect_base(source: str, base_model_id: str, revision: str | None = None, cache_dir: str | None = None) -> BaseModelRecord:
-    """Pin a base: a local directory (commit = content digest) or a cached hub id + commit."""
+def inspect_base(
+    source: str, base_model_id: str, revision: str | None = None, cache_dir: str | None = None
+) -> BaseModelRecord:
+    """Pin a base: a local directory (commit = content digest) or a cached hub id + commit.
+
+    Raises:
+        InvalidInput: INVALID_BASE / INVALID_NAME for a source, revision or id that cannot be
+        pinned, or a directory that is not a model.
+    """
     check_base_id(base_model_id, field="id")
     path = Path(source)
     if path.is_dir():
         if revision is not None:
-            raise InvalidInput("--revision applies to Hugging Face ids; a local directory is pinned by its content digest", code=ErrorCode.INVALID_BASE, field="revision")
+            raise InvalidInput(
+                "--revision applies to Hugging Face ids; a local directory is pinned by its content digest",
+                code=ErrorCode.INVALID_BASE,
+                field="revision",
+            )
         directory, kind, src = path.resolve(), "local", str(path.resolve())
     else:
         if not _HF_ID.match(source) or source.startswith(("/", ".")):
-            raise InvalidInput(f"{source!r} is neither a directory nor a Hugging Face id", code=ErrorCode.INVALID_BASE, field="source")
-        if revision is None or not _HF_COMMIT.match(revision):
-            raise InvalidInput("a Hugging Face base must be pinned with --revision <40-hex commit>", code=ErrorCode.INVALID_BASE, field="revision")
+            raise InvalidInput(
+                f"{source!r} is neither a directory nor a Hugging Face id", code=ErrorCode.INVALID_BASE, field="source"
+            )
+        if revision is None or not HF_COMMIT.match(revision):
+            raise InvalidInput(
+                "a Hugging Face base must be pinned with --revision <40-hex commit>",
+                code=ErrorCode.INVALID_BASE,
+                field="revision",
+            )
         directory, kind, src = resolve_hf_snapshot(source, revision, cache_dir), "hf", source
     facts = base_directory_facts(directory)
-    commit = facts["content_digest"] if kind == "local" else revision
+    commit = facts["content_digest"] if kind == "local" else str(revision)
     return BaseModelRecord(base_model_id=base_model_id, base_model_commit=commit, source_kind=kind, source=src, **facts)
 
 
 def base_directory_facts(directory: Path) -> dict[str, Any]:
+    """Raises:
+    InvalidInput: INVALID_BASE for a directory without config.json, weights or tokenizer.
+    """
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise InvalidInput(f"no config.json in {str(directory)!r}", code=ErrorCode.INVALID_BASE, field="config.json")
     weights = sorted(directory.glob("*.safetensors"))
     if not weights:
-        raise InvalidInput(f"no *.safetensors weights in {str(directory)!r}", code=ErrorCode.INVALID_BASE, field="weights")
+        raise InvalidInput(
+            f"no *.safetensors weights in {str(directory)!r}", code=ErrorCode.INVALID_BASE, field="weights"
+        )
     try:
         shapes = read_base_linear_shapes(weights)
     except InvalidInput as e:
-        raise InvalidInput(f"base weights unreadable: {e.message}", code=ErrorCode.INVALID_BASE, field=e.field)
+        raise InvalidInput(f"base weights unreadable: {e.message}", code=ErrorCode.INVALID_BASE, field=e.field) from e
     return {
         "content_digest": directory_digest(directory),
         "tokenizer_revision": tokenizer_digest(directory),
@@ -223,10 +244,16 @@ def base_directory(record: BaseModelRecord, cache_dir: str | None = None) -> Pat
 
 
 def verify_base(record: BaseModelRecord, cache_dir: str | None = None) -> Path:
-    """Recheck a pinned base on disk; a silent provider or file update is loud here."""
+    """Recheck a pinned base on disk; a silent provider or file update is loud here.
+
+    Raises:
+        IntegrityFailure: BASE_DRIFT naming what changed (config, tokenizer, files, gone).
+    """
     directory = base_directory(record, cache_dir)
     if not directory.is_dir():
-        raise IntegrityFailure(f"base {record.label} is gone from {str(directory)!r}", code=ErrorCode.BASE_DRIFT, field="base_model_commit")
+        raise IntegrityFailure(
+            f"base {record.label} is gone from {str(directory)!r}", code=ErrorCode.BASE_DRIFT, field="base_model_commit"
+        )
     config_raw = (directory / "config.json").read_bytes()
     facts = config_facts(config_raw)
     if facts["config_sha256"] != record.config_sha256:
@@ -237,7 +264,11 @@ def verify_base(record: BaseModelRecord, cache_dir: str | None = None) -> Path:
             field="base_config_sha256",
         )
     if tokenizer_digest(directory) != record.tokenizer_revision:
-        raise IntegrityFailure(f"base {record.label} tokenizer files changed since it was pinned", code=ErrorCode.BASE_DRIFT, field="tokenizer_revision")
+        raise IntegrityFailure(
+            f"base {record.label} tokenizer files changed since it was pinned",
+            code=ErrorCode.BASE_DRIFT,
+            field="tokenizer_revision",
+        )
     digest = directory_digest(directory)
     if digest != record.content_digest:
         raise IntegrityFailure(

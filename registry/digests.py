@@ -1,8 +1,9 @@
-"""Content digests and canonical JSON.
+"""Content digests, the formats of commits and digests, and canonical JSON.
 
 A digest names its algorithm (``sha256:<hex>``) because the algorithm is part of its
 identity. Canonical JSON (sorted keys, no whitespace, UTF-8, integral floats written as
-integers, no NaN) makes a manifest hash the same whoever wrote the file.
+integers, no NaN) makes a manifest hash the same whoever wrote the file. Every pattern a
+digest or commit must match lives here, once.
 """
 
 from __future__ import annotations
@@ -15,21 +16,29 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 ALGORITHM = "sha256"
-_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-_HEX_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
+
+# a bare sha256, as stored in the version columns (``weights_sha256``, ...)
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+# a sha256 that names its algorithm: content addresses, blob keys, local base commits
+SHA256_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# a Hugging Face hub commit
+HF_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# a git commit of the training code, abbreviated or full
+GIT_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+def is_digest(value: str) -> bool:
+    return bool(SHA256_DIGEST.match(value))
+
+
+def is_revision(value: str) -> bool:
+    """A pinned revision: a hub commit, or the sha256 content digest of local files."""
+    return bool(HF_COMMIT.match(value) or SHA256_DIGEST.match(value))
 
 
 def digest_of_hex(hexdigest: str) -> str:
     return f"{ALGORITHM}:{hexdigest}"
-
-
-def is_digest(value: str) -> bool:
-    return bool(_DIGEST_RE.match(value))
-
-
-def is_sha256_hex(value: str) -> bool:
-    return bool(_HEX_RE.match(value))
 
 
 def hex_of(digest: str) -> str:

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
+
+from registry.lifecycle import Pointer, Stage, ValidationStatus
+from registry.reports import ValidationReport
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -24,23 +31,30 @@ class AdapterVersion:
     base_model_id: str
     base_model_commit: str
     lora_rank: int
-    stage: str
-    validation_status: str
+    stage: Stage
+    validation_status: ValidationStatus
     previous_version: str | None
     manifest: dict[str, Any]
     created_at: datetime
     created_by: str
+
+    @property
+    def blob_digests(self) -> tuple[str, str, str]:
+        """The hex digests of the version's blobs: weights, adapter config, manifest."""
+        return self.weights_sha256, self.adapter_config_sha256, self.manifest_sha256
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["created_at"] = _iso(self.created_at)
         return d
 
-    def manifest_view(self, validation_report: dict[str, Any] | None = None, deployed_at: datetime | None = None) -> dict[str, Any]:
+    def manifest_view(
+        self, validation_report: ValidationReport | None = None, deployed_at: datetime | None = None
+    ) -> dict[str, Any]:
         """The stored manifest with the lifecycle fields the registry owns filled in."""
         view = dict(self.manifest)
-        view["validation_status"] = self.validation_status
-        view["validation_report"] = validation_report
+        view["validation_status"] = self.validation_status.value
+        view["validation_report"] = validation_report.to_json() if validation_report else None
         view["deployment_timestamp"] = _iso(deployed_at)
         return view
 
@@ -54,6 +68,11 @@ class Adapter:
     revision: int
     version_count: int
     created_at: datetime
+
+    def pointer(self, pointer: Pointer) -> str | None:
+        return {Pointer.CANARY: self.canary, Pointer.PRODUCTION: self.production, Pointer.PREVIOUS: self.previous}[
+            pointer
+        ]
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -99,16 +118,23 @@ class GoldenSetRef:
 class ValidationRun:
     id: int
     version_id: str
-    status: str
+    status: ValidationStatus
     golden_set_digest: str | None
     output_sha256: str | None
-    report: dict[str, Any]
+    report: ValidationReport
     started_at: datetime
     finished_at: datetime
     actor: str
 
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["started_at"] = _iso(self.started_at)
-        d["finished_at"] = _iso(self.finished_at)
-        return d
+        """The run without its report (``report.to_json()`` has that)."""
+        return {
+            "id": self.id,
+            "version_id": self.version_id,
+            "status": self.status.value,
+            "golden_set_digest": self.golden_set_digest,
+            "output_sha256": self.output_sha256,
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+            "actor": self.actor,
+        }

@@ -7,10 +7,10 @@ the message; the edges (CLI exit codes, HTTP statuses) translate the class once.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class ErrorCode(str, Enum):
+class ErrorCode(StrEnum):
     # bad input: the caller can fix it
     INVALID_NAME = "invalid_name"
     INVALID_MANIFEST = "invalid_manifest"
@@ -35,6 +35,13 @@ class ErrorCode(str, Enum):
     ARTIFACT_CORRUPTED = "artifact_corrupted"
     CONCURRENT_UPDATE = "concurrent_update"
     BASE_DRIFT = "base_drift"
+    ARTIFACT_STORE_UNAVAILABLE = "artifact_store_unavailable"
+    DATABASE_UNAVAILABLE = "database_unavailable"
+    # the serving fleet
+    REPLICA_UNAVAILABLE = "replica_unavailable"
+    REPLICA_REFUSED = "replica_refused"
+    REPLICA_UNKNOWN_ADAPTER = "replica_unknown_adapter"
+    DEPLOY_FAILED = "deploy_failed"
     # roles arrive with the signing issue; the edge already maps it
     PERMISSION_DENIED = "permission_denied"
 
@@ -82,6 +89,29 @@ class IntegrityFailure(LoragateError):
     """Stored bytes or a pinned base no longer match their recorded digest."""
 
     default_code = ErrorCode.ARTIFACT_CORRUPTED
+
+
+class Unavailable(LoragateError):
+    """A component the registry needs (database, artifact store) cannot be reached in time."""
+
+    default_code = ErrorCode.DATABASE_UNAVAILABLE
+
+
+class ReplicaError(LoragateError):
+    """A vLLM replica could not be reached in time, or refused a request (by status and
+    error type, never by message text)."""
+
+    default_code = ErrorCode.REPLICA_REFUSED
+
+    def __init__(self, message: str, *, code: ErrorCode | None = None, field: str | None = None, status: int = 0):
+        super().__init__(message, code=code, field=field)
+        self.status = status
+
+
+class DeployFailed(LoragateError):
+    """A fleet switch failed on a replica; every replica was put back as it was."""
+
+    default_code = ErrorCode.DEPLOY_FAILED
 
 
 class ConcurrentUpdate(LoragateError):

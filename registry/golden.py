@@ -6,6 +6,11 @@ matched against the greedy completion of ``prompt``; an optional ``max_tokens`` 
 the completion. A set is identified by the digest of its canonical form and checked by a
 great-expectations suite (unique non-blank ids and prompts, enough cases, known kinds)
 before it is attached or used; a failing set is refused with every failed expectation.
+
+Nothing in a set can make validation unbounded or reach outside: lines are strict JSON
+(``registry.jsonio``), sets, ids, prompts and expectations have size limits, completions
+are at most ``MAX_TOKENS_LIMIT`` tokens, and matching runs on ``registry.matching``
+(RE2 regexes, JSON schemas that resolve only inside themselves).
 """
 
 from __future__ import annotations
@@ -13,17 +18,22 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from registry.digests import canonical_json, digest_of_hex, sha256_bytes
-from registry.errors import ErrorCode, InvalidInput
+from registry.errors import ErrorCode, IntegrityFailure, InvalidInput
+from registry.jsonio import loads_object
+from registry.matching import MAX_COMPLETION_CHARS, compile_regex, regex_search, schema_errors, schema_problems
 
 KINDS = ("equals", "contains", "regex", "json_schema")
 DEFAULT_MAX_TOKENS = 32
 MAX_TOKENS_LIMIT = 256
+DEFAULT_MAX_CASES = 1000
+MAX_ID_CHARS = 128
+MAX_PROMPT_CHARS = 8192
+MAX_EXPECTED_CHARS = 4096
 _OPTIONAL_KEYS = {"max_tokens"}
 FIELD = "golden_set"
 
@@ -59,22 +69,26 @@ class GoldenSet:
         return max(c.max_tokens for c in self.cases)
 
 
-def _rows(raw: bytes) -> list[dict[str, Any]]:
+def _rows(raw: bytes, max_cases: int) -> list[dict[str, Any]]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InvalidInput(f"golden set is not UTF-8: {e}", code=ErrorCode.INVALID_GOLDEN_SET, field=FIELD)
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+        raise InvalidInput(f"golden set is not UTF-8: {e}", code=ErrorCode.INVALID_GOLDEN_SET, field=FIELD) from e
+    rows: list[dict[str, Any]] = []
+    # JSON Lines ends a line at \n only: str.splitlines would also split inside strings (U+2028, ...)
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        try:
-            value = json.loads(line)
-        except ValueError as e:
-            raise InvalidInput(f"golden set line {lineno} is not JSON: {e}", code=ErrorCode.INVALID_GOLDEN_SET, field=f"{FIELD}:{lineno}")
-        if not isinstance(value, dict):
-            raise InvalidInput(f"golden set line {lineno} is not a JSON object", code=ErrorCode.INVALID_GOLDEN_SET, field=f"{FIELD}:{lineno}")
-        rows.append(value)
+        if len(rows) == max_cases:
+            raise InvalidInput(
+                f"golden set has more than {max_cases} cases (LORAGATE_GOLDEN_MAX_CASES)",
+                code=ErrorCode.TOO_LARGE,
+                field=FIELD,
+            )
+        where = f"{FIELD}:{lineno}"
+        rows.append(
+            loads_object(line, what=f"golden set line {lineno}", code=ErrorCode.INVALID_GOLDEN_SET, field=where)
+        )
     return rows
 
 
@@ -87,7 +101,9 @@ def _frame(rows: list[dict[str, Any]]):
     records = []
     for row in rows:
         kinds = sorted(k for k in row if k not in ("id", "prompt") and k not in _OPTIONAL_KEYS)
-        records.append({"id": text(row.get("id")), "prompt": text(row.get("prompt")), "kind": "+".join(kinds) or "(none)"})
+        records.append(
+            {"id": text(row.get("id")), "prompt": text(row.get("prompt")), "kind": "+".join(kinds) or "(none)"}
+        )
     return pd.DataFrame.from_records(records, columns=["id", "prompt", "kind"])
 
 
@@ -129,45 +145,58 @@ def expectation_failures(rows: list[dict[str, Any]], min_cases: int) -> list[str
         if "observed_value" in r.result and r.result.get("unexpected_count") is None:
             failures.append(f"{label}: observed {r.result['observed_value']}")
         else:
-            failures.append(f"{label}: {r.result.get('unexpected_count')} bad, e.g. {r.result.get('partial_unexpected_list', [])[:3]}")
+            failures.append(
+                f"{label}: {r.result.get('unexpected_count')} bad, "
+                f"e.g. {r.result.get('partial_unexpected_list', [])[:3]}"
+            )
     return failures
 
 
-def _value_failures(rows: list[dict[str, Any]]) -> list[str]:
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
+def _text_failure(cid: object, key: str, value: object, limit: int) -> str | None:
+    if isinstance(value, str) and len(value) > limit:
+        return f"case {str(cid)[:MAX_ID_CHARS]!r}: {key} is {len(value)} characters, over the {limit} limit"
+    return None
 
+
+def _value_failures(rows: list[dict[str, Any]]) -> list[str]:
     failures = []
     for row in rows:
         cid = row.get("id")
+        label = f"case {str(cid)[:MAX_ID_CHARS]!r}"
+        for key, limit in (("id", MAX_ID_CHARS), ("prompt", MAX_PROMPT_CHARS)):
+            failure = _text_failure(cid, key, row.get(key), limit)
+            if failure:
+                failures.append(failure)
         kinds = [k for k in KINDS if k in row]
         if len(kinds) != 1:
             continue  # already reported by the kind expectation
         kind, expected = kinds[0], row[kinds[0]]
         if kind == "json_schema":
-            if not isinstance(expected, dict):
-                failures.append(f"case {cid!r}: json_schema must be an object")
-                continue
-            try:
-                Draft202012Validator.check_schema(expected)
-            except SchemaError as e:
-                failures.append(f"case {cid!r}: json_schema is not a valid schema: {e.message}")
+            failures.extend(f"{label}: {problem}" for problem in schema_problems(expected))
         elif not isinstance(expected, str) or not expected:
-            failures.append(f"case {cid!r}: {kind} must be a non-empty string")
+            failures.append(f"{label}: {kind} must be a non-empty string")
+        elif len(expected) > MAX_EXPECTED_CHARS:
+            failures.append(f"{label}: {kind} is {len(expected)} characters, over the {MAX_EXPECTED_CHARS} limit")
         elif kind == "regex":
             try:
-                re.compile(expected)
-            except re.error as e:
-                failures.append(f"case {cid!r}: regex does not compile: {e}")
+                compile_regex(expected)
+            except ValueError as e:
+                failures.append(f"{label}: regex {expected[:60]!r} is refused: {e}")
         if "max_tokens" in row:
             mt = row["max_tokens"]
             if not isinstance(mt, int) or isinstance(mt, bool) or not 1 <= mt <= MAX_TOKENS_LIMIT:
-                failures.append(f"case {cid!r}: max_tokens must be an integer in 1..{MAX_TOKENS_LIMIT}")
+                failures.append(f"{label}: max_tokens must be an integer in 1..{MAX_TOKENS_LIMIT}")
     return failures
 
 
-def parse_golden_set(raw: bytes, *, min_cases: int) -> GoldenSet:
-    rows = _rows(raw)
+def parse_golden_set(raw: bytes, *, min_cases: int, max_cases: int = DEFAULT_MAX_CASES) -> GoldenSet:
+    """A golden set from JSONL, checked by the great-expectations suite and case by case.
+
+    Raises:
+        InvalidInput: INVALID_GOLDEN_SET listing every failed expectation (naming the
+            case), or naming the line that is not strict JSON; TOO_LARGE past ``max_cases``.
+    """
+    rows = _rows(raw, max_cases)
     failures = expectation_failures(rows, min_cases) + _value_failures(rows)
     if failures:
         raise InvalidInput(
@@ -175,11 +204,37 @@ def parse_golden_set(raw: bytes, *, min_cases: int) -> GoldenSet:
             code=ErrorCode.INVALID_GOLDEN_SET,
             field=FIELD,
         )
+    return _golden_set(rows)
+
+
+def load_stored_golden_set(raw: bytes, digest: str) -> GoldenSet:
+    """A set the registry stored after checking it: re-read, and held to its digest.
+
+    Raises:
+        IntegrityFailure: the bytes no longer form the set ``digest`` names.
+    """
+    try:
+        golden = _golden_set(_rows(raw, max_cases=1 << 31))
+    except (InvalidInput, KeyError, StopIteration) as e:
+        raise IntegrityFailure(f"stored golden set {digest} no longer parses", field=FIELD) from e
+    if golden.digest != digest:
+        raise IntegrityFailure(f"stored golden set {digest} re-parses to {golden.digest}", field=FIELD)
+    return golden
+
+
+def _golden_set(rows: list[dict[str, Any]]) -> GoldenSet:
     cases = []
     for row in rows:
         kind = next(k for k in KINDS if k in row)
-        cases.append(GoldenCase(id=row["id"], prompt=row["prompt"], kind=kind, expected=row[kind],
-                                max_tokens=row.get("max_tokens", DEFAULT_MAX_TOKENS)))
+        cases.append(
+            GoldenCase(
+                id=row["id"],
+                prompt=row["prompt"],
+                kind=kind,
+                expected=row[kind],
+                max_tokens=row.get("max_tokens", DEFAULT_MAX_TOKENS),
+            )
+        )
     return GoldenSet(tuple(cases))
 
 
@@ -187,8 +242,18 @@ def match_case(case: GoldenCase, completion: str) -> tuple[bool, str]:
     """Does ``completion`` meet the case's expectation? Returns (passed, why-not).
 
     Surrounding whitespace is tokenization noise, so every kind sees the stripped text.
+    Never raises: whatever a stored case holds, the verdict is a failed case, not a crash.
     """
     text = completion.strip()
+    if len(text) > MAX_COMPLETION_CHARS:
+        return False, f"completion is {len(text)} characters, over the {MAX_COMPLETION_CHARS} limit"
+    try:
+        return _match(case, text)
+    except Exception as e:  # a set stored before a check existed; never let it crash the gate
+        return False, f"the {case.kind} expectation could not be applied: {type(e).__name__}: {str(e)[:200]}"
+
+
+def _match(case: GoldenCase, text: str) -> tuple[bool, str]:
     if case.kind == "equals":
         ok = text == case.expected.strip()
         return ok, "" if ok else f"expected exactly {case.expected!r}"
@@ -196,13 +261,11 @@ def match_case(case: GoldenCase, completion: str) -> tuple[bool, str]:
         ok = case.expected in text
         return ok, "" if ok else f"expected to contain {case.expected!r}"
     if case.kind == "regex":
-        ok = re.search(case.expected, text) is not None
+        ok = regex_search(case.expected, text)
         return ok, "" if ok else f"expected to match /{case.expected}/"
-    from jsonschema import Draft202012Validator
-
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False, "expected JSON, completion does not parse"
-    errors = sorted(Draft202012Validator(case.expected).iter_errors(value), key=lambda e: list(e.path))
-    return (not errors), "" if not errors else f"JSON breaks the schema: {errors[0].message}"
+    errors = schema_errors(case.expected, value)
+    return (not errors), "" if not errors else f"JSON breaks the schema: {errors[0]}"

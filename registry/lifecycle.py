@@ -16,13 +16,14 @@ retried gates are harmless.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from registry.errors import ErrorCode, IllegalTransition, InvalidInput
 
 
-class Stage(str, Enum):
+class Stage(StrEnum):
     STAGING = "staging"
     CANARY = "canary"
     PRODUCTION = "production"
@@ -31,10 +32,18 @@ class Stage(str, Enum):
     ROLLED_BACK = "rolled_back"
 
 
-class Pointer(str, Enum):
+class Pointer(StrEnum):
     CANARY = "canary"
     PRODUCTION = "production"
     PREVIOUS = "previous"
+
+
+class ValidationStatus(StrEnum):
+    """The outcome of shadow validation a version carries; ``pending`` until its first run."""
+
+    PENDING = "pending"
+    PASSED = "passed"
+    FAILED = "failed"
 
 
 ALLOWED: frozenset[tuple[Stage, Stage]] = frozenset(
@@ -54,6 +63,9 @@ ALLOWED: frozenset[tuple[Stage, Stage]] = frozenset(
 
 
 def check_transition(version_id: str, current: Stage, target: Stage) -> None:
+    """Raises:
+    IllegalTransition: ``current -> target`` is not in the transition table.
+    """
     if (current, target) not in ALLOWED:
         raise IllegalTransition(
             f"version {version_id} cannot go from {current.value} to {target.value}",
@@ -65,7 +77,7 @@ def check_transition(version_id: str, current: Stage, target: Stage) -> None:
 class VersionState:
     version_id: str
     stage: Stage
-    validation_status: str
+    validation_status: ValidationStatus
 
 
 @dataclass
@@ -85,17 +97,27 @@ class Plan:
         return not self.stage_changes and not self.pointer_changes
 
     def move(self, version: VersionState, target: Stage) -> None:
+        """Raises:
+        IllegalTransition: the version's stage may not move to ``target``.
+        """
         check_transition(version.version_id, version.stage, target)
         self.stage_changes.append((version.version_id, version.stage, target))
 
 
-def plan_promotion(
-    pointers: dict[Pointer, str | None],
-    version: VersionState,
-    target: Pointer,
-    states: dict[str, VersionState],
-) -> Plan:
-    """Promote ``version`` to the canary or production pointer."""
+Pointers = Mapping[Pointer, str | None]
+States = Mapping[str, VersionState]
+
+
+def plan_promotion(pointers: Pointers, version: VersionState, target: Pointer, states: States) -> Plan:
+    """Promote ``version`` to the canary or production pointer.
+
+    Raises:
+        InvalidInput: ``target`` is the ``previous`` pointer (ILLEGAL_TRANSITION).
+        IllegalTransition: canary or production without a passed latest validation
+            (VALIDATION_REQUIRED), or any
+            move the lifecycle forbids: production from anything but the current canary,
+            the production or rollback-target version into canary.
+    """
     if target == Pointer.PREVIOUS:
         raise InvalidInput("promote targets canary or production", code=ErrorCode.ILLEGAL_TRANSITION, field="to")
     plan = Plan(action="promote", audit_stage=target, subject=version.version_id, audit_to=version.version_id)
@@ -105,9 +127,9 @@ def plan_promotion(
         return Plan(action="promote")  # already there: nothing to do
 
     if target == Pointer.CANARY:
-        if version.validation_status != "passed":
+        if version.validation_status != ValidationStatus.PASSED:
             raise IllegalTransition(
-                f"version {version.version_id} has validation status {version.validation_status!r}; "
+                f"version {version.version_id} has validation status {version.validation_status.value!r}; "
                 "only versions that passed shadow validation may enter canary",
                 code=ErrorCode.VALIDATION_REQUIRED,
                 field="validation_status",
@@ -125,6 +147,13 @@ def plan_promotion(
         plan.pointer_changes[Pointer.CANARY] = version.version_id
         return plan
 
+    if version.validation_status != ValidationStatus.PASSED:
+        raise IllegalTransition(
+            f"version {version.version_id} has validation status {version.validation_status.value!r}; "
+            "production takes only a version whose latest validation passed",
+            code=ErrorCode.VALIDATION_REQUIRED,
+            field="validation_status",
+        )
     if pointers.get(Pointer.CANARY) != version.version_id:
         raise IllegalTransition(
             f"version {version.version_id} is {version.stage.value}, not the current canary; "
@@ -140,8 +169,15 @@ def plan_promotion(
     return plan
 
 
-def plan_rollback(pointers: dict[Pointer, str | None], target: Pointer, states: dict[str, VersionState], name: str) -> Plan:
-    """Production: back to ``previous`` in one pointer move. Canary: withdraw it."""
+def plan_rollback(pointers: Pointers, target: Pointer, states: States, name: str) -> Plan:
+    """Production: back to ``previous`` in one pointer move. Canary: withdraw it.
+
+    Raises:
+        InvalidInput: ``target`` is the ``previous`` pointer (ILLEGAL_TRANSITION).
+        IllegalTransition: nothing at ``target`` to roll back, or no ``previous`` production.
+    """
+    if target == Pointer.PREVIOUS:
+        raise InvalidInput("rollback targets canary or production", code=ErrorCode.ILLEGAL_TRANSITION, field="stage")
     current = pointers.get(target)
     if current is None:
         raise IllegalTransition(f"{name} has no {target.value} version to roll back", field="stage")
@@ -150,8 +186,6 @@ def plan_rollback(pointers: dict[Pointer, str | None], target: Pointer, states: 
     if target == Pointer.CANARY:
         plan.pointer_changes[Pointer.CANARY] = None
         return plan
-    if target != Pointer.PRODUCTION:
-        raise InvalidInput("rollback targets canary or production", code=ErrorCode.ILLEGAL_TRANSITION, field="stage")
     previous = pointers.get(Pointer.PREVIOUS)
     if previous is None:
         raise IllegalTransition(f"{name} has no previous production version to roll back to", field="stage")
@@ -162,9 +196,17 @@ def plan_rollback(pointers: dict[Pointer, str | None], target: Pointer, states: 
     return plan
 
 
-def plan_validation_result(version: VersionState, passed: bool) -> Plan:
-    """A failed shadow validation rejects a staging version; other stages keep theirs."""
-    plan = Plan(action="validate", subject=version.version_id)
-    if not passed and version.stage == Stage.STAGING:
+def plan_validation_result(version: VersionState, status: ValidationStatus) -> Plan:
+    """A failed shadow validation rejects a staging version; other stages keep theirs.
+
+    The plan is never empty in effect: the run itself is recorded and audited even when no
+    stage changes (a re-validation of a canary, say).
+    """
+    if status == ValidationStatus.PENDING:
+        raise ValueError("a finished validation run is passed or failed, never pending")
+    plan = Plan(
+        action="validate", subject=version.version_id, audit_from=version.validation_status.value, audit_to=status.value
+    )
+    if status == ValidationStatus.FAILED and version.stage == Stage.STAGING:
         plan.move(version, Stage.REJECTED)
     return plan

@@ -4,8 +4,13 @@ The manifest travels next to the weights and binds them to one base model commit
 config, one tokenizer and one quantization setup. Fields fall in three groups:
 
 * submitted by training (rank, alpha, target modules, base id, ...), part of the identity;
-* filled or checked by the registry (``weights_sha256`` and the base binding fields) and
-  also part of the identity once filled;
+  ``base_model_id``, ``base_model_commit``, ``lora_rank``, ``lora_alpha``,
+  ``target_modules``, ``quantization_config`` (``null`` for full precision) and
+  ``training_git_commit`` are required: the registry never guesses which base commit an
+  adapter was trained on;
+* filled or checked by the registry (``weights_sha256``, and the facts of the pinned base:
+  ``base_config_sha256``, ``tokenizer_revision``, ``rope_scaling``), part of the identity
+  once filled;
 * owned by the registry's lifecycle (``adapter_version``, ``previous_version``,
   ``validation_*``, ``deployment_timestamp``, ``signing_key_id``), never part of the identity.
 
@@ -15,8 +20,8 @@ weights digest it forms a version's content address.
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import (
@@ -31,8 +36,18 @@ from pydantic import (
     field_validator,
 )
 
-from registry.digests import canonical_json, canonical_sha256, digest_of_hex, sha256_bytes
+from registry.digests import (
+    GIT_COMMIT,
+    SHA256_HEX,
+    canonical_json,
+    canonical_sha256,
+    digest_of_hex,
+    is_revision,
+    sha256_bytes,
+)
 from registry.errors import ErrorCode, InvalidInput
+from registry.jsonio import loads_object
+from registry.lifecycle import ValidationStatus
 
 LIFECYCLE_FIELDS = (
     "adapter_version",
@@ -42,13 +57,12 @@ LIFECYCLE_FIELDS = (
     "validation_report",
     "signing_key_id",
 )
-BASE_BINDING_FIELDS = ("base_model_commit", "base_config_sha256", "tokenizer_revision", "rope_scaling")
-VALIDATION_STATUSES = ("pending", "passed", "failed")
-
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_GIT_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
-_HF_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# why a required field may not be left out, for the error that names it
+_REQUIRED_HINTS = {
+    "base_model_commit": "the exact base commit the adapter was trained on (never inferred)",
+    "quantization_config": "the bitsandbytes setup it was trained against, or null for full precision",
+    "training_git_commit": "the commit of the training code (7-40 hex)",
+}
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -70,13 +84,13 @@ class Manifest(BaseModel):
     adapter_version: StrictStr | None = None
     previous_version: StrictStr | None = None
     deployment_timestamp: StrictStr | None = None
-    validation_status: Literal["pending", "passed", "failed"] | None = None
+    validation_status: ValidationStatus | None = None
     validation_report: dict[str, Any] | None = None
     signing_key_id: StrictStr | None = None
 
-    # binding to the base model; left out ones are filled from the catalog
+    # binding to the base model: id and commit required, the base's facts filled from the catalog
     base_model_id: StrictStr
-    base_model_commit: StrictStr | None = None
+    base_model_commit: StrictStr
     base_config_sha256: StrictStr | None = None
     tokenizer_revision: StrictStr | None = None
     rope_scaling: dict[str, Any] | None = None
@@ -88,38 +102,39 @@ class Manifest(BaseModel):
     lora_alpha: StrictInt | StrictFloat = Field(gt=0)
     lora_dropout: StrictInt | StrictFloat = Field(default=0.0, ge=0, lt=1)
     target_modules: list[StrictStr] | StrictStr
-    quantization_config: QuantizationConfig | None = None
+    # required: null for full precision
+    quantization_config: QuantizationConfig | None
 
     # provenance
-    training_git_commit: StrictStr | None = None
+    training_git_commit: StrictStr
     training_metadata: dict[str, Any] = Field(default_factory=dict)
     tested_on_models: list[StrictStr] = Field(default_factory=list)
 
     @field_validator("base_model_commit")
     @classmethod
-    def _commit_format(cls, v: str | None) -> str | None:
-        if v is not None and not (_HF_COMMIT.match(v) or _DIGEST.match(v)):
+    def _commit_format(cls, v: str) -> str:
+        if not is_revision(v):
             raise ValueError("must be a 40-hex Hugging Face commit or a sha256:<hex> content digest")
         return v
 
     @field_validator("base_config_sha256", "weights_sha256")
     @classmethod
     def _hex64(cls, v: str | None) -> str | None:
-        if v is not None and not _HEX64.match(v):
+        if v is not None and not SHA256_HEX.match(v):
             raise ValueError("must be 64 lower-case hex characters")
         return v
 
     @field_validator("tokenizer_revision")
     @classmethod
     def _tokenizer_revision(cls, v: str | None) -> str | None:
-        if v is not None and not (_DIGEST.match(v) or _HF_COMMIT.match(v)):
+        if v is not None and not is_revision(v):
             raise ValueError("must be a sha256:<hex> digest of the tokenizer files or a 40-hex commit")
         return v
 
     @field_validator("training_git_commit")
     @classmethod
-    def _git_commit(cls, v: str | None) -> str | None:
-        if v is not None and not _GIT_COMMIT.match(v):
+    def _git_commit(cls, v: str) -> str:
+        if not GIT_COMMIT.match(v):
             raise ValueError("must be 7-40 lower-case hex characters")
         return v
 
@@ -130,7 +145,7 @@ class Manifest(BaseModel):
             try:
                 re.compile(v)
             except re.error as e:
-                raise ValueError(f"is not a valid regular expression: {e}")
+                raise ValueError(f"is not a valid regular expression: {e}") from e
             return v
         if not v:
             raise ValueError("must name at least one module")
@@ -157,10 +172,10 @@ class Manifest(BaseModel):
         return canonical_json(self.model_dump(mode="json"))
 
     def lifecycle_fields_set(self) -> list[str]:
-        return [f for f in LIFECYCLE_FIELDS if getattr(self, f) not in (None, "pending")]
+        return [f for f in LIFECYCLE_FIELDS if getattr(self, f) not in (None, ValidationStatus.PENDING)]
 
 
-def normalize_rope_scaling(value: dict[str, Any] | None) -> dict[str, Any] | None:
+def normalize_rope_scaling(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """Fold legacy and transformers-5 spellings of RoPE scaling into one form.
 
     ``rope_theta`` is left out (it lives in the config hash); plain RoPE is ``None``.
@@ -189,32 +204,25 @@ def content_address(identity_sha256: str, weights_sha256: str, adapter_config_sh
 
 
 def parse_json_object(raw: bytes, *, what: str, code: ErrorCode, field: str) -> dict[str, Any]:
-    """Strict JSON: UTF-8, one object, no duplicate keys, no NaN."""
+    """Strict JSON (see ``registry.jsonio``): one object, UTF-8, no duplicate keys, no NaN.
 
-    def no_duplicates(pairs):
-        keys = [k for k, _ in pairs]
-        dup = {k for k in keys if keys.count(k) > 1}
-        if dup:
-            raise ValueError(f"duplicate key {sorted(dup)[0]!r}")
-        return dict(pairs)
-
-    def no_constants(name):
-        raise ValueError(f"{name} is not valid JSON")
-
-    try:
-        value = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates, parse_constant=no_constants)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise InvalidInput(f"{what} is not valid JSON: {e}", code=code, field=field)
-    if not isinstance(value, dict):
-        raise InvalidInput(f"{what} must be a JSON object", code=code, field=field)
-    return value
+    Raises:
+        InvalidInput: with ``code`` and ``field``, naming what is wrong.
+    """
+    return loads_object(raw, what=what, code=code, field=field)
 
 
 def parse_manifest(data: dict[str, Any]) -> Manifest:
+    """The manifest, normalised and validated against the schema.
+
+    Raises:
+        InvalidInput: INVALID_MANIFEST naming the first field at fault (a missing
+            required field, an unknown one, a malformed value).
+    """
     try:
         return Manifest.model_validate(data)
     except ValidationError as e:
-        raise _manifest_error(e)
+        raise _manifest_error(e) from e
 
 
 def _manifest_error(e: ValidationError) -> InvalidInput:
@@ -224,7 +232,8 @@ def _manifest_error(e: ValidationError) -> InvalidInput:
     if first["type"] == "extra_forbidden":
         msg = f"manifest field {field!r} is not part of the schema"
     elif first["type"] == "missing":
-        msg = f"manifest field {field!r} is required"
+        hint = _REQUIRED_HINTS.get(field or "")
+        msg = f"manifest field {field!r} is required" + (f": {hint}" if hint else "")
     else:
         msg = f"manifest field {field!r}: {first['msg']}"
     if len(errors) > 1:

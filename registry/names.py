@@ -18,6 +18,9 @@ MAX_NAME_LENGTH = 3 * 64 + 2
 
 
 def check_segment(value: object, *, what: str, field: str) -> str:
+    """Raises:
+    InvalidInput: INVALID_NAME.
+    """
     if not isinstance(value, str) or not _SEGMENT.match(value) or ".." in value:
         raise InvalidInput(
             f"{what} {value!r} must be 1-64 of [a-z0-9._-], start and end alphanumeric, no '..'",
@@ -38,9 +41,14 @@ class AdapterName:
     task: str
 
     @classmethod
-    def parse(cls, value: object, field: str = "name") -> "AdapterName":
+    def parse(cls, value: object, field: str = "name") -> AdapterName:
+        """Raises:
+        InvalidInput: INVALID_NAME for anything but ``<namespace>/<base>/<task>``.
+        """
         if not isinstance(value, str) or len(value) > MAX_NAME_LENGTH:
-            raise InvalidInput(f"adapter name {value!r} is not a string of sane length", code=ErrorCode.INVALID_NAME, field=field)
+            raise InvalidInput(
+                f"adapter name {value!r} is not a string of sane length", code=ErrorCode.INVALID_NAME, field=field
+            )
         parts = value.split("/")
         if len(parts) != 3:
             raise InvalidInput(
@@ -48,7 +56,7 @@ class AdapterName:
                 code=ErrorCode.INVALID_NAME,
                 field=field,
             )
-        for part, what in zip(parts, ("namespace", "base", "task")):
+        for part, what in zip(parts, ("namespace", "base", "task"), strict=True):
             check_segment(part, what=f"{what} segment of {value!r}", field=field)
         return cls(*parts)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    CheckConstraint,
     Column,
     DateTime,
     ForeignKey,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
@@ -90,6 +92,21 @@ adapter_versions = Table(
         name="fk_adapter_versions_base",
     ),
     Index("ix_adapter_versions_adapter_created", "adapter_id", "created_at"),
+    # one linear chain per adapter (migration 0003): no fork, one first version
+    Index(
+        "uq_adapter_versions_previous",
+        "previous_version",
+        unique=True,
+        sqlite_where=text("previous_version IS NOT NULL"),
+        postgresql_where=text("previous_version IS NOT NULL"),
+    ),
+    Index(
+        "uq_adapter_versions_first",
+        "adapter_id",
+        unique=True,
+        sqlite_where=text("previous_version IS NULL"),
+        postgresql_where=text("previous_version IS NULL"),
+    ),
 )
 
 stage_pointers = Table(
@@ -128,6 +145,28 @@ golden_sets = Table(
     Column("attached_at", Timestamp, nullable=False),
     Column("attached_by", String(128), nullable=False),
     Index("ix_golden_sets_adapter", "adapter_id", "id"),
+)
+
+replicas = Table(
+    "replicas",
+    metadata,
+    Column("url", String(512), primary_key=True),
+    Column("base_model_id", String(64), nullable=False),
+    Column("base_model_commit", String(80), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("adapter_dir", Text, nullable=False),
+    Column("max_lora_rank", Integer, nullable=False),
+    Column("max_loras", Integer, nullable=False),
+    Column("served_model_name", String(128), nullable=False),
+    Column("created_at", Timestamp, nullable=False),
+    Column("created_by", String(128), nullable=False),
+    ForeignKeyConstraint(
+        ["base_model_id", "base_model_commit"],
+        ["base_models.base_model_id", "base_models.base_model_commit"],
+        name="fk_replicas_base",
+    ),
+    CheckConstraint("role IN ('canary', 'production')", name="ck_replicas_role"),
+    Index("ix_replicas_base", "base_model_id", "role"),
 )
 
 validation_runs = Table(

@@ -1,20 +1,26 @@
-"""The registry's operations: register, resolve, promote, roll back, materialize.
+"""The registry's operations: register, resolve, promote, roll back, materialize, validate.
 
-``Registry`` ties the SQL store, the artifact store and the settings together. Every
-check on an incoming bundle runs before anything is written, so a rejected register
-leaves no row and no blob; only then are blobs stored (content-addressed, so a repeat
-uploads nothing) and the version row inserted in one transaction.
+``Registry`` is the only API the layers above ``registry/`` use: it ties the SQL store,
+the artifact store and the settings together, and neither store is reachable from
+outside. Every check on an incoming bundle runs before anything is written, so a
+rejected register leaves no row and no blob; only then are blobs stored
+(content-addressed, so a repeat uploads nothing) and the version row inserted in one
+transaction.
 """
 
 from __future__ import annotations
 
 import tempfile
+import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from registry.artifacts import ArtifactStore, open_artifact_store
+from registry.artifacts import ArtifactStore, StoredBlob, open_artifact_store
+from registry.binding import binding_mismatches
 from registry.bundle import (
     ADAPTER_CONFIG_FILE,
     BUNDLE_FILES,
@@ -24,19 +30,31 @@ from registry.bundle import (
     check_adapter_config,
     check_weights_against,
     parse_adapter_config,
+    publish_dir,
+    read_regular_file,
     snapshot_bundle,
-    write_atomic_dir,
 )
 from registry.catalog import BaseModelRecord, inspect_base
-from registry.digests import digest_of_hex, sha256_bytes, sha256_file
-from registry.domain import AdapterVersion, GoldenSetRef, ValidationRun
-from registry.errors import AlreadyExists, ConcurrentUpdate, ErrorCode, IntegrityFailure, InvalidInput, NotFound
-from registry.golden import GoldenSet, parse_golden_set
-from registry.lifecycle import Plan, Pointer, plan_promotion, plan_rollback, plan_validation_result
+from registry.digests import canonical_json, digest_of_hex, sha256_bytes, sha256_file
+from registry.domain import Adapter, AdapterVersion, AuditEvent, GoldenSetRef, ValidationRun
+from registry.errors import AlreadyExists, ErrorCode, InvalidInput, NotFound
+from registry.fleet import AdapterPointers, Replica, ReplicaRole
+from registry.golden import GoldenSet, load_stored_golden_set, parse_golden_set
+from registry.lifecycle import (
+    Plan,
+    Pointer,
+    Stage,
+    ValidationStatus,
+    plan_promotion,
+    plan_rollback,
+    plan_validation_result,
+)
 from registry.manifest import Manifest, content_address, parse_json_object, parse_manifest
 from registry.names import AdapterName
-from registry.settings import Settings
-from registry.store import SqlStore, utcnow
+from registry.reports import ValidationReport
+from registry.scratch import Litter, find_litter, remove, scratch_dir, sweep
+from registry.settings import VLLM_LORA_RANKS, Settings
+from registry.store import SqlStore
 from registry.weights import inspect_lora_weights
 
 Progress = Callable[[str], None]
@@ -44,6 +62,24 @@ Progress = Callable[[str], None]
 
 def _quiet(_: str) -> None:
     pass
+
+
+@dataclass(frozen=True)
+class GcReport:
+    litter: list[Litter]
+    orphans: list[StoredBlob]
+    removed: bool
+    freed_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "removed": self.removed,
+            "freed_bytes": self.freed_bytes,
+            "litter": [
+                {"path": str(i.path), "bytes": i.bytes, "age_s": round(i.age_s), "why": i.why} for i in self.litter
+            ],
+            "orphan_blobs": [{"digest": b.digest, "bytes": b.size, "age_s": round(b.age_s)} for b in self.orphans],
+        }
 
 
 @dataclass(frozen=True)
@@ -55,45 +91,85 @@ class RegisterResult:
 
 class Registry:
     def __init__(self, store: SqlStore, artifacts: ArtifactStore, settings: Settings):
-        self.store = store
-        self.artifacts = artifacts
+        self._store = store
+        self._artifacts = artifacts
         self.settings = settings
 
     @classmethod
-    def open(cls, settings: Settings, *, check_schema: bool = True) -> "Registry":
-        if settings.database_url.startswith("sqlite:///"):
-            Path(settings.database_url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        registry = cls(SqlStore.from_url(settings.database_url), open_artifact_store(settings.artifacts, settings.s3_endpoint_url), settings)
+    def open(cls, settings: Settings, *, check_schema: bool = True) -> Registry:
+        """Connect to the registry ``settings`` name.
+
+        Raises:
+            InvalidInput: NOT_INITIALIZED when ``check_schema`` and the schema is missing or
+                outdated (``loragate init``); INVALID_SETTING for an unusable artifact location.
+        """
+        if settings.sqlite_path is not None:
+            settings.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+        registry = cls(
+            SqlStore.from_url(settings.database, settings.database_connect_timeout_s),
+            open_artifact_store(settings),
+            settings,
+        )
         if check_schema:
-            registry.store.check_schema()
+            registry._store.check_schema()
         return registry
 
+    def close(self) -> None:
+        self._store.close()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def init(self) -> None:
-        self.store.upgrade_schema()
-        self.artifacts.ensure()
+        """Create or upgrade the schema (Alembic) and the artifact store."""
+        self._store.upgrade_schema()
+        self._artifacts.ensure()
+
+    @property
+    def artifacts_location(self) -> str:
+        return self._artifacts.location
 
     # -- base catalog ---------------------------------------------------------
 
     def add_base(self, source: str, base_model_id: str, revision: str | None = None) -> tuple[BaseModelRecord, bool]:
-        return self.store.add_base(inspect_base(source, base_model_id, revision, self.settings.hf_cache_dir), self.settings.actor)
+        """Pin a base model; returns (record, created).
+
+        Raises:
+            InvalidInput: INVALID_BASE / INVALID_NAME for a source, id or revision that
+                cannot be pinned; AlreadyExists for the same pin with other content.
+        """
+        record = inspect_base(source, base_model_id, revision, self.settings.hf_cache_dir)
+        return self._store.add_base(record, self.settings.actor)
+
+    def list_bases(self, base_model_id: str | None = None) -> list[BaseModelRecord]:
+        return self._store.bases(base_model_id)
+
+    def get_base(self, base_model_id: str, commit: str) -> BaseModelRecord:
+        """Raises:
+        NotFound: no such pin in the catalog.
+        """
+        base = self._store.get_base(base_model_id, commit)
+        if base is None:
+            raise NotFound(f"base {base_model_id}@{commit} is not in the catalog", field="base_model_commit")
+        return base
 
     def _bind_base(self, manifest: Manifest) -> BaseModelRecord:
-        candidates = self.store.bases(manifest.base_model_id)
-        if not candidates:
-            raise InvalidInput(f"base model {manifest.base_model_id!r} is not in the catalog (loragate base add)", code=ErrorCode.UNKNOWN_BASE, field="base_model_id")
-        if manifest.base_model_commit is None:
-            if len(candidates) > 1:
-                raise InvalidInput(
-                    f"base {manifest.base_model_id!r} is pinned at {len(candidates)} commits; the manifest must name base_model_commit",
-                    code=ErrorCode.INVALID_MANIFEST,
-                    field="base_model_commit",
-                )
-            return candidates[0]
-        for base in candidates:
-            if base.base_model_commit == manifest.base_model_commit:
-                return base
+        base = self._store.get_base(manifest.base_model_id, manifest.base_model_commit)
+        if base is not None:
+            return base
+        pinned = [b.base_model_commit for b in self._store.bases(manifest.base_model_id)]
+        if not pinned:
+            raise InvalidInput(
+                f"base model {manifest.base_model_id!r} is not in the catalog (loragate base add)",
+                code=ErrorCode.UNKNOWN_BASE,
+                field="base_model_id",
+            )
         raise InvalidInput(
-            f"base {manifest.base_model_id!r} has no pinned commit {manifest.base_model_commit!r}",
+            f"base {manifest.base_model_id!r} has no pinned commit {manifest.base_model_commit!r} "
+            f"(pinned: {', '.join(pinned)})",
             code=ErrorCode.UNKNOWN_BASE,
             field="base_model_commit",
         )
@@ -101,27 +177,44 @@ class Registry:
     # -- register -------------------------------------------------------------
 
     def register_adapter(self, bundle_dir: Path, name: str, progress: Progress = _quiet) -> RegisterResult:
+        """Register a bundle as a new version of ``name``; the same bytes again return the
+        same version and write nothing.
+
+        Raises:
+            InvalidInput: the bundle, its manifest, its weights or the name is refused;
+                the code and field say which check failed. Nothing was written.
+            ConcurrentUpdate: the version row could not be inserted after retries.
+        """
         adapter_name = AdapterName.parse(name)
         progress(f"reading and hashing {bundle_dir}")
-        with snapshot_bundle(Path(bundle_dir), max_weights_bytes=self.settings.max_weights_bytes, max_json_bytes=self.settings.max_json_bytes) as snap:
+        sweep(Path(tempfile.gettempdir()), self.settings.litter_age_s)  # snapshots of crashed registers
+        with snapshot_bundle(
+            Path(bundle_dir),
+            max_weights_bytes=self.settings.max_weights_bytes,
+            max_json_bytes=self.settings.max_json_bytes,
+        ) as snap:
             progress(f"weights sha256 {snap.weights_sha256[:12]} ({snap.weights_size} bytes); checking")
             manifest, base = self._checked_manifest(snap, adapter_name)
             identity = manifest.identity_sha256()
             address = content_address(identity, snap.weights_sha256, snap.adapter_config_sha256)
-            existing = self.store.find_version_by_content(str(adapter_name), address)
+            existing = self._store.find_version_by_content(str(adapter_name), address)
             if existing is not None:
                 progress(f"already registered as {existing.version_id}")
-                return RegisterResult(existing, created=False, uploaded_blobs=0)
+                # the bytes are in hand: a blob lost or damaged since is written again
+                return RegisterResult(existing, created=False, uploaded_blobs=self._store_blobs(existing, snap))
             if manifest.adapter_version is not None:
                 raise InvalidInput(
-                    f"adapter_version {manifest.adapter_version!r} is assigned by the registry; no such version has this content",
+                    f"adapter_version {manifest.adapter_version!r} is assigned by the registry; "
+                    "no such version has this content",
                     code=ErrorCode.INVALID_MANIFEST,
                     field="adapter_version",
                 )
-            return self._store_new_version(adapter_name, manifest, base, snap, identity, address, progress)
+            return self._store_new_version(adapter_name, manifest, base, snap, address, progress)
 
     def _checked_manifest(self, snap: BundleSnapshot, name: AdapterName) -> tuple[Manifest, BaseModelRecord]:
-        data = parse_json_object(snap.manifest_raw, what=MANIFEST_FILE, code=ErrorCode.INVALID_MANIFEST, field=MANIFEST_FILE)
+        data = parse_json_object(
+            snap.manifest_raw, what=MANIFEST_FILE, code=ErrorCode.INVALID_MANIFEST, field=MANIFEST_FILE
+        )
         manifest = parse_manifest(data)
         if manifest.base_model_id != name.base:
             raise InvalidInput(
@@ -131,29 +224,31 @@ class Registry:
             )
         owned = [f for f in manifest.lifecycle_fields_set() if f not in ("adapter_version", "previous_version")]
         if owned:
-            raise InvalidInput(f"manifest field {owned[0]!r} is owned by the registry's lifecycle; leave it out", code=ErrorCode.INVALID_MANIFEST, field=owned[0])
+            raise InvalidInput(
+                f"manifest field {owned[0]!r} is owned by the registry's lifecycle; leave it out",
+                code=ErrorCode.INVALID_MANIFEST,
+                field=owned[0],
+            )
         if manifest.weights_sha256 is not None and manifest.weights_sha256 != snap.weights_sha256:
             raise InvalidInput(
-                f"manifest claims weights_sha256 {manifest.weights_sha256[:12]}..., the file hashes to {snap.weights_sha256[:12]}...",
+                f"manifest claims weights_sha256 {manifest.weights_sha256[:12]}..., "
+                f"the file hashes to {snap.weights_sha256[:12]}...",
                 code=ErrorCode.DIGEST_MISMATCH,
                 field="weights_sha256",
             )
         base = self._bind_base(manifest)
-        for field, pinned in (
-            ("base_config_sha256", base.config_sha256),
-            ("tokenizer_revision", base.tokenizer_revision),
-            ("rope_scaling", base.rope_scaling),
-        ):
-            if field in manifest.model_fields_set and getattr(manifest, field) != pinned:
-                raise InvalidInput(
-                    f"manifest {field} {getattr(manifest, field)!r} differs from pinned base {base.label}: {pinned!r}",
-                    code=ErrorCode.BASE_MISMATCH,
-                    field=field,
-                )
+        stated = {f: getattr(manifest, f) for f in manifest.model_fields_set}
+        mismatches = binding_mismatches(stated, base)
+        if mismatches:
+            raise InvalidInput(
+                f"manifest {mismatches[0].describe(base)}",
+                code=ErrorCode.BASE_MISMATCH,
+                field=mismatches[0].field,
+            )
         adapter_config = parse_adapter_config(snap.adapter_config_raw)
+        # facts of the pinned base the manifest left out; the commit pins them
         fills: dict[str, Any] = {
             "weights_sha256": snap.weights_sha256,
-            "base_model_commit": base.base_model_commit,
             "base_config_sha256": base.config_sha256,
             "tokenizer_revision": base.tokenizer_revision,
             "rope_scaling": base.rope_scaling,
@@ -164,28 +259,44 @@ class Registry:
         check_adapter_config(adapter_config, manifest, base.binding_names())
         weights = inspect_lora_weights(snap.weights_path)
         check_weights_against(
-            weights, manifest, max_lora_rank=self.settings.max_lora_rank, base_shapes=base.module_shapes, base_label=base.label
+            weights,
+            manifest,
+            max_lora_rank=self.settings.max_lora_rank,
+            base_shapes=base.module_shapes,
+            base_label=base.label,
         )
         return manifest, base
 
-    def _store_new_version(self, name: AdapterName, manifest: Manifest, base: BaseModelRecord, snap: BundleSnapshot,
-                           identity: str, address: str, progress: Progress) -> RegisterResult:
-        for _ in range(8):
-            created_at = utcnow()
-            version_id = self._free_version_id(created_at, snap.weights_sha256)
-            previous = self.store.latest_version_id(str(name))
-            final = manifest.model_copy(update={"adapter_version": version_id, "previous_version": previous, "validation_status": "pending"})
+    def _store_new_version(
+        self,
+        name: AdapterName,
+        manifest: Manifest,
+        base: BaseModelRecord,
+        snap: BundleSnapshot,
+        address: str,
+        progress: Progress,
+    ) -> RegisterResult:
+        progress(f"storing blobs in {self._artifacts.location}")
+        # a blob already there is verified first and rewritten when damaged or gone
+        uploaded = int(self._artifacts.put_file(digest_of_hex(snap.weights_sha256), snap.weights_path))
+        uploaded += self._artifacts.put_bytes(digest_of_hex(snap.adapter_config_sha256), snap.adapter_config_raw)
+
+        def finalize(previous: str | None, version_id: str, created_at: datetime) -> dict[str, Any]:
+            # runs under the adapter's row lock: previous_version is the newest version now
+            nonlocal uploaded
+            final = manifest.model_copy(
+                update={
+                    "adapter_version": version_id,
+                    "previous_version": previous,
+                    "validation_status": ValidationStatus.PENDING,
+                }
+            )
             manifest_bytes = final.canonical_bytes()
             manifest_hex = sha256_bytes(manifest_bytes)
-            progress(f"storing blobs in {self.artifacts.location}")
-            uploaded = 0
-            uploaded += self.artifacts.put_file(digest_of_hex(snap.weights_sha256), snap.weights_path)
-            uploaded += self.artifacts.put_bytes(digest_of_hex(snap.adapter_config_sha256), snap.adapter_config_raw)
-            uploaded += self.artifacts.put_bytes(digest_of_hex(manifest_hex), manifest_bytes)
-            values = {
-                "version_id": version_id,
+            uploaded += self._artifacts.put_bytes(digest_of_hex(manifest_hex), manifest_bytes)
+            return {
                 "content_address": address,
-                "identity_sha256": identity,
+                "identity_sha256": manifest.identity_sha256(),
                 "manifest_sha256": manifest_hex,
                 "weights_sha256": snap.weights_sha256,
                 "weights_size": snap.weights_size,
@@ -193,87 +304,205 @@ class Registry:
                 "base_model_id": base.base_model_id,
                 "base_model_commit": base.base_model_commit,
                 "lora_rank": manifest.lora_rank,
-                "stage": "staging",
-                "validation_status": "pending",
+                "stage": Stage.STAGING.value,
+                "validation_status": ValidationStatus.PENDING.value,
                 "manifest": final.model_dump(mode="json"),
             }
-            try:
-                version = self.store.insert_version(name, values, expected_previous=previous, created_at=created_at, actor=self.settings.actor)
-            except ConcurrentUpdate:
-                raced = self.store.find_version_by_content(str(name), address)
-                if raced is not None:
-                    return RegisterResult(raced, created=False, uploaded_blobs=uploaded)
-                continue
-            progress(f"registered {version.version_id}")
-            return RegisterResult(version, created=True, uploaded_blobs=uploaded)
-        raise ConcurrentUpdate(f"could not register a version of {name}: too many concurrent registrations")
 
-    def _free_version_id(self, created_at, weights_hex: str) -> str:
-        # ids carry the second they were made; two different manifests over the same
-        # weights in one second take the next free second instead of colliding
-        for offset in range(3600):
-            candidate = f"{created_at + timedelta(seconds=offset):%Y%m%d_%H%M%S}_{weights_hex[:12]}"
-            if not self.store.version_id_taken(candidate):
-                return candidate
-        raise ConcurrentUpdate("no free version id within an hour of now")
+        version, created = self._store.insert_version(
+            name, address, snap.weights_sha256, finalize, actor=self.settings.actor
+        )
+        # a gc that judged a reused blob an orphan just before the commit cannot win: the
+        # version's blobs are checked once more, and written again from the bytes in hand
+        uploaded += self._store_blobs(version, snap, verified=False)
+        progress(f"registered {version.version_id}" if created else f"already registered as {version.version_id}")
+        return RegisterResult(version, created=created, uploaded_blobs=uploaded)
+
+    def _store_blobs(self, version: AdapterVersion, snap: BundleSnapshot, *, verified: bool = True) -> int:
+        """Put the version's blobs the store lacks, from the bytes in hand; returns how many.
+
+        ``verified`` judges a stored blob by its content (healing damage); otherwise only its
+        presence is checked, for blobs this register has just verified or written.
+        """
+        store = self._artifacts
+        present = store.holds if verified else store.exists
+        puts: list[tuple[str, Callable[[], bool]]] = [
+            (snap.weights_sha256, partial(store.put_file, digest_of_hex(snap.weights_sha256), snap.weights_path)),
+            (
+                snap.adapter_config_sha256,
+                partial(store.put_bytes, digest_of_hex(snap.adapter_config_sha256), snap.adapter_config_raw),
+            ),
+            (version.manifest_sha256, partial(self._put_manifest, version)),
+        ]
+        return sum(put() for hexdigest, put in puts if not present(digest_of_hex(hexdigest)))
+
+    def _put_manifest(self, version: AdapterVersion) -> bool:
+        # the stored manifest is the canonical form of the row's: rebuilt, it must hash the same
+        manifest_bytes = canonical_json(version.manifest)
+        if sha256_bytes(manifest_bytes) != version.manifest_sha256:
+            return False
+        return self._artifacts.put_bytes(digest_of_hex(version.manifest_sha256), manifest_bytes)
 
     # -- reading --------------------------------------------------------------
 
     def get_version(self, version_id: str) -> AdapterVersion:
-        return self.store.get_version(version_id)
+        """Raises:
+        NotFound: no such version.
+        """
+        return self._store.get_version(version_id)
+
+    def list_versions(self, name: str | None = None) -> list[AdapterVersion]:
+        """Every version, or those of ``name``, oldest first.
+
+        Raises:
+            NotFound: ``name`` is given and no such adapter exists.
+        """
+        if name is not None:
+            self._store.get_adapter(name)
+        return self._store.list_versions(name)
+
+    def get_adapter(self, name: str) -> Adapter:
+        """The logical adapter and its pointers.
+
+        Raises:
+            NotFound: no such adapter.
+        """
+        return self._store.get_adapter(name)
+
+    def history(self, name: str) -> list[AuditEvent]:
+        """The audit log of a logical adapter, oldest first.
+
+        Raises:
+            NotFound: no such adapter.
+        """
+        return self._store.history(name)
 
     def resolve_stage(self, name: str, stage: str = "production") -> str:
+        """The version a pointer names.
+
+        Raises:
+            InvalidInput: INVALID_NAME for a malformed name, INVALID_MANIFEST for an unknown stage.
+            NotFound: no such adapter, or nothing at that pointer.
+        """
         AdapterName.parse(name)
         try:
             pointer = Pointer(stage)
-        except ValueError:
-            raise InvalidInput(f"stage {stage!r} is not one of {[p.value for p in Pointer]}", code=ErrorCode.INVALID_MANIFEST, field="stage")
-        version_id = self.store.resolve(name, pointer.value)
+        except ValueError as e:
+            raise InvalidInput(
+                f"stage {stage!r} is not one of {[p.value for p in Pointer]}",
+                code=ErrorCode.INVALID_MANIFEST,
+                field="stage",
+            ) from e
+        version_id = self._store.resolve(name, pointer.value)
         if version_id is None:
-            self.store.get_adapter(name)  # NotFound when the adapter itself is unknown
+            self._store.get_adapter(name)  # NotFound when the adapter itself is unknown
             raise NotFound(f"{name} has no {stage} version", field="stage")
         return version_id
 
     def describe_version(self, version_id: str) -> dict[str, Any]:
-        version = self.store.get_version(version_id)
-        runs = self.store.validation_runs(version_id)
-        adapter = self.store.get_adapter(version.name)
-        pointers = [p for p, v in (("canary", adapter.canary), ("production", adapter.production), ("previous", adapter.previous)) if v == version_id]
-        deployed_at = self.store.deployed_at(version.name, "production") if "production" in pointers else None
+        """One version: its columns, the pointers naming it, its manifest with the lifecycle
+        fields filled in, and its validation runs.
+
+        Raises:
+            NotFound: no such version.
+        """
+        version = self._store.get_version(version_id)
+        runs = self._store.validation_runs(version_id)
+        adapter = self._store.get_adapter(version.name)
+        pointers = [p.value for p in Pointer if adapter.pointer(p) == version_id]
+        deployed_at = self._store.deployed_at(version.name, "production") if "production" in pointers else None
         report = runs[-1].report if runs else None
         return {
             **version.as_dict(),
             "pointers": pointers,
             "manifest": version.manifest_view(report, deployed_at),
-            "validation_runs": [{k: r.as_dict()[k] for k in ("id", "status", "golden_set_digest", "output_sha256", "finished_at")} for r in runs],
+            "validation_runs": [
+                {k: r.as_dict()[k] for k in ("id", "status", "golden_set_digest", "output_sha256", "finished_at")}
+                for r in runs
+            ],
         }
 
     # -- lifecycle ------------------------------------------------------------
 
-    def promote(self, version_id: str, to: str, reason: str | None = None) -> Plan:
+    def promote(
+        self, version_id: str, to: str, reason: str | None = None, on_planned: Callable[[Plan], None] | None = None
+    ) -> Plan:
+        """Move the canary or production pointer to ``version_id``; already there is a no-op.
+
+        The version's stored bytes are verified first: a pointer never moves to a version
+        whose blobs are missing or damaged. ``on_planned`` (the fleet switch) gets the plan
+        under the adapter's lock before anything is written; if it raises, nothing moves.
+
+        Raises:
+            InvalidInput: ILLEGAL_TRANSITION for a target that is not canary or production.
+            IllegalTransition: the lifecycle forbids the move (VALIDATION_REQUIRED for a
+                version whose latest validation did not pass).
+            NotFound: no such version.
+            IntegrityFailure: ARTIFACT_CORRUPTED, a blob of the version is missing or damaged.
+        """
         try:
             target = Pointer(to)
-        except ValueError:
-            raise InvalidInput(f"--to must be canary or production, not {to!r}", code=ErrorCode.ILLEGAL_TRANSITION, field="to")
-        return self.store.apply_plan(
+        except ValueError as e:
+            raise InvalidInput(
+                f"--to must be canary or production, not {to!r}", code=ErrorCode.ILLEGAL_TRANSITION, field="to"
+            ) from e
+        return self._store.apply_plan(
             lambda pointers, states: plan_promotion(pointers, states[version_id], target, states),
             subject=version_id,
             actor=self.settings.actor,
             reason=reason,
+            verify_target=self._verify_target,
+            on_planned=on_planned,
         )
 
-    def rollback(self, name: str, stage: str = "production", reason: str | None = None) -> Plan:
+    def rollback(
+        self,
+        name: str,
+        stage: str = "production",
+        reason: str | None = None,
+        on_planned: Callable[[Plan], None] | None = None,
+    ) -> Plan:
+        """Production back to ``previous`` in one pointer move, or withdraw the canary.
+
+        The version production returns to has its stored bytes verified first.
+
+        Raises:
+            InvalidInput: ILLEGAL_TRANSITION for a stage that is not canary or production.
+            IllegalTransition: nothing to roll back, or no previous production.
+            NotFound: no such adapter.
+            IntegrityFailure: ARTIFACT_CORRUPTED, a blob of the previous version is damaged.
+        """
         AdapterName.parse(name)
         try:
             target = Pointer(stage)
-        except ValueError:
-            raise InvalidInput(f"--stage must be canary or production, not {stage!r}", code=ErrorCode.ILLEGAL_TRANSITION, field="stage")
-        return self.store.apply_plan(
+        except ValueError as e:
+            raise InvalidInput(
+                f"--stage must be canary or production, not {stage!r}",
+                code=ErrorCode.ILLEGAL_TRANSITION,
+                field="stage",
+            ) from e
+        return self._store.apply_plan(
             lambda pointers, states: plan_rollback(pointers, target, states, name),
             name=name,
             actor=self.settings.actor,
             reason=reason,
+            verify_target=self._verify_target,
+            on_planned=on_planned,
         )
+
+    def _verify_target(self, version_id: str, blobs: tuple[str, str, str]) -> None:
+        for hexdigest in blobs:
+            self._artifacts.verify(digest_of_hex(hexdigest))
+
+    def verify_blobs(self, version_id: str) -> None:
+        """Check that the version's three blobs are stored and match their digests.
+
+        Raises:
+            NotFound: no such version.
+            IntegrityFailure: ARTIFACT_CORRUPTED naming the blob.
+        """
+        version = self._store.get_version(version_id)
+        self._verify_target(version_id, version.blob_digests)
 
     # -- bundles --------------------------------------------------------------
 
@@ -282,8 +511,13 @@ class Registry:
 
         An existing ``dest`` holding exactly this bundle is left alone: a replica may be
         reading it, and vLLM re-reads evicted adapters from their path.
+
+        Raises:
+            NotFound: no such version.
+            AlreadyExists: ``dest`` exists with other content.
+            IntegrityFailure: a stored blob is missing or corrupted.
         """
-        version = self.store.get_version(version_id)
+        version = self._store.get_version(version_id)
         expected = {
             WEIGHTS_FILE: version.weights_sha256,
             ADAPTER_CONFIG_FILE: version.adapter_config_sha256,
@@ -295,51 +529,222 @@ class Registry:
                 return dest
             raise AlreadyExists(f"{dest} exists and does not hold version {version_id}", field="dest")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".fetch-", dir=dest.parent) as tmp:
-            files = {}
+        sweep(dest.parent, self.settings.litter_age_s)  # fetches of crashed materializes
+        with scratch_dir("fetch", dest.parent, hidden=True) as staging:
             for name in BUNDLE_FILES:
-                path = Path(tmp) / name
-                self.artifacts.fetch_to(digest_of_hex(expected[name]), path)
-                files[name] = path
-            write_atomic_dir(dest, files)
+                self._artifacts.fetch_to(digest_of_hex(expected[name]), staging / name)
+            publish_dir(staging, dest)
         return dest
+
+    # -- the fleet --------------------------------------------------------------
+
+    def add_replica(
+        self,
+        url: str,
+        base_model_id: str,
+        role: str,
+        adapter_dir: str,
+        *,
+        base_model_commit: str | None = None,
+        max_lora_rank: int = 16,
+        max_loras: int = 4,
+        served_model_name: str | None = None,
+    ) -> tuple[Replica, bool]:
+        """Put a replica of a pinned base in the fleet; returns (replica, created).
+
+        The commit may be left out when the base is pinned at exactly one: a replica is
+        operator configuration, and what it serves is checked on every deploy.
+
+        Raises:
+            InvalidInput: INVALID_SETTING for a bad URL, role or limit; UNKNOWN_BASE for a base
+                or commit that is not pinned.
+            AlreadyExists: the URL is in the fleet with another configuration.
+        """
+        try:
+            parsed = urllib.parse.urlsplit(url)
+            parsed.port  # noqa: B018 (raises on a port that is not a number)
+        except ValueError:
+            parsed = None
+        if (
+            parsed is None
+            or parsed.scheme not in ("http", "https")
+            or not parsed.hostname
+            or parsed.path not in ("", "/")
+            or parsed.query
+            or parsed.fragment
+            or parsed.username
+        ):
+            raise InvalidInput(
+                f"replica URL {url!r} is not http(s)://host:port (the server's root, no credentials)",
+                code=ErrorCode.INVALID_SETTING,
+                field="url",
+            )
+        try:
+            replica_role = ReplicaRole(role)
+        except ValueError as e:
+            raise InvalidInput(
+                f"role {role!r} is not canary or production", code=ErrorCode.INVALID_SETTING, field="role"
+            ) from e
+        if max_lora_rank not in VLLM_LORA_RANKS:
+            raise InvalidInput(
+                f"max_lora_rank {max_lora_rank} is not one vLLM accepts: {VLLM_LORA_RANKS}",
+                code=ErrorCode.INVALID_SETTING,
+                field="max_lora_rank",
+            )
+        if max_loras < 1:
+            raise InvalidInput(
+                f"max_loras {max_loras} must be at least 1", code=ErrorCode.INVALID_SETTING, field="max_loras"
+            )
+        if not adapter_dir.strip() or "\x00" in adapter_dir:
+            raise InvalidInput(
+                "adapter_dir must name the directory the replica loads adapters from",
+                code=ErrorCode.INVALID_SETTING,
+                field="adapter_dir",
+            )
+        pins = self._store.bases(base_model_id)
+        if base_model_commit is None and len(pins) == 1:
+            base_model_commit = pins[0].base_model_commit
+        if not any(b.base_model_commit == base_model_commit for b in pins):
+            raise InvalidInput(
+                f"base {base_model_id}@{base_model_commit} is not pinned"
+                + (" (it is pinned at several commits: name one)" if len(pins) > 1 else ""),
+                code=ErrorCode.UNKNOWN_BASE,
+                field="base",
+            )
+        assert base_model_commit is not None
+        replica = Replica(
+            url=url.rstrip("/"),
+            base_model_id=base_model_id,
+            base_model_commit=base_model_commit,
+            role=replica_role,
+            adapter_dir=str(Path(adapter_dir).absolute()),
+            max_lora_rank=max_lora_rank,
+            max_loras=max_loras,
+            served_model_name=served_model_name or base_model_id,
+        )
+        return self._store.add_replica(replica, self.settings.actor)
+
+    def remove_replica(self, url: str) -> Replica:
+        """Raises:
+        NotFound: no replica with that URL.
+        """
+        return self._store.remove_replica(url.rstrip("/"), self.settings.actor)
+
+    def list_replicas(self, base_model_id: str | None = None) -> list[Replica]:
+        return self._store.replicas(base_model_id)
+
+    def adapter_pointers(self, base_model_id: str | None = None) -> list[AdapterPointers]:
+        return self._store.adapter_pointers(base_model_id)
+
+    def record_fleet_actions(self, action: str, entries: list[dict[str, Any]], reason: str | None = None) -> None:
+        self._store.record_fleet_actions(self.settings.actor, action, entries, reason)
+
+    def expected_outputs(self, version_id: str) -> tuple[GoldenSet, dict[str, str]] | None:
+        """The golden set and greedy outputs of the version's latest passed validation: what
+        a replica serving it must answer. None when it never passed.
+
+        Raises:
+            IntegrityFailure: the stored golden set no longer matches its digest.
+        """
+        passed = [r for r in self._store.validation_runs(version_id) if r.status == ValidationStatus.PASSED]
+        if not passed or passed[-1].golden_set_digest is None or not passed[-1].report.outputs:
+            return None
+        run = passed[-1]
+        assert run.golden_set_digest is not None and run.report.outputs is not None
+        golden = load_stored_golden_set(self._artifacts.read_bytes(run.golden_set_digest), run.golden_set_digest)
+        return golden, run.report.outputs
+
+    # -- garbage ----------------------------------------------------------------
+
+    def gc(self, *, dry_run: bool = False) -> GcReport:
+        """Find, and unless ``dry_run`` remove, what crashed writes left behind: scratch
+        files of writers that are gone or older than the litter age, and blobs no version or
+        golden set refers to that are older than it too.
+
+        Safe while others register: a live writer's scratch entries and any blob younger
+        than the litter age are kept, references are read again right before blobs are
+        deleted, and a register checks its blobs once more after it commits.
+        """
+        age = self.settings.litter_age_s
+        store_litter = self._artifacts.litter(age)
+        scratch_litter = find_litter(Path(tempfile.gettempdir()), age)
+        litter = store_litter + scratch_litter
+        referenced = self._store.referenced_digests()
+        candidates = [b for b in self._artifacts.blobs() if b.digest not in referenced and b.age_s > age]
+        if candidates and not dry_run:
+            referenced = self._store.referenced_digests()  # anything committed meanwhile is kept
+        orphans = [b for b in candidates if b.digest not in referenced]
+        freed = 0
+        if not dry_run:
+            freed += self._artifacts.remove_litter(store_litter) + remove(scratch_litter)
+            for blob in orphans:
+                self._artifacts.delete(blob.digest)
+                freed += blob.size
+            if litter or orphans:
+                details = {"litter": len(litter), "orphan_blobs": len(orphans), "bytes_freed": freed}
+                self._store.record_gc(self.settings.actor, details)
+        return GcReport(litter=litter, orphans=orphans, removed=not dry_run, freed_bytes=freed)
 
     # -- golden sets ----------------------------------------------------------
 
     def attach_golden_set(self, name: str, path: Path) -> GoldenSetRef:
+        """Check a golden set (JSONL) and attach it to ``name``.
+
+        Raises:
+            InvalidInput: INVALID_GOLDEN_SET naming every failed expectation, TOO_LARGE,
+                INVALID_BUNDLE for a path that is not a regular file.
+            NotFound: no such adapter.
+        """
         AdapterName.parse(name)
-        self.store.get_adapter(name)
-        raw = _read_limited(Path(path), self.settings.max_json_bytes, "golden_set")
-        golden = parse_golden_set(raw, min_cases=self.settings.golden_min_cases)
-        self.artifacts.put_bytes(golden.digest, golden.canonical_bytes())
-        return self.store.attach_golden_set(name, golden.digest, len(golden.cases), self.settings.actor)
+        self._store.get_adapter(name)
+        raw = read_regular_file(
+            Path(path), self.settings.max_json_bytes, field="golden_set", code=ErrorCode.INVALID_GOLDEN_SET
+        )
+        golden = parse_golden_set(
+            raw, min_cases=self.settings.golden_min_cases, max_cases=self.settings.golden_max_cases
+        )
+        self._artifacts.put_bytes(golden.digest, golden.canonical_bytes())
+        return self._store.attach_golden_set(name, golden.digest, len(golden.cases), self.settings.actor)
 
     def golden_set(self, name: str) -> tuple[GoldenSetRef, GoldenSet]:
-        ref = self.store.current_golden_set(name)
+        """The golden set attached to ``name`` now.
+
+        Raises:
+            NotFound: no such adapter, or no golden set attached.
+            IntegrityFailure: the stored set no longer matches its digest.
+        """
+        ref = self._store.current_golden_set(name)
         if ref is None:
-            self.store.get_adapter(name)
+            self._store.get_adapter(name)
             raise NotFound(f"{name} has no golden set attached (loragate golden set {name} FILE)", field="golden_set")
-        raw = self.artifacts.read_bytes(ref.digest)
-        golden = parse_golden_set(raw, min_cases=1)
-        if golden.digest != ref.digest:
-            raise IntegrityFailure(f"golden set {ref.digest} re-parses to {golden.digest}", field="golden_set")
-        return ref, golden
+        return ref, load_stored_golden_set(self._artifacts.read_bytes(ref.digest), ref.digest)
 
-    def record_validation(self, version: AdapterVersion, run: dict[str, Any]) -> ValidationRun:
-        passed = run["status"] == "passed"
+    # -- validation runs ------------------------------------------------------
 
-        def planner(state):
-            plan = plan_validation_result(state, passed)
-            plan.audit_from, plan.audit_to = state.validation_status, run["status"]
-            return plan
+    def record_validation(
+        self, version_id: str, report: ValidationReport, started_at: datetime, finished_at: datetime
+    ) -> ValidationRun:
+        """Store a validation report; a failed staging version becomes ``rejected``.
 
-        return self.store.record_validation(version, planner, run, self.settings.actor)
+        Raises:
+            NotFound: no such version.
+        """
+        return self._store.record_validation(
+            version_id,
+            lambda state: plan_validation_result(state, report.status),
+            report,
+            started_at=started_at,
+            finished_at=finished_at,
+            actor=self.settings.actor,
+        )
 
+    def validation_runs(self, version_id: str) -> list[ValidationRun]:
+        return self._store.validation_runs(version_id)
 
-def _read_limited(path: Path, limit: int, field: str) -> bytes:
-    if not path.is_file():
-        raise InvalidInput(f"{path} is not a file", code=ErrorCode.INVALID_BUNDLE, field=field)
-    size = path.stat().st_size
-    if size > limit:
-        raise InvalidInput(f"{path} is {size} bytes, over the {limit}-byte limit", code=ErrorCode.TOO_LARGE, field=field)
-    return path.read_bytes()
+    def reference_run_for(self, version: AdapterVersion) -> ValidationRun | None:
+        """What a new validation of ``version`` is compared with: its own last passed run
+        (reproducibility), else the newest passed run of an older version (drift)."""
+        own = [r for r in self._store.validation_runs(version.version_id) if r.status == ValidationStatus.PASSED]
+        if own:
+            return own[-1]
+        return self._store.latest_passed_run_before(version.name, version.created_at, version.version_id)

@@ -1,96 +1,33 @@
 """Settings: where the registry lives and the limits it enforces.
 
-Read from the environment once, at the edge (the CLI, a flow's entry point), and passed
-in from there; nothing below reads the environment itself. Defaults put everything under
-``./.loragate/`` so that a fresh checkout works with no configuration.
+One pydantic-settings model read from ``LORAGATE_*`` variables (and ``HF_HUB_CACHE``) at
+the edge -- the CLI, a task's entry point -- and passed in from there; nothing below reads
+the environment itself. An invalid value is refused as ``invalid_setting`` naming the
+variable. Defaults put everything under ``./.loragate/`` so a fresh checkout works with no
+configuration. The database URL is parsed by SQLAlchemy's ``make_url`` here and nowhere
+else; it is shown only with its password hidden.
 """
 
 from __future__ import annotations
 
 import getpass
-import os
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
 
 from registry.errors import ErrorCode, InvalidInput
 
 GIB = 1 << 30
 MIB = 1 << 20
+ENV_PREFIX = "LORAGATE_"
 
 # vLLM accepts only these values for --max-lora-rank
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-@dataclass(frozen=True)
-class Settings:
-    home: Path = Path(".loragate")
-    database_url: str = ""
-    artifacts: str = ""
-    s3_endpoint_url: str | None = None
-    # where pinned Hugging Face bases are looked up; None: huggingface_hub's default
-    hf_cache_dir: str | None = None
-    # the serving fleet's --max-lora-rank; vLLM's own default is 16
-    max_lora_rank: int = 16
-    max_weights_bytes: int = 4 * GIB
-    max_json_bytes: int = 1 * MIB
-    golden_min_cases: int = 5
-    validation_threshold: float = 0.8
-    actor: str = field(default_factory=lambda: _default_actor())
-
-    def __post_init__(self) -> None:
-        if not self.database_url:
-            object.__setattr__(self, "database_url", f"sqlite:///{self.home / 'registry.db'}")
-        if not self.artifacts:
-            object.__setattr__(self, "artifacts", str(self.home / "artifacts"))
-
-    def with_(self, **changes) -> "Settings":
-        return replace(self, **changes)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
-        env = os.environ if env is None else env
-        home = Path(env.get("LORAGATE_HOME", ".loragate"))
-        kwargs: dict = {
-            "home": home,
-            "database_url": env.get("LORAGATE_DATABASE_URL", ""),
-            "artifacts": env.get("LORAGATE_ARTIFACTS", ""),
-            "s3_endpoint_url": env.get("LORAGATE_S3_ENDPOINT_URL") or None,
-            "hf_cache_dir": env.get("HF_HUB_CACHE") or None,
-        }
-        if "LORAGATE_ACTOR" in env:
-            kwargs["actor"] = env["LORAGATE_ACTOR"]
-        ints = {
-            "LORAGATE_MAX_LORA_RANK": "max_lora_rank",
-            "LORAGATE_MAX_WEIGHTS_BYTES": "max_weights_bytes",
-            "LORAGATE_MAX_JSON_BYTES": "max_json_bytes",
-            "LORAGATE_GOLDEN_MIN_CASES": "golden_min_cases",
-        }
-        for var, attr in ints.items():
-            if var in env:
-                kwargs[attr] = _parse_int(var, env[var])
-        if "LORAGATE_VALIDATION_THRESHOLD" in env:
-            kwargs["validation_threshold"] = _parse_fraction(
-                "LORAGATE_VALIDATION_THRESHOLD", env["LORAGATE_VALIDATION_THRESHOLD"]
-            )
-        settings = cls(**kwargs)
-        settings.check()
-        return settings
-
-    def check(self) -> None:
-        if self.max_lora_rank not in VLLM_LORA_RANKS:
-            raise InvalidInput(
-                f"max_lora_rank {self.max_lora_rank} is not one vLLM accepts {VLLM_LORA_RANKS}",
-                code=ErrorCode.INVALID_SETTING,
-                field="LORAGATE_MAX_LORA_RANK",
-            )
-        for attr in ("max_weights_bytes", "max_json_bytes", "golden_min_cases"):
-            if getattr(self, attr) < 1:
-                raise InvalidInput(
-                    f"{attr} must be at least 1", code=ErrorCode.INVALID_SETTING, field=attr
-                )
-        if not self.actor:
-            raise InvalidInput("actor is empty", code=ErrorCode.INVALID_SETTING, field="LORAGATE_ACTOR")
+_BACKENDS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg"}
 
 
 def _default_actor() -> str:
@@ -100,18 +37,122 @@ def _default_actor() -> str:
         return "unknown"
 
 
-def _parse_int(var: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidInput(f"{var}={raw!r} is not an integer", code=ErrorCode.INVALID_SETTING, field=var)
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore", populate_by_name=True)
+
+    home: Path = Path(".loragate")
+    # SQLAlchemy URL; defaults to a SQLite file under ``home``
+    database_url: str = Field(default="", repr=False)
+    # a directory, or s3://bucket/prefix; defaults to ``home``/artifacts
+    artifacts: str = ""
+    s3_endpoint_url: str | None = None
+    # bounded waits on the artifact store and the database: a stalled one is an error, not a hang
+    s3_connect_timeout_s: float = Field(default=5.0, gt=0)
+    s3_read_timeout_s: float = Field(default=30.0, gt=0)
+    s3_max_attempts: int = Field(default=3, ge=1)
+    database_connect_timeout_s: int = Field(default=10, ge=1)
+    # bounded waits on a vLLM replica: a hanging one fails the switch, and is put back
+    replica_connect_timeout_s: float = Field(default=3.0, gt=0)
+    replica_read_timeout_s: float = Field(default=30.0, gt=0)
+    # tries at switching one replica (unload, load, verify) when it is unreachable or
+    # answers 5xx, before the whole stage is put back
+    replica_switch_attempts: int = Field(default=2, ge=1)
+    # share of the golden prompts a replica must answer exactly as shadow validation did
+    # after a deploy: 1.0 on the CPU float32 path, lower for other dtypes and kernels
+    deploy_agreement: float = Field(default=1.0, ge=0.0, le=1.0)
+    # scratch files of a crashed writer older than this are swept by the next write and by gc
+    litter_age_s: float = Field(default=3600.0, ge=0)
+    # where pinned Hugging Face bases are looked up; None: huggingface_hub's default
+    hf_cache_dir: str | None = Field(default=None, validation_alias="HF_HUB_CACHE")
+    # the serving fleet's --max-lora-rank; vLLM's own default is 16
+    max_lora_rank: int = 16
+    max_weights_bytes: int = Field(default=4 * GIB, ge=1)
+    max_json_bytes: int = Field(default=1 * MIB, ge=1)
+    golden_min_cases: int = Field(default=5, ge=1)
+    golden_max_cases: int = Field(default=1000, ge=1)
+    # golden pass rate an adapter needs
+    validation_threshold: float = Field(default=0.8, ge=0.0, le=1.0)
+    # the largest |logit change| an adapter may cause and still count as doing nothing
+    noop_tolerance: float = Field(default=1e-4, gt=0.0)
+    # torch device shadow validation runs on ("cuda" on a GPU worker)
+    validation_device: str = "cpu"
+    actor: str = Field(default_factory=_default_actor, min_length=1)
+
+    def __init__(self, **values: Any) -> None:
+        """Raises:
+        InvalidInput: INVALID_SETTING naming the variable of the first invalid value.
+        """
+        try:
+            super().__init__(**values)
+        except ValidationError as e:
+            raise _setting_error(e) from e
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_under_home(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            home = Path(data.get("home") or ".loragate")
+            if not data.get("database_url"):
+                data["database_url"] = f"sqlite:///{home / 'registry.db'}"
+            if not data.get("artifacts"):
+                data["artifacts"] = str(home / "artifacts")
+        return data
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _vllm_rank(cls, value: int) -> int:
+        if value not in VLLM_LORA_RANKS:
+            raise ValueError(f"{value} is not one vLLM accepts {VLLM_LORA_RANKS}")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        url = _parse_url(value)
+        backend = url.get_backend_name()
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend {backend!r} is not supported: use sqlite or postgresql")
+        if backend == "sqlite" and not url.database:
+            raise ValueError("a SQLite URL needs a file path (sqlite:///path/registry.db)")
+        return value
+
+    @property
+    def database(self) -> URL:
+        """The database URL with loragate's driver choices (psycopg 3 for Postgres)."""
+        url = _parse_url(self.database_url)
+        return url.set(drivername=_BACKENDS[url.get_backend_name()])
+
+    @property
+    def database_url_redacted(self) -> str:
+        """The URL as it may be printed, logged or stored: password hidden."""
+        return self.database.render_as_string(hide_password=True)
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        url = self.database
+        return Path(url.database) if url.get_backend_name() == "sqlite" and url.database else None
 
 
-def _parse_fraction(var: str, raw: str) -> float:
+def _parse_url(value: str) -> URL:
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise InvalidInput(f"{var}={raw!r} is not a number in [0, 1]", code=ErrorCode.INVALID_SETTING, field=var)
-    return value
+        return make_url(value)
+    except (ArgumentError, ValueError) as e:
+        # the message of make_url quotes the URL, password and all: say only what is wrong
+        raise ValueError("is not a database URL (dialect://user:password@host/dbname)") from e
+
+
+def env_var(field: str) -> str:
+    """The environment variable a setting is read from."""
+    info = Settings.model_fields.get(field)
+    if info is not None and isinstance(info.validation_alias, str):
+        return info.validation_alias
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def _setting_error(e: ValidationError) -> InvalidInput:
+    first = e.errors()[0]
+    name = str(first["loc"][0]) if first["loc"] else "settings"
+    var = env_var(name) if name in Settings.model_fields else name
+    # the input value is not echoed: it may be a URL with a password in it
+    message = first["msg"].removeprefix("Value error, ")
+    return InvalidInput(message, code=ErrorCode.INVALID_SETTING, field=var)

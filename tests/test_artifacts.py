@@ -11,6 +11,7 @@ from registry.artifacts import LocalArtifactStore, S3ArtifactStore, blob_key
 from registry.digests import digest_of_hex, sha256_bytes, sha256_file
 from registry.errors import AlreadyExists, ErrorCode, IntegrityFailure
 from registry.service import Registry
+from tests.conftest import artifact_store
 
 NAME = "acme/tiny-llama/support"
 
@@ -22,7 +23,7 @@ def store(request, tmp_path):
     else:
         endpoint = request.getfixturevalue("s3_endpoint")
         location = request.getfixturevalue("s3_location")
-        bucket, prefix = location[len("s3://"):].split("/", 1)
+        bucket, prefix = location[len("s3://") :].split("/", 1)
         s = S3ArtifactStore(bucket, prefix, endpoint_url=endpoint, multipart_threshold=5 << 20)
     s.ensure()
     return s
@@ -40,9 +41,9 @@ def _corrupt(store, digest: str) -> None:
 def test_put_is_keyed_by_digest_and_a_repeat_writes_nothing(store):
     data = b"adapter bytes"
     digest = digest_of_hex(sha256_bytes(data))
-    assert not store.has(digest)
+    assert not store.exists(digest)
     assert store.put_bytes(digest, data) is True
-    assert store.has(digest)
+    assert store.exists(digest)
     assert store.put_bytes(digest, data) is False
     assert store.read_bytes(digest) == data
 
@@ -51,7 +52,7 @@ def test_put_refuses_bytes_that_do_not_match_their_key(store):
     digest = digest_of_hex(sha256_bytes(b"one thing"))
     with pytest.raises(IntegrityFailure):
         store.put_bytes(digest, b"another thing")
-    assert not store.has(digest)
+    assert not store.exists(digest)
 
 
 def test_every_read_verifies_the_digest(store, tmp_path):
@@ -79,7 +80,7 @@ def test_large_file_round_trips_through_multipart(store, tmp_path):
 
 
 def test_s3_large_upload_is_really_multipart(s3_endpoint, s3_location, tmp_path):
-    bucket, prefix = s3_location[len("s3://"):].split("/", 1)
+    bucket, prefix = s3_location[len("s3://") :].split("/", 1)
     store = S3ArtifactStore(bucket, prefix, endpoint_url=s3_endpoint, multipart_threshold=5 << 20)
     store.ensure()
     big = tmp_path / "big.bin"
@@ -94,8 +95,13 @@ def test_s3_large_upload_is_really_multipart(s3_endpoint, s3_location, tmp_path)
 def s3_registry(tmp_path, s3_endpoint, s3_location, tiny_base):
     from registry.settings import Settings
 
-    settings = Settings(home=tmp_path, database_url=f"sqlite:///{tmp_path / 'r.db'}", artifacts=s3_location,
-                        s3_endpoint_url=s3_endpoint, actor="tester")
+    settings = Settings(
+        home=tmp_path,
+        database_url=f"sqlite:///{tmp_path / 'r.db'}",
+        artifacts=s3_location,
+        s3_endpoint_url=s3_endpoint,
+        actor="tester",
+    )
     reg = Registry.open(settings, check_schema=False)
     reg.init()
     reg.add_base(str(tiny_base), "tiny-llama")
@@ -103,7 +109,8 @@ def s3_registry(tmp_path, s3_endpoint, s3_location, tiny_base):
 
 
 def _objects(reg) -> dict[str, str]:
-    pages = reg.artifacts.client.get_paginator("list_objects_v2").paginate(Bucket=reg.artifacts.bucket)
+    store = artifact_store(reg)
+    pages = store.client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket)
     return {o["Key"]: o["ETag"] + str(o["LastModified"]) for p in pages for o in p.get("Contents", [])}
 
 
@@ -122,7 +129,11 @@ def test_materialize_from_s3_writes_the_exact_bundle(s3_registry, random_bundle,
     dest = s3_registry.materialize(v.version_id, tmp_path / "served" / v.version_id)
     assert sha256_file(dest / "adapter_model.safetensors") == v.weights_sha256
     assert sha256_file(dest / "adapter_config.json") == sha256_file(random_bundle / "adapter_config.json")
-    assert sorted(p.name for p in dest.iterdir()) == ["adapter_config.json", "adapter_model.safetensors", "manifest.json"]
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "manifest.json",
+    ]
 
 
 def test_materialize_is_idempotent_and_leaves_no_temp_dirs(cataloged, random_bundle, tmp_path):
@@ -150,7 +161,7 @@ def test_materialize_refuses_to_overwrite_other_content(cataloged, random_bundle
 def test_materialize_of_a_corrupted_blob_fails_and_writes_no_bundle(cataloged, random_bundle, tmp_path):
     registry, _ = cataloged
     v = registry.register_adapter(random_bundle, NAME).version
-    _corrupt(registry.artifacts, digest_of_hex(v.weights_sha256))
+    _corrupt(artifact_store(registry), digest_of_hex(v.weights_sha256))
     dest = tmp_path / "served" / v.version_id
     with pytest.raises(IntegrityFailure):
         registry.materialize(v.version_id, dest)

@@ -18,7 +18,10 @@ def test_building_the_base_twice_gives_the_same_commit(tiny_base, tmp_path):
     from infra.modelkit import build_base
 
     again = build_base(tmp_path / "again")
-    assert inspect_base(str(again), "tiny-llama").base_model_commit == inspect_base(str(tiny_base), "tiny-llama").base_model_commit
+    assert (
+        inspect_base(str(again), "tiny-llama").base_model_commit
+        == inspect_base(str(tiny_base), "tiny-llama").base_model_commit
+    )
 
 
 def test_local_base_is_pinned_by_content_digest_with_shapes_and_tokenizer(tiny_base):
@@ -44,8 +47,15 @@ def test_rope_variant_has_other_commit_config_hash_and_rope(tiny_base, tmp_path)
 
 def test_config_hash_ignores_volatile_keys_and_legacy_rope_spelling(tiny_base):
     raw = json.loads((tiny_base / "config.json").read_text())
-    noisy = {**raw, "transformers_version": "4.99.0", "_name_or_path": "/elsewhere", "use_cache": False,
-             "torch_dtype": "bfloat16", "output_hidden_states": True, "_attn_implementation": "sdpa"}
+    noisy = {
+        **raw,
+        "transformers_version": "4.99.0",
+        "_name_or_path": "/elsewhere",
+        "use_cache": False,
+        "torch_dtype": "bfloat16",
+        "output_hidden_states": True,
+        "_attn_implementation": "sdpa",
+    }
     legacy = {k: v for k, v in raw.items() if k != "rope_parameters"}
     legacy["rope_theta"] = raw["rope_parameters"]["rope_theta"]
     legacy["rope_scaling"] = None
@@ -94,26 +104,69 @@ def test_base_add_is_idempotent_and_a_second_commit_is_a_second_pin(cataloged, t
     assert not created and again.base_model_commit == record.base_model_commit
     variant = build_base(tmp_path / "rope", rope_scaling={"rope_type": "linear", "factor": 2.0})
     _, created = registry.add_base(str(variant), "tiny-llama")
-    assert created and len(registry.store.bases("tiny-llama")) == 2
+    assert created and len(registry.list_bases("tiny-llama")) == 2
 
 
-def test_manifest_without_commit_is_ambiguous_when_two_commits_are_pinned(cataloged, tmp_path, random_bundle):
+def test_a_manifest_binds_to_the_commit_it_names_and_gets_that_commits_facts(cataloged, tmp_path, random_bundle):
+    from infra import corpus
     from infra.modelkit import build_base
 
+    registry, pinned = cataloged
+    variant, _ = registry.add_base(
+        str(build_base(tmp_path / "rope", rope_scaling={"rope_type": "linear", "factor": 2.0})), "tiny-llama"
+    )
+    on_variant = corpus.bound_to(random_bundle, tmp_path / "on-variant", base_model_commit=variant.base_model_commit)
+    first = registry.register_adapter(random_bundle, "acme/tiny-llama/support").version
+    second = registry.register_adapter(on_variant, "acme/tiny-llama/support").version
+    assert (first.base_model_commit, first.manifest["base_config_sha256"]) == (
+        pinned.base_model_commit,
+        pinned.config_sha256,
+    )
+    assert (second.base_model_commit, second.manifest["rope_scaling"]) == (
+        variant.base_model_commit,
+        {"rope_type": "linear", "factor": 2.0},
+    )
+
+
+def test_a_manifest_without_a_commit_is_refused_even_when_one_commit_is_pinned(cataloged, tmp_path, random_bundle):
+    """Inferring the commit would bind an adapter trained on an unpinned commit silently."""
+    from infra import corpus
+
     registry, _ = cataloged
-    registry.add_base(str(build_base(tmp_path / "rope", rope_scaling={"rope_type": "linear", "factor": 2.0})), "tiny-llama")
+    bundle = corpus.copy_bundle(random_bundle, tmp_path / "no-commit")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    del manifest["base_model_commit"]
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(InvalidInput) as err:
-        registry.register_adapter(random_bundle, "acme/tiny-llama/support")
-    assert err.value.field == "base_model_commit"
+        registry.register_adapter(bundle, "acme/tiny-llama/support")
+    assert (err.value.code, err.value.field) == (ErrorCode.INVALID_MANIFEST, "base_model_commit")
+    assert registry.list_versions() == []
 
 
 @pytest.mark.parametrize(
     "tamper, field",
     [
-        (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
-                                                              "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}})), "base_config_sha256"),
-        (lambda d: (d / "tokenizer.json").write_text((d / "tokenizer.json").read_text().replace('"<pad>"', '"<PAD>"')), "tokenizer_revision"),
-        (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-4] + b"\0\0\0\0"), "base_model_commit"),
+        (
+            lambda d: (d / "config.json").write_text(
+                json.dumps(
+                    {
+                        **json.loads((d / "config.json").read_text()),
+                        "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+                    }
+                )
+            ),
+            "base_config_sha256",
+        ),
+        (
+            lambda d: (d / "tokenizer.json").write_text(
+                (d / "tokenizer.json").read_text().replace('"<pad>"', '"<PAD>"')
+            ),
+            "tokenizer_revision",
+        ),
+        (
+            lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-4] + b"\0\0\0\0"),
+            "base_model_commit",
+        ),
         (lambda d: shutil.rmtree(d), "base_model_commit"),
     ],
     ids=["rope-changed-in-place", "tokenizer-changed", "weights-changed", "base-deleted"],

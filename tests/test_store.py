@@ -10,8 +10,9 @@ from sqlalchemy import inspect, text, update
 from registry import migrate
 from registry.errors import ErrorCode, IllegalTransition, NotFound
 from registry.schema import adapter_versions, metadata
+from registry.settings import Settings
 from registry.store import SqlStore
-from tests.conftest import mark_validated
+from tests.conftest import audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"
 
@@ -33,13 +34,13 @@ def v1_in_production_v2_in_canary(registry, bundles) -> tuple[str, str]:
 def test_register_twice_returns_same_version_and_writes_nothing(cataloged, random_bundle):
     registry, _ = cataloged
     first = registry.register_adapter(random_bundle, NAME)
-    audit_before = registry.store.audit_count()
+    audit_before = audit_count(registry)
     second = registry.register_adapter(random_bundle, NAME)
     assert first.created and not second.created
     assert second.version.version_id == first.version.version_id
     assert second.uploaded_blobs == 0
-    assert registry.store.audit_count() == audit_before
-    assert len(registry.store.list_versions(NAME)) == 1
+    assert audit_count(registry) == audit_before
+    assert len(registry.list_versions(NAME)) == 1
 
 
 def test_version_id_is_timestamp_and_weights_prefix(cataloged, random_bundle):
@@ -76,42 +77,46 @@ def test_second_version_records_the_previous_one(cataloged, seeded_bundles):
     assert second.manifest["previous_version"] == first
 
 
-def test_version_content_is_immutable_in_the_database(cataloged, random_bundle):
+def test_version_content_is_immutable_in_the_database(cataloged, random_bundle, sql):
     registry, _ = cataloged
     vid = register(registry, random_bundle)
-    with pytest.raises(Exception, match="immutable"):
-        with registry.store.engine.begin() as conn:
-            conn.execute(update(adapter_versions).where(adapter_versions.c.version_id == vid).values(weights_sha256="0" * 64))
+    with pytest.raises(Exception, match="immutable"), sql.begin() as conn:
+        conn.execute(
+            update(adapter_versions).where(adapter_versions.c.version_id == vid).values(weights_sha256="0" * 64)
+        )
     assert registry.get_version(vid).weights_sha256 != "0" * 64
 
 
 @pytest.mark.parametrize("statement", ["UPDATE audit_events SET actor = 'mallory'", "DELETE FROM audit_events"])
-def test_audit_log_is_append_only_in_the_database(cataloged, random_bundle, statement):
+def test_audit_log_is_append_only_in_the_database(cataloged, random_bundle, statement, sql):
     registry, _ = cataloged
     register(registry, random_bundle)
-    count = registry.store.audit_count()
-    with pytest.raises(Exception, match="append-only|immutable"):
-        with registry.store.engine.begin() as conn:
-            conn.execute(text(statement))
-    assert registry.store.audit_count() == count
+    count = audit_count(registry)
+    with pytest.raises(Exception, match="append-only|immutable"), sql.begin() as conn:
+        conn.execute(text(statement))
+    assert audit_count(registry) == count
 
 
 def test_full_lifecycle_moves_pointers_and_audits_each_step(cataloged, seeded_bundles):
     registry, _ = cataloged
     v1, v2 = v1_in_production_v2_in_canary(registry, seeded_bundles)
     registry.promote(v2, "production", reason="approved by ops")
-    a = registry.store.get_adapter(NAME)
+    a = registry.get_adapter(NAME)
     assert (a.canary, a.production, a.previous) == (None, v2, v1)
     assert registry.get_version(v1).stage == "retired"
     assert registry.resolve_stage(NAME) == v2
 
     registry.rollback(NAME, reason="latency regression")
-    a = registry.store.get_adapter(NAME)
+    a = registry.get_adapter(NAME)
     assert (a.production, a.previous) == (v1, None)
     assert registry.get_version(v2).stage == "rolled_back"
     assert registry.get_version(v1).stage == "production"
 
-    moves = [(e.action, e.stage, e.from_value, e.to_value) for e in registry.store.history(NAME) if e.action in ("promote", "rollback")]
+    moves = [
+        (e.action, e.stage, e.from_value, e.to_value)
+        for e in registry.history(NAME)
+        if e.action in ("promote", "rollback")
+    ]
     assert moves == [
         ("promote", "canary", None, v1),
         ("promote", "production", None, v1),
@@ -119,7 +124,7 @@ def test_full_lifecycle_moves_pointers_and_audits_each_step(cataloged, seeded_bu
         ("promote", "production", v1, v2),
         ("rollback", "production", v2, v1),
     ]
-    assert [e.reason for e in registry.store.history(NAME)][-1] == "latency regression"
+    assert [e.reason for e in registry.history(NAME)][-1] == "latency regression"
 
 
 def test_promoting_to_where_it_already_is_changes_nothing(cataloged, random_bundle):
@@ -127,10 +132,10 @@ def test_promoting_to_where_it_already_is_changes_nothing(cataloged, random_bund
     v = register(registry, random_bundle)
     mark_validated(registry, v)
     registry.promote(v, "canary")
-    count = registry.store.audit_count()
+    count = audit_count(registry)
     plan = registry.promote(v, "canary")
     assert plan.empty
-    assert registry.store.audit_count() == count
+    assert audit_count(registry) == count
 
 
 @pytest.mark.parametrize(
@@ -146,10 +151,17 @@ def test_promoting_to_where_it_already_is_changes_nothing(cataloged, random_bund
         # the production version cannot also become canary
         ([("pass", 0), ("canary", 0), ("production", 0)], 0, "canary", ErrorCode.ILLEGAL_TRANSITION),
         # the rollback target cannot be re-canaried while it is the rollback target
-        ([("pass", 0), ("pass", 1), ("canary", 0), ("production", 0), ("canary", 1), ("production", 1)], 0, "canary", ErrorCode.ILLEGAL_TRANSITION),
+        (
+            [("pass", 0), ("pass", 1), ("canary", 0), ("production", 0), ("canary", 1), ("production", 1)],
+            0,
+            "canary",
+            ErrorCode.ILLEGAL_TRANSITION,
+        ),
     ],
 )
-def test_illegal_promotions_are_typed_errors_and_change_nothing(cataloged, seeded_bundles, setup, version_index, to, code):
+def test_illegal_promotions_are_typed_errors_and_change_nothing(
+    cataloged, seeded_bundles, setup, version_index, to, code
+):
     registry, _ = cataloged
     ids = [register(registry, b) for b in seeded_bundles[:2]]
     for step, i in setup:
@@ -157,11 +169,19 @@ def test_illegal_promotions_are_typed_errors_and_change_nothing(cataloged, seede
             mark_validated(registry, ids[i], passed=step == "pass")
         else:
             registry.promote(ids[i], step)
-    before = (registry.store.get_adapter(NAME), [registry.get_version(v).stage for v in ids], registry.store.audit_count())
+    before = (
+        registry.get_adapter(NAME),
+        [registry.get_version(v).stage for v in ids],
+        audit_count(registry),
+    )
     with pytest.raises(IllegalTransition) as err:
         registry.promote(ids[version_index], to)
     assert err.value.code == code
-    after = (registry.store.get_adapter(NAME), [registry.get_version(v).stage for v in ids], registry.store.audit_count())
+    after = (
+        registry.get_adapter(NAME),
+        [registry.get_version(v).stage for v in ids],
+        audit_count(registry),
+    )
     assert after == before
 
 
@@ -180,7 +200,7 @@ def test_canary_rollback_withdraws_the_canary_only(cataloged, seeded_bundles):
     registry, _ = cataloged
     v1, v2 = v1_in_production_v2_in_canary(registry, seeded_bundles)
     registry.rollback(NAME, stage="canary")
-    a = registry.store.get_adapter(NAME)
+    a = registry.get_adapter(NAME)
     assert (a.canary, a.production) == (None, v1)
     assert registry.get_version(v2).stage == "rolled_back"
 
@@ -224,18 +244,18 @@ def test_concurrent_pointer_moves_lose_no_update(cataloged, seeded_bundles):
     for t in threads:
         t.join()
     assert not errors
-    moves = [e for e in registry.store.history(NAME) if e.action == "promote"]
-    for before, after in zip(moves, moves[1:]):
+    moves = [e for e in registry.history(NAME) if e.action == "promote"]
+    for before, after in zip(moves, moves[1:], strict=False):
         assert after.from_value == before.to_value, "a pointer move was lost"
-    canary = registry.store.get_adapter(NAME).canary
+    canary = registry.get_adapter(NAME).canary
     assert moves[-1].to_value == canary
     stages = {v: registry.get_version(v).stage for v in ids}
     assert [v for v, s in stages.items() if s == "canary"] == [canary]
-    assert registry.store.get_adapter(NAME).revision == len(moves) + len(ids)  # + one bump per validation
+    assert registry.get_adapter(NAME).revision == len(moves) + len(ids)  # + one bump per validation
 
 
 def test_alembic_upgrade_downgrade_upgrade(db_url):
-    store = SqlStore.from_url(db_url)
+    store = SqlStore.from_url(Settings(database_url=db_url).database)
     try:
         store.upgrade_schema()
         assert migrate.current_revision(store.engine) == migrate.head_revision()
@@ -246,14 +266,19 @@ def test_alembic_upgrade_downgrade_upgrade(db_url):
         store.upgrade_schema()
         assert set(metadata.tables) <= set(inspect(store.engine).get_table_names())
     finally:
-        store.engine.dispose()
+        store.close()
 
 
-def test_migrations_create_exactly_the_tables_the_code_queries(registry):
+def test_the_head_constant_is_the_head_of_the_migration_scripts():
+    """Opening a registry compares with migrate.HEAD instead of parsing the scripts."""
+    assert migrate.head_revision() == migrate.HEAD
+
+
+def test_migrations_create_exactly_the_tables_the_code_queries(registry, sql):
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    with registry.store.engine.connect() as conn:
+    with sql.connect() as conn:
         diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata)
     assert diffs == []
 
@@ -261,7 +286,6 @@ def test_migrations_create_exactly_the_tables_the_code_queries(registry):
 def test_an_unmigrated_database_is_refused_with_a_hint(tmp_path):
     from registry.errors import InvalidInput
     from registry.service import Registry
-    from registry.settings import Settings
 
     settings = Settings(home=tmp_path, database_url=f"sqlite:///{tmp_path / 'empty.db'}", artifacts=str(tmp_path / "a"))
     with pytest.raises(InvalidInput) as err:

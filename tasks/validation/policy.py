@@ -1,0 +1,40 @@
+"""What the gate demands of an adapter, taken from the settings at the start of a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from registry.errors import ErrorCode, InvalidInput
+from registry.settings import Settings
+
+
+@dataclass(frozen=True)
+class ValidationPolicy:
+    # golden pass rate needed
+    pass_threshold: float
+    # the serving fleet's --max-lora-rank
+    max_lora_rank: int
+    # the largest |logit change| an adapter may cause and still count as doing nothing
+    noop_tolerance: float
+    device: str
+    hf_cache_dir: str | None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, pass_threshold: float | None = None) -> ValidationPolicy:
+        """The policy the settings define; ``pass_threshold`` overrides theirs (``--threshold``).
+
+        Raises:
+            InvalidInput: INVALID_SETTING for a threshold outside [0, 1].
+        """
+        threshold = settings.validation_threshold if pass_threshold is None else pass_threshold
+        if not 0.0 <= threshold <= 1.0:
+            raise InvalidInput(
+                f"threshold {threshold} is not in [0, 1]", code=ErrorCode.INVALID_SETTING, field="threshold"
+            )
+        return cls(
+            pass_threshold=threshold,
+            max_lora_rank=settings.max_lora_rank,
+            noop_tolerance=settings.noop_tolerance,
+            device=settings.validation_device,
+            hf_cache_dir=settings.hf_cache_dir,
+        )

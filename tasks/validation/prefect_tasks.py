@@ -1,0 +1,36 @@
+"""Prefect wrappers of shadow validation: thin, retry-free (validation records a run).
+
+Parameters are version ids only: Prefect stores task and flow parameters and shows them
+in its UI, so settings (with the database URL) are read inside the run, from the
+worker's environment.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.artifacts import create_table_artifact
+from prefect.logging import get_run_logger
+
+from registry.reports import ValidationReport
+from registry.service import Registry
+from registry.settings import Settings
+from tasks.validation.policy import ValidationPolicy
+from tasks.validation.runner import validate_versions
+
+
+@task(name="shadow-validate", log_prints=True)
+def shadow_validate(version_ids: list[str]) -> list[ValidationReport]:
+    """Validate versions, record the runs and publish a summary table as a Prefect
+    artifact; a failed adapter is rejected, never raised."""
+    logger = get_run_logger()
+    settings = Settings()
+    with Registry.open(settings) as registry:
+        reports = validate_versions(
+            registry, version_ids, ValidationPolicy.from_settings(settings), progress=logger.info
+        )
+    create_table_artifact(
+        key="shadow-validation",
+        table=[r.table_row() for r in reports],
+        description=f"Shadow validation of {len(reports)} adapter version(s)",
+    )
+    return reports

@@ -1,0 +1,109 @@
+"""A fault-injecting HTTP proxy in front of a real vLLM replica.
+
+It forwards every request to the replica unless told to misbehave on the call that loads an
+adapter -- after the unload went through, the worst moment -- the way a sick replica would:
+answer 500 with vLLM's error envelope, accept the connection and never answer, or be gone
+altogether (connection refused). Everything else -- completions, ``/v1/models`` -- reaches the real
+replica, so what the fleet switch verifies is what the replica really serves.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+import time
+from enum import StrEnum
+
+import httpx
+
+FAULTY_PATHS = ("/v1/load_lora_adapter",)
+
+
+class Fault(StrEnum):
+    NONE = "none"
+    ERROR_500 = "error-500"
+    HANG = "hang"
+    DEAD = "dead"
+
+
+class FaultProxy:
+    def __init__(self, target: str):
+        self.target = target.rstrip("/")
+        self.fault = Fault.NONE
+        self._stop = threading.Event()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _relay(self, method: str) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0) or 0))
+                if self.path in FAULTY_PATHS and proxy.fault == Fault.ERROR_500:
+                    envelope = {
+                        "error": {"message": "injected", "type": "InternalServerError", "param": None, "code": 500}
+                    }
+                    self._answer(500, json.dumps(envelope).encode(), "application/json")
+                    return
+                if self.path in FAULTY_PATHS and proxy.fault == Fault.HANG:
+                    while not proxy._stop.is_set():
+                        time.sleep(0.1)
+                    return
+                with httpx.Client(timeout=120) as client:
+                    upstream = client.request(
+                        method,
+                        proxy.target + self.path,
+                        content=body,
+                        headers={"content-type": self.headers.get("content-type", "application/json")},
+                    )
+                self._answer(upstream.status_code, upstream.content, upstream.headers.get("content-type", "text/plain"))
+
+            def _answer(self, status: int, body: bytes, content_type: str) -> None:
+                self.send_response(status)
+                self.send_header("content-type", content_type)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):  # noqa: N802 (the stdlib's names)
+                self._relay("GET")
+
+            def do_POST(self):  # noqa: N802
+                self._relay("POST")
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def set(self, fault: Fault) -> None:
+        """DEAD stops listening (connection refused); any other fault restarts it on the same port."""
+        if fault == Fault.DEAD and self.fault != Fault.DEAD:
+            self._server.shutdown()
+            self._server.server_close()
+        elif fault != Fault.DEAD and self.fault == Fault.DEAD:
+            self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), self._server.RequestHandlerClass)
+            self._server.daemon_threads = True
+            self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+            self._thread.start()
+        self.fault = fault
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.fault != Fault.DEAD:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def port_is_closed(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0

