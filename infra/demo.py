@@ -3,8 +3,10 @@
 Builds a tiny Llama base and trains tenant adapters offline, then drives the real
 ``loragate`` command: catalogue the base, register adapters (one refused at the door),
 attach golden sets, shadow-validate them in one batch (one fails for a silent reason),
-promote through canary to production, roll back, and show the audit trail. Everything
-lives under ``demo-out/`` (SQLite registry, local artifact directory).
+promote through canary to production on two real vLLM CPU replicas (each promotion and the
+rollback switches both in place and verifies what they serve), and show the audit trail.
+Everything lives under ``demo-out/`` (SQLite registry, local artifact directory, replica
+logs); the replicas are stopped when the demo ends, however it ends.
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ def loragate(*args: str, expect: int = 0, quiet: bool = False) -> str:
     return proc.stdout.strip()
 
 
+def ask_replicas(urls: list[str], adapter: str, prompt: str) -> None:
+    """What a tenant's client sees: a greedy completion from each replica, by logical name."""
+    import httpx
+
+    for url in urls:
+        body = {"model": adapter, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+        text = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+        print(f"  {url} {adapter} {prompt!r} -> {text!r}")
+
+
 def build_models() -> dict[str, Path]:
     from infra import corpus
     from infra.modelkit import build_base, train_adapter, write_golden_set
@@ -61,6 +73,27 @@ def build_models() -> dict[str, Path]:
     bundles["golden-support"] = write_golden_set("support", OUT / "golden-support.jsonl")
     bundles["golden-tickets"] = write_golden_set("tickets", OUT / "golden-tickets.jsonl")
     return bundles
+
+
+def lifecycle(v1: str, t1: str, v2: str, bad: str, urls: list[str], prompt: str) -> None:
+    banner("lifecycle: canary -> production on the replicas, a second version, rollback")
+    loragate("promote", v1, "--to", "canary")
+    loragate("promote", v1, "--to", "production", "--reason", "canary window clean")
+    ask_replicas(urls, SUPPORT, prompt)
+    loragate("promote", t1, "--to", "canary")
+    print("the adapter that failed validation can never reach canary:")
+    loragate("promote", bad, "--to", "canary", expect=2)
+    loragate("promote", v2, "--to", "canary")
+    print("production switches both replicas in place, then checks each serves v2's validated outputs:")
+    loragate("promote", v2, "--to", "production", "--reason", "approved")
+    loragate("fleet", "status")
+    ask_replicas(urls, SUPPORT, prompt)
+    loragate("rollback", SUPPORT, "--reason", "tenant reports regressions")
+    resolved = loragate("resolve", SUPPORT)
+    assert resolved == v1, "rollback restores the previous production version"
+    loragate("fleet", "status")
+    ask_replicas(urls, SUPPORT, prompt)
+    loragate("history", SUPPORT)
 
 
 def main() -> None:
@@ -97,25 +130,23 @@ def main() -> None:
     banner("shadow validation: one base load, four adapters")
     loragate("validate", v1, t1, v2, bad, expect=1)
     loragate("list")
+    prompt = json.loads(m["golden-support"].read_text().splitlines()[0])["prompt"]
 
-    banner("lifecycle: canary -> production, then a second version, then rollback")
-    loragate("promote", v1, "--to", "canary")
-    loragate("promote", v1, "--to", "production", "--reason", "canary window clean")
-    loragate("promote", t1, "--to", "canary")
-    print("the adapter that failed validation can never reach canary:")
-    loragate("promote", bad, "--to", "canary", expect=2)
-    loragate("promote", v2, "--to", "canary")
-    loragate("promote", v2, "--to", "production", "--reason", "approved")
-    loragate("resolve", SUPPORT)
-    loragate("rollback", SUPPORT, "--reason", "tenant reports regressions")
-    resolved = loragate("resolve", SUPPORT)
-    assert resolved == v1, "rollback restores the previous production version"
-    loragate("history", SUPPORT)
+    banner("fleet: two vLLM CPU replicas of the base (about a minute)")
+    try:
+        urls = loragate("replicas", "up", "--base", "tiny-llama", "--count", "2").split()
+        lifecycle(v1, t1, v2, bad, urls, prompt)
+    finally:
+        banner("fleet: stop the replicas")
+        loragate("replicas", "down")
 
     banner("materialize the production bundle for a replica")
     loragate("materialize", v1, str(OUT / "serve" / v1))
     report = json.loads(loragate("show", v2, "--json", quiet=True))["manifest"]["validation_report"]
     print(f"validation report of {v2}: {report['summary']}")
+
+    banner("housekeeping: what crashed writes would have left")
+    loragate("gc", "--dry-run")
     print(f"\ndemo finished: registry in {OUT / '.loragate'}, bundles in {OUT / 'models'}")
 
 
