@@ -117,7 +117,7 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument(
         "--max-cpu-loras",
         type=int,
-        help="the engine's adapter cache (default max(64, 4 x --max-loras): each switch leaves an entry)",
+        help="the engine's adapter cache (default 4 x --max-loras: each switch leaves an entry there)",
     )
     p.set_defaults(func=cmd_replicas_up)
     p = replicas.add_parser("down", parents=[common], help="stop the replicas loragate started")

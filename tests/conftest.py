@@ -189,6 +189,10 @@ def replicas(tiny_base, replica_adapters, tmp_path_factory):
             role=role,
             log_path=logs / f"{key}.log",
             die_with_parent=True,
+            # vLLM's default, the harshest for switching: before the plugin kept both ids of
+            # a switched name in a batch, a client looping through switches killed the engine
+            # within two switches at this setting
+            max_cpu_loras=4,
         )
         for key, role in (("prod-a", "production"), ("prod-b", "production"), ("canary", "canary"))
     }

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,8 @@ from tasks.fleet import fleet_status, promote_and_switch, reconcile_fleet, rollb
 from tests.conftest import audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"
-PLUGIN = Path(__file__).resolve().parents[1] / "infra" / "vllm_plugin" / "loragate_resolver" / "__init__.py"
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ROOT / "infra" / "vllm_plugin" / "loragate_resolver" / "__init__.py"
 
 
 def closed_port_url() -> str:
@@ -254,6 +256,52 @@ def test_the_resolver_answers_only_with_the_version_the_index_names_and_the_bund
     found = resolver.lookup(str(adapter_dir), "production", NAME)
     assert found == (("v1", path) if resolves else None)
     assert resolver.lookup(str(adapter_dir), "production", "other/tiny-llama/name") is None
+
+
+WINDOW_PROBE = """
+import json, sys, types
+sys.path.insert(0, sys.argv[1])
+import loragate_resolver
+from vllm.entrypoints.serve.engine.serving import BaseServing
+from vllm.utils.counter import AtomicCounter
+
+loragate_resolver.close_the_unload_window(sys.argv[2], "production")
+# the state an admitted request meets when a switch unloaded its name after _check_model:
+# the name is gone from the front end's table; everything else is vLLM's own code
+models = types.SimpleNamespace(lora_requests={}, lora_id_counter=AtomicCounter(7))
+serving = types.SimpleNamespace(models=models, _is_model_supported=lambda name: name == "tiny-llama")
+answers = {}
+for name in (sys.argv[3], sys.argv[3], "tiny-llama", "unknown/tiny-llama/task"):
+    try:
+        got = BaseServing._maybe_get_adapters(serving, types.SimpleNamespace(model=name))
+        answers.setdefault(name, []).append(None if got is None else [got.lora_path, got.lora_int_id])
+    except Exception as e:
+        answers.setdefault(name, []).append(type(e).__name__)
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.slow
+def test_a_request_admitted_before_an_unload_is_served_from_the_index_not_refused(tmp_path):
+    """vLLM checks the adapter name, renders the prompt, then looks the name up again; an
+    unload in between is a 404 unless the plugin's patch answers from the index."""
+    vllm_python = ROOT / ".venv-vllm" / "bin" / "python"
+    adapter_dir = tmp_path / "adapters"
+    path = _bundle(Path(version_path(str(adapter_dir), NAME, "v2")), "v2")
+    write_index(str(adapter_dir), {"format": 1, "roles": {"production": {NAME: {"version": "v2", "path": path}}}})
+    probe = subprocess.run(
+        [str(vllm_python), "-c", WINDOW_PROBE, str(PLUGIN.parent.parent), str(adapter_dir), NAME],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    answers = json.loads(probe.stdout.strip().splitlines()[-1])
+    # served from the index's path, both times under one id: the engine loads it once
+    assert answers[NAME] == [[path, 8], [path, 8]]
+    assert answers["tiny-llama"] == [None]  # the base model is not an adapter
+    assert answers["unknown/tiny-llama/task"] == ["VLLMNotFoundError"]  # what the index does not name stays a 404
 
 
 # -- a pointer move and its fleet switch, together --------------------------------------------

@@ -8,6 +8,11 @@ This one reads the index loragate writes atomically into the replica's adapter d
 the replica's role (``LORAGATE_REPLICA_ROLE``). It needs no database driver and no
 Prefect -- only the index file -- and never raises: an exception inside a resolver becomes
 a 500 and skips later resolvers, so anything unexpected is "no adapter" instead.
+
+It also mends two faults of vLLM 0.32 that a switch in place meets under load (README,
+"Fleet control"): a request admitted just before its name was unloaded (served from the
+index instead of a 404), and a batch holding two versions of one name (both activated
+instead of the engine dying).
 """
 
 from __future__ import annotations
@@ -61,7 +66,10 @@ def lookup(adapter_dir: str, role: str, lora_name: str) -> tuple[str, str] | Non
 
 
 def register() -> None:
-    """vLLM's general-plugin entry point: register the resolver when the replica is ours."""
+    """vLLM's general-plugin entry point (run in the API server, the engine and the workers):
+    keep both versions of a name apart in a batch; register the resolver when the replica
+    is ours."""
+    keep_each_adapter_of_a_batch()
     adapter_dir = os.environ.get("LORAGATE_ADAPTER_DIR")
     role = os.environ.get("LORAGATE_REPLICA_ROLE")
     if not adapter_dir or not role:
@@ -84,3 +92,86 @@ def register() -> None:
             return LoRARequest(lora_name=lora_name, lora_int_id=1, lora_path=path)
 
     LoRAResolverRegistry.register_resolver("loragate", LoragateResolver())
+    close_the_unload_window(adapter_dir, role)
+
+
+def keep_each_adapter_of_a_batch() -> None:
+    """Activate every adapter id a batch uses, also two ids of one name.
+
+    While a name is switched, a batch holds requests of the old version (admitted before)
+    and of the new one: one name, two adapter ids. vLLM 0.32 collects the batch's LoRA
+    requests in a set, and ``LoRARequest`` hashes and compares by *name*, so one of the two
+    is dropped and never activated; when it is not still in a slot from before, the
+    mapping names an id with no slot and the engine dies (``KeyError`` in punica's
+    ``convert_mapping``, then ``EngineDeadError``). Seen within 2 switches under load at
+    ``--max-cpu-loras 4``. Handing the worker one request per id instead fixes it; the
+    worker's own code keys them by id from there on.
+    """
+    try:
+        from vllm.v1.worker.gpu_input_batch import InputBatch
+    except Exception:  # another vLLM: patch nothing, and never keep the resolver from registering
+        log.warning("loragate: vLLM's InputBatch not found; batches are left as vLLM builds them")
+        return
+    original = getattr(InputBatch, "make_lora_inputs", None)
+    if original is None or getattr(original, "loragate", False):
+        return
+
+    def make_lora_inputs(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        prompt_mapping, token_mapping, _by_name = original(self, *args, **kwargs)
+        return prompt_mapping, token_mapping, list(self.lora_id_to_lora_request.values())
+
+    make_lora_inputs.loragate = True  # type: ignore[attr-defined]
+    InputBatch.make_lora_inputs = make_lora_inputs
+
+
+def close_the_unload_window(adapter_dir: str, role: str) -> None:
+    """Answer from the index a request whose adapter was unloaded after it was admitted.
+
+    vLLM 0.32 checks a request's adapter name (``_check_model``, where resolvers are asked)
+    and looks its LoRA request up again after rendering the prompt
+    (``_maybe_get_adapters``, where they are not). A switch's unload landing between the
+    two turns the request into a 404 -- measured: 1 request in ~8 switches under load. This
+    wraps the second lookup so that a name the index names is served from the index's
+    path, as the resolver would have served it a moment later. One LoRA request per (name,
+    path) is reused, so the engine loads each version once. Applied only to the vLLM it was
+    written for: if the method is not there, nothing is patched and the window stays open.
+    """
+    try:
+        from vllm.entrypoints.serve.engine.serving import BaseServing
+        from vllm.lora.request import LoRARequest
+    except Exception:  # another vLLM: patch nothing
+        log.warning("loragate: vLLM's BaseServing not found; the unload window stays open")
+        return
+    original = getattr(BaseServing, "_maybe_get_adapters", None)
+    if original is None or getattr(original, "loragate", False):
+        return
+    admitted: dict[tuple[str, str], LoRARequest] = {}
+
+    def _maybe_get_adapters(self, request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        name = getattr(request, "model", None)
+        models = getattr(self, "models", None)
+        if (
+            isinstance(name, str)
+            and models is not None
+            and name not in models.lora_requests
+            and not self._is_model_supported(name)
+        ):
+            try:
+                found = lookup(adapter_dir, role, name)
+            except Exception:
+                log.exception("loragate: index lookup failed for %s", name)
+                found = None
+            if found is not None:
+                key = (name, found[1])
+                if key not in admitted:
+                    if len(admitted) >= 1024:  # one per version switched to; keep it bounded
+                        admitted.clear()
+                    admitted[key] = LoRARequest(
+                        lora_name=name, lora_int_id=models.lora_id_counter.inc(1), lora_path=found[1]
+                    )
+                    log.info("loragate: %s unloaded after admission, served from %s", name, found[1])
+                return admitted[key]
+        return original(self, request, *args, **kwargs)
+
+    _maybe_get_adapters.loragate = True  # type: ignore[attr-defined]
+    BaseServing._maybe_get_adapters = _maybe_get_adapters
