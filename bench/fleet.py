@@ -4,6 +4,8 @@ rollback   time from a rollback (``rollback_and_switch``, what ``loragate rollba
            to every replica verified on the previous version, for 1, 2 and 3 replicas,
            and the command itself end to end; against restarting a replica with
            ``--lora-modules`` at the previous version until it answers with it.
+parallelism the work of a switch (unload, load, golden completions) on every replica,
+           one after another against all at once: how much of it the cores let overlap.
 latency    a client looping on the logical name: p50/p99 in steady state and while
            rollbacks and promotions run back to back, its errors, and any answer that is
            neither version's; after a switch, the switched name against the same version
@@ -63,6 +65,9 @@ SPEEDUP_TARGET = 20.0
 # the switch is parallel: 3 replicas may take this much longer than 1
 FLAT_TOLERANCE = 1.5
 AFTER_SWITCH_TOLERANCE = 0.10
+FIRST_CORRECT_DEADLINE_S = 60.0
+# the replicas' logs outlive the run: what an engine said when a section failed
+LOGS = Path(__file__).resolve().parent / "out" / "fleet-logs"
 
 
 def log(msg: str) -> None:
@@ -281,6 +286,41 @@ def bench_rollback(setup: Setup, urls: list[str], adapter_dir: Path, rounds: int
     return result
 
 
+def bench_parallelism(setup: Setup, urls: list[str], adapter_dir: Path, rounds: int) -> dict[str, Any]:
+    """The work of a switch (unload, load, golden completions) on every replica, one replica
+    after another against all at once: what the parallel switch buys on this machine."""
+    cases = golden_cases("support")[:4] + golden_cases("tickets")[:4]
+    prompts = [c["prompt"] for c in cases]
+    production = setup.production()
+    other = setup.previous()
+
+    def switch_and_verify(url: str, version: str) -> None:
+        path = version_path(str(adapter_dir), setup.name, version)
+        with ReplicaClient(url) as client:
+            switch_replica(client, setup.name, path)
+            client.complete_many(setup.name, prompts, setup.max_tokens)
+
+    timings: dict[str, list[float]] = {"one_at_a_time": [], "all_at_once": []}
+    for _ in range(rounds):
+        for way in timings:
+            for version in (other, production):  # there and back: the fleet ends as it was
+                point_index(adapter_dir, setup.name, version, version_path(str(adapter_dir), setup.name, version))
+                started = time.perf_counter()
+                if way == "one_at_a_time":
+                    for url in urls:
+                        switch_and_verify(url, version)
+                else:
+                    threads = [threading.Thread(target=switch_and_verify, args=(url, version)) for url in urls]
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
+                timings[way].append(time.perf_counter() - started)
+    result = {f"{way}_s": seconds(samples) for way, samples in timings.items()}
+    log(f"{len(urls)} replicas, switch work one at a time vs all at once: {result}")
+    return {"replicas": len(urls), **result}
+
+
 def bench_cli_rollback(setup: Setup) -> float:
     """``loragate rollback`` as a user runs it: a process of its own, imports included."""
     env = {
@@ -378,6 +418,8 @@ def first_correct(url: str, setup: Setup, expected: str, before: Callable[[], ob
         threading.Thread(target=before, daemon=True).start()
     with ReplicaClient(url, retries=0) as client:
         while True:
+            if time.perf_counter() - started > FIRST_CORRECT_DEADLINE_S:
+                raise SystemExit(f"bench: {url} did not answer {expected!r} for {setup.name} within a minute")
             try:
                 if client.complete(setup.name, setup.prompt, setup.max_tokens).text.strip() == expected:
                     break
@@ -407,20 +449,19 @@ def bench_restarts(setup: Setup, replica: VllmReplica, adapter_dir: Path) -> tup
     production = setup.production()
     path = version_path(str(adapter_dir), setup.name, production)
 
-    def like(**changes: Any) -> Callable[[], VllmReplica]:
-        def make() -> VllmReplica:
-            fields = {
-                "model_dir": replica.model_dir,
-                "served_name": replica.served_name,
-                "port": replica.port,
-                "adapter_dir": replica.adapter_dir,
-                "omp_cpus": replica.omp_cpus,
-                "die_with_parent": True,
-                "log_path": replica.log_path,
-            }
-            return VllmReplica(**{**fields, **changes})
+    # the original's settings, read once: each restart below replaces ``replica``
+    fields = {
+        "model_dir": replica.model_dir,
+        "served_name": replica.served_name,
+        "port": replica.port,
+        "adapter_dir": replica.adapter_dir,
+        "omp_cpus": replica.omp_cpus,
+        "die_with_parent": True,
+        "log_path": replica.log_path,
+    }
 
-        return make
+    def like(**changes: Any) -> Callable[[], VllmReplica]:
+        return lambda: VllmReplica(**{**fields, **changes})
 
     results = {}
     replica, results["lora_modules_baseline"] = restart_to_correct(
@@ -477,7 +518,10 @@ def main() -> None:
                 urls, adapter_dir = args.replica, args.adapter_dir
             else:
                 adapter_dir = work / "adapters"
-                log("starting 3 vLLM replicas")
+                LOGS.mkdir(parents=True, exist_ok=True)
+                for old in LOGS.glob("replica-*.log"):
+                    old.unlink()
+                log(f"starting 3 vLLM replicas (logs in {LOGS})")
                 t0 = time.perf_counter()
                 started = [
                     VllmReplica(
@@ -485,7 +529,7 @@ def main() -> None:
                         BASE_ID,
                         adapter_dir=adapter_dir,
                         die_with_parent=True,
-                        log_path=work / f"replica-{i}.log",
+                        log_path=LOGS / f"replica-{i}.log",
                     )
                     for i in range(3)
                 ]
@@ -505,6 +549,7 @@ def main() -> None:
                 "rollback": bench_rollback(setup, urls, adapter_dir, rounds, counts),
             }
             use_fleet(setup, urls, adapter_dir)
+            result["parallelism"] = bench_parallelism(setup, urls, adapter_dir, rounds)
             result["cli_rollback_s"] = round(bench_cli_rollback(setup), 3)
             log(f"loragate rollback, end to end: {result['cli_rollback_s']}s")
             result["latency"] = bench_latency(setup, urls[0], adapter_dir, steady_s, switches, interleaved)

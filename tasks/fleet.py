@@ -8,7 +8,7 @@ new path. Requests in flight finish on the old adapter; a request arriving betwe
 unload and the load finds the name unknown, and vLLM asks the loragate resolver, which
 answers from the index with the new path -- so clients see no error and only old or new
 outputs. ``load_inplace`` was measured serving outputs mixed from both versions under load
-and leaving the name ~23 % slower afterwards (vLLM #33791); a fresh load is not.
+and leaving the name ~30 % slower afterwards (vLLM #33791); a fresh load is not.
 
 Then each replica is verified: ``/v1/models`` must show the name with ``root`` = the
 version's path and ``parent`` = the replica's base, and its greedy completions of the golden
