@@ -42,13 +42,16 @@ def loragate(*args: str, expect: int = 0, quiet: bool = False) -> str:
 
 
 def ask_replicas(urls: list[str], adapter: str, prompt: str) -> None:
-    """What a tenant's client sees: a greedy completion from each replica, by logical name."""
+    """What a tenant's client sees: a greedy completion from each replica, by logical name,
+    and the version behind it (the adapter's path on the replica ends in its version id)."""
     import httpx
 
     for url in urls:
+        cards = httpx.get(f"{url}/v1/models", timeout=60).json()["data"]
+        served = next(Path(c["root"]).name for c in cards if c["id"] == adapter)
         body = {"model": adapter, "prompt": prompt, "max_tokens": 8, "temperature": 0}
         text = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
-        print(f"  {url} {adapter} {prompt!r} -> {text!r}")
+        print(f"  {url} serves {adapter} = {served}: {prompt!r} -> {text!r}")
 
 
 def build_models() -> dict[str, Path]:
