@@ -1,4 +1,5 @@
-"""A fault-injecting HTTP proxy in front of a real vLLM replica.
+"""Faults for tests: an endpoint that never answers, and a fault-injecting HTTP proxy in
+front of a real vLLM replica.
 
 It forwards every request to the replica unless told to misbehave on the call that loads an
 adapter -- after the unload went through, the worst moment -- the way a sick replica would:
@@ -14,11 +15,43 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 
 import httpx
 
 FAULTY_PATHS = ("/v1/load_lora_adapter",)
+
+
+@contextmanager
+def silent_endpoint() -> Iterator[str]:
+    """An HTTP endpoint that accepts every connection and never says a word: a stalled S3,
+    a hung replica."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
 
 
 class Fault(StrEnum):

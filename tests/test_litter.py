@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import pytest
 from registry.digests import digest_of_hex, sha256_bytes
 from registry.scratch import scratch_name
 from tests.conftest import artifact_store, mark_validated
+from tests.faults import silent_endpoint
 
 NAME = "acme/tiny-llama/support"
 
@@ -41,28 +41,8 @@ def ours(directory: Path) -> list[str]:
 @pytest.fixture
 def silent_s3():
     """An endpoint that accepts and never answers: a register waits inside its upload."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    held = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    stop.set()
-    thread.join()
-    for conn in held:
-        conn.close()
-    server.close()
+    with silent_endpoint() as url:
+        yield url
 
 
 @pytest.fixture

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 
 import pytest
 
 from cli.main import main
 from tests.conftest import registry_snapshot
+from tests.faults import silent_endpoint
 
 NAME = "acme/tiny-llama/support"
 
@@ -29,28 +29,8 @@ def closed_port() -> int:
 @pytest.fixture
 def stalled_endpoint():
     """Accepts every connection and never says a word."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    stop.set()
-    thread.join()
-    for conn in held:
-        conn.close()
-    server.close()
+    with silent_endpoint() as url:
+        yield url
 
 
 def run(capsys, *argv: str) -> tuple[int, dict | None, list[str]]:
