@@ -541,6 +541,47 @@ class S3ArtifactStore:
         return 0
 
 
+def _s3_store(settings: Settings, bucket: str, prefix: str) -> S3ArtifactStore:
+    """An S3 client on ``bucket``/``prefix`` with the settings' endpoint and bounded waits."""
+    return S3ArtifactStore(
+        bucket,
+        prefix,
+        settings.s3_endpoint_url,
+        connect_timeout_s=settings.s3_connect_timeout_s,
+        read_timeout_s=settings.s3_read_timeout_s,
+        max_attempts=settings.s3_max_attempts,
+    )
+
+
+def fetch_s3_bundle(settings: Settings, location: str, names: tuple[str, ...], dest: Path) -> None:
+    """Download the files of a bundle at ``s3://bucket/prefix`` into ``dest`` (a training
+    job's output, not the content-addressed store).
+
+    Raises:
+        InvalidInput: INVALID_BUNDLE for a location that is not s3://bucket/prefix or lacks a file.
+        Unavailable: ARTIFACT_STORE_UNAVAILABLE when S3 cannot be reached.
+    """
+    from botocore.exceptions import ClientError
+
+    bucket, _, prefix = location.removeprefix("s3://").partition("/")
+    if not location.startswith("s3://") or not bucket:
+        raise InvalidInput(
+            f"bundle location {location!r} is not s3://bucket/prefix", code=ErrorCode.INVALID_BUNDLE, field="bundle"
+        )
+    store = _s3_store(settings, bucket, prefix)
+    for name in names:
+        key = f"{store.prefix}/{name}" if store.prefix else name
+        with store._calls(f"downloading {key}"):
+            try:
+                store.client.download_file(bucket, key, str(dest / name))
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey"):
+                    raise
+                raise InvalidInput(
+                    f"bundle {location} has no {name}", code=ErrorCode.INVALID_BUNDLE, field="bundle"
+                ) from e
+
+
 def open_artifact_store(settings: Settings) -> LocalArtifactStore | S3ArtifactStore:
     """The store ``LORAGATE_ARTIFACTS`` names: a directory, or ``s3://bucket/prefix``.
 
@@ -556,14 +597,7 @@ def open_artifact_store(settings: Settings) -> LocalArtifactStore | S3ArtifactSt
                 code=ErrorCode.INVALID_SETTING,
                 field="LORAGATE_ARTIFACTS",
             )
-        return S3ArtifactStore(
-            bucket,
-            prefix,
-            settings.s3_endpoint_url,
-            connect_timeout_s=settings.s3_connect_timeout_s,
-            read_timeout_s=settings.s3_read_timeout_s,
-            max_attempts=settings.s3_max_attempts,
-        )
+        return _s3_store(settings, bucket, prefix)
     if "://" in location:
         raise InvalidInput(
             f"artifact location {location!r}: only a directory or s3://bucket/prefix is supported",

@@ -207,6 +207,15 @@ def parse_golden_set(raw: bytes, *, min_cases: int, max_cases: int = DEFAULT_MAX
     return _golden_set(rows)
 
 
+def digest_if_parseable(raw: bytes, max_cases: int = DEFAULT_MAX_CASES) -> str | None:
+    """The digest ``raw`` would have as a golden set, without running the checks; None when
+    it does not even parse. For recognising a set already attached (and checked) cheaply."""
+    try:
+        return _golden_set(_rows(raw, max_cases)).digest
+    except (InvalidInput, KeyError, StopIteration, TypeError, ValueError):
+        return None
+
+
 def load_stored_golden_set(raw: bytes, digest: str) -> GoldenSet:
     """A set the registry stored after checking it: re-read, and held to its digest.
 

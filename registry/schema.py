@@ -183,3 +183,34 @@ validation_runs = Table(
     Column("actor", String(128), nullable=False),
     Index("ix_validation_runs_version", "version_id", "id"),
 )
+
+canary_windows = Table(
+    "canary_windows",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("adapter_name", String(194), nullable=False),
+    Column("version_id", String(64), ForeignKey("adapter_versions.version_id"), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("opened_at", Timestamp, nullable=False),
+    Column("thresholds", Json, nullable=False),
+    Column("closed_at", Timestamp, nullable=True),
+    Column("reason", Text, nullable=True),
+    Column("approval_flow_run_id", String(64), nullable=True),
+    CheckConstraint(
+        "status IN ('open', 'ready', 'promoted', 'rejected', 'rolled_back', 'superseded')",
+        name="ck_canary_windows_status",
+    ),
+    Index("ix_canary_windows_status", "status"),
+    Index("ix_canary_windows_version", "version_id", "id"),
+)
+
+canary_observations = Table(
+    "canary_observations",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("window_id", Integer, ForeignKey("canary_windows.id"), nullable=False),
+    Column("at", Timestamp, nullable=False),
+    Column("verdict", String(16), nullable=False),
+    Column("observation", Json, nullable=False),
+    Index("ix_canary_observations_window", "window_id", "id"),
+)

@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from registry.artifacts import ArtifactStore, StoredBlob, open_artifact_store
+from registry.artifacts import ArtifactStore, StoredBlob, fetch_s3_bundle, open_artifact_store
 from registry.binding import binding_mismatches
 from registry.bundle import (
     ADAPTER_CONFIG_FILE,
@@ -34,12 +34,13 @@ from registry.bundle import (
     read_regular_file,
     snapshot_bundle,
 )
+from registry.canary import ACTIVE, CanaryThresholds, CanaryWindow, Observation, WindowStatus
 from registry.catalog import BaseModelRecord, inspect_base
 from registry.digests import canonical_json, digest_of_hex, sha256_bytes, sha256_file
 from registry.domain import Adapter, AdapterVersion, AuditEvent, GoldenSetRef, ValidationRun
-from registry.errors import AlreadyExists, ErrorCode, InvalidInput, NotFound
+from registry.errors import AlreadyExists, ErrorCode, IllegalTransition, InvalidInput, NotFound
 from registry.fleet import AdapterPointers, Replica, ReplicaRole
-from registry.golden import GoldenSet, load_stored_golden_set, parse_golden_set
+from registry.golden import GoldenSet, digest_if_parseable, load_stored_golden_set, parse_golden_set
 from registry.lifecycle import (
     Plan,
     Pointer,
@@ -210,6 +211,21 @@ class Registry:
                     field="adapter_version",
                 )
             return self._store_new_version(adapter_name, manifest, base, snap, address, progress)
+
+    def register_from(self, location: str, name: str, progress: Progress = _quiet) -> RegisterResult:
+        """Register the bundle at ``location``: a directory, or ``s3://bucket/prefix`` holding
+        its three files (downloaded to scratch first, then checked like any bundle).
+
+        Raises:
+            InvalidInput: as ``register_adapter``; INVALID_BUNDLE for an S3 prefix missing a file.
+            Unavailable: S3 cannot be reached.
+        """
+        if not location.startswith("s3://"):
+            return self.register_adapter(Path(location), name, progress)
+        progress(f"downloading {location}")
+        with scratch_dir("bundle", Path(tempfile.gettempdir())) as scratch:
+            fetch_s3_bundle(self.settings, location, BUNDLE_FILES, scratch)
+            return self.register_adapter(scratch, name, progress)
 
     def _checked_manifest(self, snap: BundleSnapshot, name: AdapterName) -> tuple[Manifest, BaseModelRecord]:
         data = parse_json_object(
@@ -654,6 +670,97 @@ class Registry:
         golden = load_stored_golden_set(self._artifacts.read_bytes(run.golden_set_digest), run.golden_set_digest)
         return golden, run.report.outputs
 
+    # -- the canary watch -------------------------------------------------------
+
+    def open_canary_window(self, version_id: str) -> tuple[CanaryWindow, bool]:
+        """Open the canary window of the adapter's current canary, with the thresholds the
+        settings give now (the window keeps them); returns (window, created). Opening it
+        again returns the active one; another version's active window is superseded.
+
+        Raises:
+            NotFound: no such version.
+            IllegalTransition: the version is not the adapter's canary.
+        """
+        version = self._store.get_version(version_id)
+        if self._store.resolve(version.name, Pointer.CANARY.value) != version_id:
+            raise IllegalTransition(
+                f"{version_id} is {version.stage.value}, not the canary of {version.name}: promote it to canary first",
+                field="version_id",
+            )
+        thresholds = CanaryThresholds.from_settings(self.settings)
+        return self._store.open_canary_window(version.name, version_id, thresholds, self.settings.actor)
+
+    def canary_windows(
+        self, statuses: tuple[WindowStatus, ...] | None = ACTIVE, version_id: str | None = None
+    ) -> list[CanaryWindow]:
+        """Windows by status (active ones by default), oldest first."""
+        return self._store.canary_windows(statuses=statuses, version_id=version_id)
+
+    def canary_window(self, window_id: int) -> CanaryWindow:
+        """Raises:
+        NotFound: no such window.
+        """
+        return self._store.canary_window(window_id)
+
+    def latest_canary_window(self, version_id: str) -> CanaryWindow:
+        """The newest window of a version.
+
+        Raises:
+            NotFound: the version never had one.
+        """
+        self._store.get_version(version_id)
+        windows = self._store.canary_windows(version_id=version_id)
+        if not windows:
+            raise NotFound(f"{version_id} has never been canaried", field="version_id")
+        return windows[-1]
+
+    def record_canary_observation(self, observation: Observation) -> Observation:
+        """Store an observation; a READY verdict moves the window to ready.
+
+        Raises:
+            NotFound: no such window.
+        """
+        return self._store.record_canary_observation(observation, self.settings.actor)
+
+    def canary_observations(self, window_id: int) -> list[Observation]:
+        return self._store.canary_observations(window_id)
+
+    def close_canary_window(self, window_id: int, status: WindowStatus, reason: str | None) -> CanaryWindow:
+        """Move a window to ``status`` (already there: no-op).
+
+        Raises:
+            NotFound: no such window.
+            IllegalTransition: the window cannot move there (a promoted window cannot be
+                rolled back through its canary, say).
+        """
+        return self._store.move_canary_window(window_id, status, reason, self.settings.actor)
+
+    def request_approval(self, window_id: int, flow_run_id: str, replacing: str | None = None) -> CanaryWindow:
+        """Claim the window's sign-off for a flow run, unless another run holds it (the
+        returned window says who does); ``replacing`` names a run known to be gone."""
+        return self._store.set_approval_run(window_id, flow_run_id, replacing, self.settings.actor)
+
+    def record_approval(
+        self, window_id: int, *, approve: bool, reviewer: str, comment: str = "", flow_run_id: str | None = None
+    ) -> CanaryWindow:
+        """The sign-off decision with its reviewer and comment, into the audit log; a
+        rejection closes the window.
+
+        Raises:
+            InvalidInput: INVALID_NAME for an empty reviewer.
+            IllegalTransition: the window is not waiting for a sign-off.
+        """
+        if not reviewer.strip():
+            raise InvalidInput("a decision needs a reviewer", code=ErrorCode.INVALID_NAME, field="reviewer")
+        return self._store.record_approval(
+            window_id,
+            approve=approve,
+            reviewer=reviewer.strip(),
+            comment=comment,
+            flow_run_id=flow_run_id,
+            actor=self.settings.actor,
+        )
+
     # -- garbage ----------------------------------------------------------------
 
     def gc(self, *, dry_run: bool = False) -> GcReport:
@@ -700,6 +807,11 @@ class Registry:
         raw = read_regular_file(
             Path(path), self.settings.max_json_bytes, field="golden_set", code=ErrorCode.INVALID_GOLDEN_SET
         )
+        current = self._store.current_golden_set(name)
+        if current is not None and digest_if_parseable(raw, self.settings.golden_max_cases) == current.digest:
+            # the set attached now, checked when it was attached: a training job sends it with
+            # every version, and the great-expectations suite costs ~2 s in a fresh process
+            return current
         golden = parse_golden_set(
             raw, min_cases=self.settings.golden_min_cases, max_cases=self.settings.golden_max_cases
         )

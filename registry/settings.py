@@ -76,6 +76,32 @@ class Settings(BaseSettings):
     noop_tolerance: float = Field(default=1e-4, gt=0.0)
     # torch device shadow validation runs on ("cuda" on a GPU worker)
     validation_device: str = "cpu"
+    # -- the canary watch (``canary`` opens a window with these; the window keeps them) --
+    # how long a canary must stay in band before it is ready for sign-off
+    canary_window_s: float = Field(default=24 * 3600.0, gt=0)
+    # the canary's p95 latency may be at most this times production's (plus the slack below:
+    # on a shared CPU host a few ms of jitter would otherwise flap the verdict)
+    canary_p95_ratio: float = Field(default=1.10, ge=1.0)
+    canary_p95_slack_ms: float = Field(default=0.0, ge=0.0)
+    # share of golden prompts the canary may answer differently from shadow validation
+    canary_drift_epsilon: float = Field(default=0.05, ge=0.0, le=1.0)
+    # observations in a row with p95 out of band before an auto-rollback (errors and drift
+    # roll back at once: they are not noise)
+    canary_latency_breaches: int = Field(default=2, ge=1)
+    # extra prompts sent to canary and production besides the golden ones: JSONL of
+    # {"prompt": ..., "max_tokens": ...}
+    canary_probe_set: str | None = None
+    # each prompt is sent this many times per observation (latency samples)
+    canary_probe_rounds: int = Field(default=2, ge=1)
+    # how long a promotion waits for a person's decision, and how often it looks
+    approval_timeout_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    approval_poll_s: float = Field(default=2.0, gt=0)
+    # the Prefect UI a notification links to (approval forms live there)
+    ui_url: str = "http://127.0.0.1:4200"
+    # Slack: off while the token or the channel is unset; base_url points elsewhere in tests
+    slack_token: str | None = Field(default=None, repr=False)
+    slack_channel: str | None = None
+    slack_base_url: str | None = None
     actor: str = Field(default_factory=_default_actor, min_length=1)
 
     def __init__(self, **values: Any) -> None:

@@ -1,0 +1,290 @@
+"""The canary watch: a window in which a canary must stay in band before sign-off.
+
+Deploying a version to the canary replicas opens a **window** (start, length, thresholds,
+kept in the registry so a later change of settings does not move the goalposts of a running
+canary). Each scheduled evaluation sends the same prompts through the canary and the
+production replicas and records an **observation**: per side the error rate and latency
+p50/p95, and the canary's *golden drift* -- the share of golden prompts it answers
+differently from what shadow validation recorded for the version.
+
+This module is pure judgement, like ``lifecycle``: from an observation and the ones before
+it, the verdict. Errors above production's or drift above epsilon are not noise: they roll
+the canary back at once. A p95 above ``ratio x production + slack`` must repeat
+``latency_breaches`` times in a row, because one slow sample on a shared host is. The
+window is ready for sign-off once its length has passed with every monitor in band.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+
+class WindowStatus(StrEnum):
+    OPEN = "open"  # observing
+    READY = "ready"  # in band for its whole length: waiting for a sign-off
+    PROMOTED = "promoted"
+    REJECTED = "rejected"  # a person said no
+    ROLLED_BACK = "rolled_back"  # a monitor went out of band
+    SUPERSEDED = "superseded"  # another version of the adapter entered canary
+
+
+# where each status may go; a move already made is a no-op, never an error
+WINDOW_MOVES: dict[WindowStatus, frozenset[WindowStatus]] = {
+    WindowStatus.OPEN: frozenset({WindowStatus.READY, WindowStatus.ROLLED_BACK, WindowStatus.SUPERSEDED}),
+    WindowStatus.READY: frozenset(
+        {WindowStatus.PROMOTED, WindowStatus.REJECTED, WindowStatus.ROLLED_BACK, WindowStatus.SUPERSEDED}
+    ),
+    # a promotion whose transaction rolled back: production went back to the version before
+    WindowStatus.PROMOTED: frozenset({WindowStatus.ROLLED_BACK}),
+}
+ACTIVE = (WindowStatus.OPEN, WindowStatus.READY)
+
+
+class Verdict(StrEnum):
+    CONTINUE = "continue"
+    ROLLBACK = "rollback"
+    READY = "ready"
+
+
+@dataclass(frozen=True)
+class CanaryThresholds:
+    length_s: float
+    p95_ratio: float = 1.10
+    p95_slack_ms: float = 0.0
+    drift_epsilon: float = 0.05
+    latency_breaches: int = 2
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> CanaryThresholds:
+        return cls(
+            length_s=settings.canary_window_s,
+            p95_ratio=settings.canary_p95_ratio,
+            p95_slack_ms=settings.canary_p95_slack_ms,
+            drift_epsilon=settings.canary_drift_epsilon,
+            latency_breaches=settings.canary_latency_breaches,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CanaryThresholds:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True)
+class SideStats:
+    """What one side (the canary or production replicas) did in one observation."""
+
+    requests: int
+    errors: int
+    p50_ms: float | None
+    p95_ms: float | None
+    error_kinds: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    @classmethod
+    def from_samples(cls, latencies_ms: list[float], errors: list[str]) -> SideStats:
+        kinds: dict[str, int] = {}
+        for kind in errors:
+            kinds[kind] = kinds.get(kind, 0) + 1
+        return cls(
+            requests=len(latencies_ms) + len(errors),
+            errors=len(errors),
+            p50_ms=percentile(latencies_ms, 50),
+            p95_ms=percentile(latencies_ms, 95),
+            error_kinds=kinds,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "error_rate": round(self.error_rate, 4)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SideStats:
+        return cls(data["requests"], data["errors"], data["p50_ms"], data["p95_ms"], dict(data.get("error_kinds", {})))
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return round(ordered[rank - 1], 3)
+
+
+@dataclass(frozen=True)
+class Monitor:
+    name: str
+    value: float | None
+    bound: float | None
+    in_band: bool
+
+    def describe(self) -> str:
+        value = "n/a" if self.value is None else f"{self.value:.4g}"
+        bound = "n/a" if self.bound is None else f"{self.bound:.4g}"
+        return f"{self.name} {value} {'<=' if self.in_band else '>'} {bound}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def monitors(thresholds: CanaryThresholds, canary: SideStats, production: SideStats, drift: float) -> list[Monitor]:
+    """The three monitors of one observation, each with its bound."""
+    p95_bound = None
+    p95_in_band = True
+    if canary.p95_ms is not None and production.p95_ms is not None:
+        p95_bound = production.p95_ms * thresholds.p95_ratio + thresholds.p95_slack_ms
+        p95_in_band = canary.p95_ms <= p95_bound
+    elif canary.p95_ms is None and canary.requests:
+        p95_in_band = False  # every canary request failed: no latency to judge, and that is not in band
+    return [
+        Monitor("error_rate", canary.error_rate, production.error_rate, canary.error_rate <= production.error_rate),
+        Monitor("p95_ms", canary.p95_ms, p95_bound, p95_in_band),
+        Monitor("golden_drift", drift, thresholds.drift_epsilon, drift <= thresholds.drift_epsilon),
+    ]
+
+
+@dataclass(frozen=True)
+class CanaryWindow:
+    id: int
+    adapter_name: str
+    version_id: str
+    status: WindowStatus
+    opened_at: datetime
+    thresholds: CanaryThresholds
+    closed_at: datetime | None = None
+    reason: str | None = None
+    approval_flow_run_id: str | None = None
+
+    @property
+    def ends_at(self) -> datetime:
+        return self.opened_at + timedelta(seconds=self.thresholds.length_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "adapter_name": self.adapter_name,
+            "version_id": self.version_id,
+            "status": self.status.value,
+            "opened_at": self.opened_at.isoformat(),
+            "ends_at": self.ends_at.isoformat(),
+            "thresholds": self.thresholds.as_dict(),
+            "closed_at": self.closed_at.isoformat() if self.closed_at else None,
+            "reason": self.reason,
+            "approval_flow_run_id": self.approval_flow_run_id,
+        }
+
+
+@dataclass(frozen=True)
+class Observation:
+    window_id: int
+    at: datetime
+    canary: SideStats
+    production: SideStats
+    drift: float
+    drifted_cases: list[str]
+    verdict: Verdict
+    monitors: list[Monitor]
+    reasons: list[str]
+    id: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "window_id": self.window_id,
+            "at": self.at.isoformat(),
+            "canary": self.canary.as_dict(),
+            "production": self.production.as_dict(),
+            "drift": self.drift,
+            "drifted_cases": self.drifted_cases,
+            "verdict": self.verdict.value,
+            "monitors": [m.as_dict() for m in self.monitors],
+            "reasons": self.reasons,
+        }
+
+    def table_row(self) -> dict[str, Any]:
+        """One row of the observations table artifact."""
+        return {
+            "at": self.at.strftime("%H:%M:%S"),
+            "canary errors": f"{self.canary.errors}/{self.canary.requests}",
+            "production errors": f"{self.production.errors}/{self.production.requests}",
+            "canary p50/p95 ms": f"{_ms(self.canary.p50_ms)}/{_ms(self.canary.p95_ms)}",
+            "production p50/p95 ms": f"{_ms(self.production.p50_ms)}/{_ms(self.production.p95_ms)}",
+            "golden drift": f"{self.drift:.3f}",
+            "verdict": self.verdict.value,
+        }
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def judge(
+    window: CanaryWindow,
+    canary: SideStats,
+    production: SideStats,
+    drift: float,
+    earlier: list[Observation],
+    now: datetime,
+) -> tuple[Verdict, list[Monitor], list[str]]:
+    """The verdict on one observation, given the window's earlier ones (oldest first).
+
+    Returns (verdict, monitors, reasons); reasons name every monitor out of band, or say
+    why the window is not ready yet.
+    """
+    t = window.thresholds
+    checks = monitors(t, canary, production, drift)
+    by_name = {m.name: m for m in checks}
+    reasons = [f"{m.describe()} (out of band)" for m in checks if not m.in_band]
+    if not by_name["error_rate"].in_band or not by_name["golden_drift"].in_band:
+        return Verdict.ROLLBACK, checks, reasons
+    if not by_name["p95_ms"].in_band:
+        streak = 1
+        for previous in reversed(earlier):
+            if any(m.name == "p95_ms" and not m.in_band for m in previous.monitors):
+                streak += 1
+            else:
+                break
+        if streak >= t.latency_breaches:
+            return Verdict.ROLLBACK, checks, [*reasons, f"p95 out of band {streak} observations in a row"]
+        return Verdict.CONTINUE, checks, [*reasons, f"p95 out of band {streak}/{t.latency_breaches} in a row"]
+    if now < window.ends_at:
+        left = (window.ends_at - now).total_seconds()
+        return Verdict.CONTINUE, checks, [f"in band; window ends in {left:.0f} s"]
+    return Verdict.READY, checks, [f"in band for the whole window ({t.length_s:g} s)"]
+
+
+def evidence_markdown(window: CanaryWindow, observations: list[Observation]) -> str:
+    """The canary's record as a person signing it off reads it (the approval form's text)."""
+    t = window.thresholds
+    lines = [
+        f"## Canary evidence: `{window.adapter_name}` → `{window.version_id}`",
+        "",
+        f"Window opened {window.opened_at:%Y-%m-%d %H:%M:%S} UTC for {t.length_s:g} s; "
+        f"status **{window.status.value}**.",
+        f"Bands: errors ≤ production's, p95 ≤ {t.p95_ratio:g}× production's + {t.p95_slack_ms:g} ms, "
+        f"golden drift ≤ {t.drift_epsilon:g}.",
+        "",
+        "| at (UTC) | canary errors | prod errors | canary p95 ms | prod p95 ms | drift | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for o in observations[-12:]:
+        lines.append(
+            f"| {o.at:%H:%M:%S} | {o.canary.errors}/{o.canary.requests} | {o.production.errors}/{o.production.requests}"
+            f" | {_ms(o.canary.p95_ms)} | {_ms(o.production.p95_ms)} | {o.drift:.3f} | {o.verdict.value} |"
+        )
+    if len(observations) > 12:
+        lines.append(f"| … {len(observations) - 12} earlier observations | | | | | | |")
+    if observations:
+        lines += ["", f"Last verdict: {'; '.join(observations[-1].reasons)}"]
+    else:
+        lines += ["", "No observations yet."]
+    return "\n".join(lines)

@@ -1,0 +1,290 @@
+"""The canary watch: the verdict as a pure function (every rule a row), and windows,
+observations and sign-offs in the store, on SQLite and on Postgres."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from registry.canary import (
+    CanaryThresholds,
+    CanaryWindow,
+    Monitor,
+    Observation,
+    SideStats,
+    Verdict,
+    WindowStatus,
+    evidence_markdown,
+    judge,
+    percentile,
+)
+from registry.errors import IllegalTransition, InvalidInput, NotFound
+from tests.conftest import mark_validated
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+BANDS = CanaryThresholds(length_s=60, p95_ratio=1.10, p95_slack_ms=5, drift_epsilon=0.1, latency_breaches=2)
+
+
+def window(status: WindowStatus = WindowStatus.OPEN) -> CanaryWindow:
+    return CanaryWindow(1, "acme/tiny-llama/support", "v1", status, T0, BANDS)
+
+
+def side(errors: int = 0, p95: float | None = 100.0, requests: int = 20) -> SideStats:
+    return SideStats(requests, errors, None if p95 is None else p95 / 2, p95)
+
+
+def slow(at: datetime) -> Observation:
+    checks = [Monitor("p95_ms", 200.0, 115.0, False)]
+    return Observation(1, at, side(p95=200), side(), 0.0, [], Verdict.CONTINUE, checks, [])
+
+
+LATE, EARLY = T0 + timedelta(seconds=61), T0 + timedelta(seconds=30)
+
+# (case, canary, production, drift, earlier observations, now, verdict, monitors out of band)
+VERDICTS = [
+    ("in-band-window-running", side(), side(), 0.0, [], EARLY, Verdict.CONTINUE, []),
+    ("in-band-window-over", side(), side(), 0.0, [], LATE, Verdict.READY, []),
+    ("p95-within-ratio-plus-slack", side(p95=114), side(p95=100), 0.0, [], LATE, Verdict.READY, []),
+    ("more-errors-than-production", side(errors=1), side(), 0.0, [], EARLY, Verdict.ROLLBACK, ["error_rate"]),
+    ("errors-equal-to-production", side(errors=1), side(errors=1), 0.0, [], LATE, Verdict.READY, []),
+    ("drift-above-epsilon", side(), side(), 0.25, [], EARLY, Verdict.ROLLBACK, ["golden_drift"]),
+    ("drift-at-epsilon", side(), side(), 0.1, [], LATE, Verdict.READY, []),
+    ("one-slow-observation-is-noise", side(p95=200), side(), 0.0, [], LATE, Verdict.CONTINUE, ["p95_ms"]),
+    ("slow-twice-in-a-row", side(p95=200), side(), 0.0, [slow(EARLY)], LATE, Verdict.ROLLBACK, ["p95_ms"]),
+    (
+        "every-canary-request-failed",
+        side(errors=20, p95=None),
+        side(),
+        0.0,
+        [],
+        EARLY,
+        Verdict.ROLLBACK,
+        ["error_rate", "p95_ms"],
+    ),
+    ("errors-beat-a-late-window", side(errors=2), side(), 0.0, [], LATE, Verdict.ROLLBACK, ["error_rate"]),
+]
+
+
+@pytest.mark.parametrize(
+    "case, canary, production, drift, earlier, now, verdict, out", VERDICTS, ids=[v[0] for v in VERDICTS]
+)
+def test_the_verdict_follows_the_bands(case, canary, production, drift, earlier, now, verdict, out):
+    got, checks, reasons = judge(window(), canary, production, drift, earlier, now)
+    assert got == verdict
+    assert sorted(m.name for m in checks if not m.in_band) == sorted(out)
+    assert reasons, "every verdict says why"
+
+
+def test_a_window_is_ready_only_after_its_whole_length():
+    got, _, reasons = judge(window(), side(), side(), 0.0, [], T0 + timedelta(seconds=59))
+    assert got == Verdict.CONTINUE and "ends in" in reasons[0]
+
+
+def test_percentiles_are_nearest_rank():
+    assert percentile([], 95) is None
+    assert percentile([5.0], 95) == 5.0
+    assert percentile([float(i) for i in range(1, 101)], 95) == 95.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
+
+
+def test_evidence_names_the_bands_and_each_observation():
+    o = Observation(1, LATE, side(), side(), 0.0, [], Verdict.READY, [], ["in band for the whole window (60 s)"])
+    text = evidence_markdown(window(WindowStatus.READY), [o])
+    assert "p95 ≤ 1.1× production's + 5 ms" in text and "golden drift ≤ 0.1" in text
+    assert "| ready |" in text and "in band for the whole window" in text
+
+
+# -- the store ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def canaried(cataloged, seeded_bundles):
+    """Two validated versions of one adapter, the first in canary."""
+    registry, _ = cataloged
+    name = "acme/tiny-llama/support"
+    v1 = registry.register_adapter(seeded_bundles[0], name).version.version_id
+    v2 = registry.register_adapter(seeded_bundles[1], name).version.version_id
+    for v in (v1, v2):
+        mark_validated(registry, v)
+    registry.promote(v1, "canary")
+    return registry, name, v1, v2
+
+
+def observe(registry, window_id: int, verdict: Verdict) -> Observation:
+    now = datetime.now(UTC)
+    return registry.record_canary_observation(
+        Observation(window_id, now, side(), side(), 0.0, [], verdict, [Monitor("p95_ms", 1.0, 2.0, True)], ["why"])
+    )
+
+
+def test_opening_a_window_twice_returns_the_same_window(canaried):
+    registry, name, v1, _ = canaried
+    first, created = registry.open_canary_window(v1)
+    again, created_again = registry.open_canary_window(v1)
+    assert (created, created_again) == (True, False) and again.id == first.id
+    assert first.status == WindowStatus.OPEN and first.thresholds.length_s == registry.settings.canary_window_s
+    assert [e.to_value for e in registry.history(name) if e.action == "canary_window"] == ["open"]
+
+
+def test_only_the_current_canary_gets_a_window(canaried):
+    registry, _, _, v2 = canaried
+    with pytest.raises(IllegalTransition):
+        registry.open_canary_window(v2)
+
+
+def test_a_new_canary_supersedes_the_active_window(canaried):
+    registry, _, v1, v2 = canaried
+    old, _ = registry.open_canary_window(v1)
+    registry.promote(v2, "canary")
+    new, _ = registry.open_canary_window(v2)
+    assert registry.canary_window(old.id).status == WindowStatus.SUPERSEDED
+    assert [w.id for w in registry.canary_windows()] == [new.id]
+
+
+def test_a_ready_observation_moves_the_window_and_observations_round_trip(canaried):
+    registry, _, v1, _ = canaried
+    w, _ = registry.open_canary_window(v1)
+    observe(registry, w.id, Verdict.CONTINUE)
+    stored = observe(registry, w.id, Verdict.READY)
+    assert registry.canary_window(w.id).status == WindowStatus.READY
+    got = registry.canary_observations(w.id)
+    assert [o.verdict for o in got] == [Verdict.CONTINUE, Verdict.READY]
+    assert got[-1] == stored and got[-1].canary == side()
+
+
+def test_the_sign_off_is_claimed_by_one_run_only(canaried):
+    registry, _, v1, _ = canaried
+    w, _ = registry.open_canary_window(v1)
+    assert registry.request_approval(w.id, "run-a").approval_flow_run_id == "run-a"
+    assert registry.request_approval(w.id, "run-b").approval_flow_run_id == "run-a"
+    assert registry.request_approval(w.id, "run-b", replacing="run-a").approval_flow_run_id == "run-b"
+
+
+@pytest.mark.parametrize("approve", [True, False], ids=["approve", "reject"])
+def test_a_decision_is_audited_with_reviewer_and_comment(canaried, approve):
+    registry, name, v1, _ = canaried
+    w, _ = registry.open_canary_window(v1)
+    observe(registry, w.id, Verdict.READY)
+    after = registry.record_approval(w.id, approve=approve, reviewer=" alice ", comment="looks good", flow_run_id="r1")
+    assert after.status == (WindowStatus.READY if approve else WindowStatus.REJECTED)
+    event = [e for e in registry.history(name) if e.action == "approval"][-1]
+    assert event.details == {
+        "window_id": w.id,
+        "approve": approve,
+        "reviewer": "alice",
+        "comment": "looks good",
+        "flow_run_id": "r1",
+    }
+    assert event.to_value == ("approved" if approve else "rejected")
+
+
+def test_a_decision_needs_a_reviewer_and_a_ready_window(canaried):
+    registry, name, v1, _ = canaried
+    w, _ = registry.open_canary_window(v1)
+    before = len(registry.history(name))
+    with pytest.raises(IllegalTransition):
+        registry.record_approval(w.id, approve=True, reviewer="alice")
+    observe(registry, w.id, Verdict.READY)
+    with pytest.raises(InvalidInput) as e:
+        registry.record_approval(w.id, approve=True, reviewer="  ")
+    assert e.value.field == "reviewer"
+    assert len(registry.history(name)) == before + 1  # only the move to ready
+
+
+@pytest.mark.parametrize(
+    "start, to",
+    [
+        (WindowStatus.OPEN, WindowStatus.PROMOTED),
+        (WindowStatus.OPEN, WindowStatus.REJECTED),
+        (WindowStatus.ROLLED_BACK, WindowStatus.READY),
+        (WindowStatus.ROLLED_BACK, WindowStatus.PROMOTED),
+    ],
+)
+def test_a_window_moves_only_along_its_table(canaried, start, to):
+    registry, _, v1, _ = canaried
+    w, _ = registry.open_canary_window(v1)
+    if start != WindowStatus.OPEN:
+        registry.close_canary_window(w.id, start, "set up")
+    with pytest.raises(IllegalTransition):
+        registry.close_canary_window(w.id, to, "not allowed")
+    assert registry.canary_window(w.id).status == start
+    assert registry.close_canary_window(w.id, start, "again").status == start  # already there: no-op
+
+
+def test_unknown_windows_and_versions_are_not_found(canaried):
+    registry, _, _, v2 = canaried
+    with pytest.raises(NotFound):
+        registry.canary_window(9999)
+    with pytest.raises(NotFound):
+        registry.latest_canary_window(v2)
+
+
+# -- the CLI ------------------------------------------------------------------------------
+
+
+def run_cli(registry, monkeypatch, *argv: str) -> int:
+    from cli.main import main
+
+    monkeypatch.setenv("LORAGATE_DATABASE_URL", registry.settings.database_url)
+    monkeypatch.setenv("LORAGATE_ARTIFACTS", registry.settings.artifacts)
+    return main(list(argv))
+
+
+def test_approve_refuses_until_a_promotion_waits_and_changes_nothing(canaried, monkeypatch, capsys):
+    registry, name, v1, v2 = canaried
+    assert run_cli(registry, monkeypatch, "approve", v2, "--reviewer", "alice") == 2  # never canaried
+    w, _ = registry.open_canary_window(v1)
+    assert run_cli(registry, monkeypatch, "approve", v1, "--reviewer", "alice") == 2  # still observing
+    observe(registry, w.id, Verdict.READY)
+    before = registry.history(name)
+    assert run_cli(registry, monkeypatch, "approve", v1, "--reviewer", "alice") == 2  # no run paused yet
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: illegal_transition [version]: no promotion waits for a sign-off")
+    assert registry.history(name) == before
+
+
+def test_canary_show_prints_the_evidence_and_list_the_active_windows(canaried, monkeypatch, capsys):
+    import json
+
+    registry, _, v1, _ = canaried
+    w, _ = registry.open_canary_window(v1)
+    observe(registry, w.id, Verdict.CONTINUE)
+    capsys.readouterr()
+    assert run_cli(registry, monkeypatch, "canary", "show", v1) == 0
+    assert f"Canary evidence: `acme/tiny-llama/support` → `{v1}`" in capsys.readouterr().out
+    assert run_cli(registry, monkeypatch, "--json", "canary", "list") == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(x["version_id"], x["status"]) for x in listed] == [(v1, "open")]
+
+
+def test_attaching_the_same_golden_set_again_records_nothing(canaried, tmp_path):
+    from infra.modelkit import write_golden_set
+
+    registry, name, _, _ = canaried
+    path = write_golden_set("support", tmp_path / "golden.jsonl")
+    first = registry.attach_golden_set(name, path)
+    events = len(registry.history(name))
+    again = registry.attach_golden_set(name, path)
+    assert again == first and len(registry.history(name)) == events
+    other = write_golden_set("tickets", tmp_path / "other.jsonl")
+    assert registry.attach_golden_set(name, other).digest != first.digest  # a new set is recorded
+    assert len(registry.history(name)) == events + 1
+
+
+def test_the_probe_set_is_jsonl_of_prompts_and_a_bad_one_names_the_setting(tmp_path):
+    from tasks.canary import Probe, load_probe_set
+
+    assert load_probe_set(None) == []
+    good = tmp_path / "probes.jsonl"
+    good.write_text('{"prompt": "hello", "max_tokens": 4}\n\n{"prompt": "bye"}\n')
+    assert load_probe_set(str(good)) == [Probe("hello", 4), Probe("bye", 16)]
+    for bad in ('{"max_tokens": 4}\n', "not json\n", '{"prompt": "x", "max_tokens": "many"}\n'):
+        path = tmp_path / "bad.jsonl"
+        path.write_text(bad)
+        with pytest.raises(InvalidInput) as e:
+            load_probe_set(str(path))
+        assert e.value.field == "LORAGATE_CANARY_PROBE_SET" and "line 1" in e.value.message
+    with pytest.raises(InvalidInput) as e:
+        load_probe_set(str(tmp_path / "missing.jsonl"))
+    assert e.value.field == "LORAGATE_CANARY_PROBE_SET"
