@@ -21,12 +21,12 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from cli import base, fleet, golden, maintenance, registry, replicas, validate
+from cli import base, fleet, golden, maintenance, pipeline, registry, replicas, validate
 from cli.output import EXIT_BAD_INPUT, EXIT_DENIED, EXIT_FAILED, common_options
 from registry.errors import InvalidInput, LoragateError, PermissionDenied
 from registry.settings import Settings
 
-COMMAND_GROUPS = (registry, base, golden, validate, fleet, replicas, maintenance)
+COMMAND_GROUPS = (registry, base, golden, validate, fleet, replicas, pipeline, maintenance)
 EXIT_TERMINATED = 128 + signal.SIGTERM
 
 

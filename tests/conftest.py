@@ -30,6 +30,7 @@ import prefect.main  # noqa: E402,F401  (prefect.main sets logging up)
 
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
+from tests.slack import slack  # noqa: E402,F401  (the recording Slack fixture)
 
 PG_ADMIN_URL = os.environ.get("LORAGATE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 

@@ -4,8 +4,10 @@ front of a real vLLM replica.
 It forwards every request to the replica unless told to misbehave on the call that loads an
 adapter -- after the unload went through, the worst moment -- the way a sick replica would:
 answer 500 with vLLM's error envelope, accept the connection and never answer, or be gone
-altogether (connection refused). Everything else -- completions, ``/v1/models`` -- reaches the real
-replica, so what the fleet switch verifies is what the replica really serves.
+altogether (connection refused); or told to hold completions until released, which stops a
+fleet switch inside its verification for as long as a test needs. Everything else --
+completions, ``/v1/models`` -- reaches the real replica, so what the fleet switch verifies is
+what the replica really serves.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class Fault(StrEnum):
     ERROR_500 = "error-500"
     HANG = "hang"
     DEAD = "dead"
+    # completions wait until released: a switch is held in its verification, on purpose
+    HOLD_COMPLETIONS = "hold-completions"
 
 
 class FaultProxy:
@@ -66,6 +70,8 @@ class FaultProxy:
         self.target = target.rstrip("/")
         self.fault = Fault.NONE
         self._stop = threading.Event()
+        self.holding = threading.Event()  # a completion is held now
+        self._released = threading.Event()
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -86,6 +92,9 @@ class FaultProxy:
                     while not proxy._stop.is_set():
                         time.sleep(0.1)
                     return
+                if self.path == "/v1/completions" and proxy.fault == Fault.HOLD_COMPLETIONS:
+                    proxy.holding.set()
+                    proxy._released.wait()
                 with httpx.Client(timeout=120) as client:
                     upstream = client.request(
                         method,
@@ -130,8 +139,14 @@ class FaultProxy:
             self._thread.start()
         self.fault = fault
 
+    def release(self) -> None:
+        """Let held completions through, and hold none from now on."""
+        self.fault = Fault.NONE
+        self._released.set()
+
     def close(self) -> None:
         self._stop.set()
+        self._released.set()
         if self.fault != Fault.DEAD:
             self._server.shutdown()
             self._server.server_close()

@@ -1,0 +1,145 @@
+"""``loragate approve``, ``loragate canary`` and ``loragate training-completed``: the
+promotion pipeline from a shell.
+
+``approve`` resumes the very pause the ``promote`` flow run waits in -- the one the Prefect
+UI shows as a form -- with the same fields; the flow records the decision. ``canary``
+shows windows and their observations from the registry. ``training-completed`` emits the
+event a training job emits, which starts the pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+from uuid import UUID
+
+from cli.output import EXIT_OK, emit, open_registry
+from registry.canary import ACTIVE, WindowStatus
+from registry.errors import ErrorCode, IllegalTransition, InvalidInput, Unavailable
+from registry.jsonio import loads_object
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    with open_registry(args) as reg:
+        window = reg.latest_canary_window(args.version)
+    if window.status != WindowStatus.READY:
+        raise IllegalTransition(
+            f"{args.version}'s canary window is {window.status.value}: there is no sign-off to give",
+            field="version",
+        )
+    if window.approval_flow_run_id is None:
+        raise InvalidInput(
+            f"no promotion waits for a sign-off of {args.version} yet (the promote flow run has not paused)",
+            code=ErrorCode.ILLEGAL_TRANSITION,
+            field="version",
+        )
+    if not args.reviewer.strip():
+        raise InvalidInput("a decision needs a reviewer", code=ErrorCode.INVALID_NAME, field="reviewer")
+    # Prefect costs ~2 s to import: only the command that talks to it pays
+    import httpx
+    from prefect.exceptions import FlowPauseTimeout, NotPausedError, ObjectNotFound
+    from prefect.flow_runs import resume_flow_run
+    from prefect.settings import PREFECT_UI_URL
+
+    run_id = window.approval_flow_run_id
+    decision = {"approve": not args.reject, "reviewer": args.reviewer.strip(), "comment": args.comment}
+    try:
+        resume_flow_run(UUID(run_id), run_input=decision)
+    except (NotPausedError, FlowPauseTimeout, ObjectNotFound) as e:
+        raise InvalidInput(
+            f"flow run {run_id} no longer waits for a sign-off of {args.version} ({type(e).__name__})",
+            code=ErrorCode.ILLEGAL_TRANSITION,
+            field="version",
+        ) from e
+    except (httpx.HTTPError, OSError, RuntimeError) as e:
+        raise Unavailable(f"the Prefect API could not resume flow run {run_id}: {e}", field="PREFECT_API_URL") from e
+    ui = PREFECT_UI_URL.value()
+    link = f"{ui.rstrip('/')}/runs/flow-run/{run_id}" if ui else run_id
+    verb = "approved" if decision["approve"] else "rejected"
+    emit(
+        args,
+        {"version_id": args.version, "flow_run_id": run_id, "window_id": window.id, **decision},
+        f"{verb} {args.version} as {decision['reviewer']}; the promote run resumes: {link}",
+    )
+    return EXIT_OK
+
+
+def _window_lines(reg, windows) -> str:
+    lines = []
+    for w in windows:
+        observations = reg.canary_observations(w.id)
+        last = observations[-1] if observations else None
+        verdict = f"\t{last.verdict.value}: {'; '.join(last.reasons)}" if last else ""
+        lines.append(
+            f"{w.id}\t{w.adapter_name}\t{w.version_id}\t{w.status.value}\t{len(observations)} observation(s){verdict}"
+        )
+    return "\n".join(lines) or "(no canary windows)"
+
+
+def cmd_canary_list(args: argparse.Namespace) -> int:
+    with open_registry(args) as reg:
+        windows = reg.canary_windows(None if args.all else ACTIVE)
+        text = _window_lines(reg, windows)
+    emit(args, [w.as_dict() for w in windows], text)
+    return EXIT_OK
+
+
+def cmd_canary_show(args: argparse.Namespace) -> int:
+    from registry.canary import evidence_markdown
+
+    with open_registry(args) as reg:
+        window = reg.latest_canary_window(args.version)
+        observations = reg.canary_observations(window.id)
+    emit(
+        args,
+        {**window.as_dict(), "observations": [o.as_dict() for o in observations]},
+        lambda: evidence_markdown(window, observations),
+    )
+    return EXIT_OK
+
+
+def cmd_training_completed(args: argparse.Namespace) -> int:
+    training = (
+        loads_object(args.metadata, what="--metadata", code=ErrorCode.INVALID_MANIFEST, field="metadata")
+        if args.metadata
+        else {}
+    )
+    from prefect.events.worker import EventsWorker
+
+    from flows.events import announce_training_completed
+
+    announce_training_completed(args.bundle, args.name, training, args.golden_set)
+    EventsWorker.drain_all(timeout=30, at_exit=False)  # sent before the command returns
+    emit(
+        args,
+        {"event": "loragate.training.completed", "bundle": args.bundle, "name": args.name, "training": training},
+        f"emitted loragate.training.completed for {args.name} ({args.bundle})",
+    )
+    return EXIT_OK
+
+
+def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("approve", parents=[common], help="sign a canary off (resumes the paused promote run)")
+    p.add_argument("version")
+    p.add_argument("--reviewer", required=True, help="who decides (recorded in the audit log)")
+    p.add_argument("--reject", action="store_true", help="reject instead: the canary is withdrawn")
+    p.add_argument("--comment", default="", help="why (recorded in the audit log)")
+    p.set_defaults(func=cmd_approve)
+
+    canary = sub.add_parser("canary", help="canary windows and their observations").add_subparsers(
+        dest="canary_command", required=True
+    )
+    p = canary.add_parser("list", parents=[common], help="active canary windows")
+    p.add_argument("--all", action="store_true", help="closed ones too")
+    p.set_defaults(func=cmd_canary_list)
+    p = canary.add_parser("show", parents=[common], help="a version's canary window and evidence")
+    p.add_argument("version")
+    p.set_defaults(func=cmd_canary_show)
+
+    p = sub.add_parser(
+        "training-completed", parents=[common], help="emit loragate.training.completed (starts the pipeline)"
+    )
+    p.add_argument("bundle", help="the bundle: a directory or s3://bucket/prefix")
+    p.add_argument("--name", required=True, help="the logical adapter name, namespace/base/task")
+    p.add_argument("--metadata", help="training metadata, a JSON object")
+    p.add_argument("--golden-set", help="a golden set (JSONL) to attach to the adapter with this version")
+    p.set_defaults(func=cmd_training_completed)

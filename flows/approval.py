@@ -1,0 +1,18 @@
+"""The sign-off form a production promotion waits on.
+
+``pause_flow_run(wait_for_input=Approval.with_initial_data(description=...))`` makes the
+Prefect UI render this model as a form beside the paused run, with the canary evidence as
+its description; ``loragate approve`` resumes the same pause with the same fields.
+"""
+
+from __future__ import annotations
+
+from prefect.input import RunInput
+from pydantic import Field
+
+
+class Approval(RunInput):
+    approve: bool = Field(default=False, description="Promote this canary to production")
+    # required: a resume without a reviewer is refused and the run stays paused
+    reviewer: str = Field(min_length=1, pattern=r"\S", description="Who decides (recorded in the audit log)")
+    comment: str = Field(default="", description="Why (recorded in the audit log)")

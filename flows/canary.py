@@ -1,0 +1,79 @@
+"""The canary gates: deploy to the canary replicas, then watch on a schedule.
+
+``canary`` (triggered by ``loragate.adapter.validated``) switches the canary replicas to the
+version in place, verified against its validated outputs, and opens its window.
+``canary-evaluate`` (scheduled) observes every open window once and acts on the verdict:
+out of band rolls the canary back automatically (replicas withdrawn, version
+``rolled_back`` with the reason, Slack); in band for the whole window announces
+``loragate.canary.ready``, which starts the promotion that waits for a sign-off. Each
+window's observations are a Prefect table artifact, its verdict a markdown one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.logging import get_run_logger
+
+from flows import events
+from flows.naming import artifact_key
+from registry.canary import Verdict, evidence_markdown
+from tasks import notify
+from tasks.gates import deploy_canary, observe_canary, open_canary_windows, withdraw_canary
+from tasks.notify_task import notify_task
+
+
+@flow(name="canary", log_prints=True)
+def canary_flow(version_id: str) -> dict[str, Any]:
+    deployed = deploy_canary(version_id)
+    window = deployed["window"]
+    replicas = sorted({r["replica"] for r in deployed["replicas"]})
+    if deployed["created"]:
+        events.announce(events.CANARY_STARTED, window["adapter_name"], version_id=version_id, window_id=window["id"])
+        notify_task(
+            notify.canary_started(window["adapter_name"], version_id, replicas, window["thresholds"]["length_s"])
+        )
+    return window
+
+
+@flow(name="canary-evaluate", log_prints=True)
+def canary_evaluate_flow() -> dict[str, str]:
+    logger = get_run_logger()
+    windows = open_canary_windows()
+    if not windows:
+        logger.info("no open canary window")
+    verdicts: dict[str, str] = {}
+    for window in windows:
+        observed = observe_canary(window.id)
+        if observed is None:
+            continue
+        observation, observations = observed
+        verdicts[window.version_id] = observation.verdict.value
+        key = artifact_key("canary", window.adapter_name)
+        create_table_artifact(
+            key=key,
+            table=[o.table_row() for o in observations],
+            description=f"Canary observations of {window.version_id} (window {window.id})",
+        )
+        create_markdown_artifact(
+            key=f"{key}-verdict",
+            markdown=f"### Verdict: **{observation.verdict.value}**\n\n"
+            + "\n".join(f"- {r}" for r in observation.reasons)
+            + "\n\n"
+            + evidence_markdown(window, observations),
+            description=f"{window.adapter_name} {window.version_id}: {observation.verdict.value}",
+        )
+        if observation.verdict == Verdict.ROLLBACK:
+            reason = "canary out of band: " + "; ".join(observation.reasons)
+            withdrawn = withdraw_canary(window.id, reason)
+            events.announce(events.CANARY_ROLLED_BACK, window.adapter_name, version_id=window.version_id, reason=reason)
+            notify_task(
+                notify.rolled_back(
+                    window.adapter_name, "canary", window.version_id, withdrawn["back_to"], reason, automatic=True
+                )
+            )
+        elif observation.verdict == Verdict.READY:
+            events.announce(events.CANARY_READY, window.adapter_name, version_id=window.version_id, window_id=window.id)
+    return verdicts

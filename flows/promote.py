@@ -1,0 +1,121 @@
+"""The promotion gate: a person signs the canary off, then production moves in place.
+
+Triggered by ``loragate.canary.ready``. The run claims the window's sign-off (one waiting
+run per window, even when the event arrives twice), publishes the canary evidence, sends
+the UI link to Slack and pauses with ``pause_flow_run(wait_for_input=Approval)``: the
+Prefect UI shows the form with the evidence as its description, and ``loragate approve``
+resumes the same pause from a shell. The decision, reviewer and comment go into the audit
+log. An approval moves production and reloads every production replica in place inside a
+Prefect transaction: if the check that every replica serves it fails, the transaction's
+rollback puts the previous production back. A rejection withdraws the canary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from prefect import flow, pause_flow_run
+from prefect.artifacts import create_markdown_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import StateType
+from prefect.logging import get_run_logger
+from prefect.runtime import flow_run
+from prefect.transactions import transaction
+
+from flows import events
+from flows.approval import Approval
+from flows.naming import artifact_key
+from registry.canary import WindowStatus, evidence_markdown
+from registry.errors import IllegalTransition
+from tasks import notify
+from tasks.gates import (
+    canary_window_of,
+    claim_approval,
+    promote_production,
+    record_approval,
+    settings_now,
+    ui_link,
+    verify_stage,
+    withdraw_rejected_canary,
+)
+from tasks.notify_task import notify_task
+
+# a run in one of these states still waits for (or acts on) its sign-off
+_LIVE = {StateType.PAUSED, StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED}
+
+
+def _is_live(flow_run_id: str) -> bool:
+    with get_client(sync_client=True) as client:
+        try:
+            state_type = client.read_flow_run(UUID(flow_run_id)).state_type
+        except Exception:  # deleted or unknown: nobody waits there
+            return False
+    return state_type is not None and state_type in _LIVE
+
+
+@flow(name="promote", log_prints=True)
+def promote_flow(version_id: str) -> dict[str, Any]:
+    logger = get_run_logger()
+    me = str(flow_run.get_id())
+    window, observations, adapter = canary_window_of(version_id)
+    name = window.adapter_name
+    if window.status == WindowStatus.PROMOTED and adapter["production"] == version_id:
+        logger.info(f"{version_id} is already production: nothing to do")
+        return {"version_id": version_id, "decision": "already promoted"}
+    if window.status != WindowStatus.READY:
+        raise IllegalTransition(
+            f"{version_id}'s canary window is {window.status.value}, not ready for a sign-off", field="version_id"
+        )
+    holder = window.approval_flow_run_id
+    if holder not in (None, me) and _is_live(holder):
+        logger.info(f"flow run {holder} already waits for {version_id}'s sign-off")
+        return {"version_id": version_id, "decision": f"waiting in {holder}"}
+    claimed = claim_approval(window.id, me, holder)
+    if claimed.approval_flow_run_id != me:
+        logger.info(f"flow run {claimed.approval_flow_run_id} claimed {version_id}'s sign-off first")
+        return {"version_id": version_id, "decision": f"waiting in {claimed.approval_flow_run_id}"}
+
+    evidence = evidence_markdown(window, observations)
+    link = ui_link(me)
+    create_markdown_artifact(
+        key=artifact_key("approval", name), markdown=evidence, description=f"Sign-off evidence for {version_id}"
+    )
+    last = observations[-1] if observations else None
+    summary = (
+        f"{len(observations)} observation(s) in band; last: {'; '.join(last.reasons)}" if last else "no observations"
+    )
+    notify_task(notify.awaiting_approval(name, version_id, link, summary))
+    logger.info(f"waiting for a sign-off of {version_id}: {link} or `loragate approve {version_id} --reviewer NAME`")
+    settings = settings_now()
+    decision = pause_flow_run(
+        wait_for_input=Approval.with_initial_data(
+            description=evidence
+            + f"\n\nApprove to promote `{version_id}` to production on every replica in place. "
+            + f"From a shell: `loragate approve {version_id} --reviewer NAME [--reject] [--comment ...]`.",
+            approve=False,
+        ),
+        timeout=int(settings.approval_timeout_s),
+        poll_interval=int(max(1, settings.approval_poll_s)),
+        key=f"approval-{window.id}",
+    )
+    record_approval(window.id, decision.approve, decision.reviewer, decision.comment, me)
+    logger.info(
+        f"{'approved' if decision.approve else 'rejected'} by {decision.reviewer}: {decision.comment or '(no comment)'}"
+    )
+    if not decision.approve:
+        reason = f"sign-off rejected by {decision.reviewer}: {decision.comment}"
+        withdraw_rejected_canary(version_id, reason)
+        events.announce(events.SIGNOFF_REJECTED, name, version_id=version_id, reviewer=decision.reviewer)
+        notify_task(notify.rolled_back(name, "canary", version_id, adapter["production"], reason, automatic=False))
+        return {"version_id": version_id, "decision": "rejected", "reviewer": decision.reviewer}
+
+    reason = f"approved by {decision.reviewer}" + (f": {decision.comment}" if decision.comment else "")
+    with transaction():
+        promoted = promote_production(version_id, reason)
+        verify_stage(name, version_id)
+    events.announce(
+        events.PROMOTED, name, version_id=version_id, previous=promoted["previous"], reviewer=decision.reviewer
+    )
+    notify_task(notify.promoted(name, version_id, promoted["previous"], decision.reviewer))
+    return {"version_id": version_id, "decision": "approved", "reviewer": decision.reviewer, **promoted}

@@ -1,0 +1,193 @@
+"""A real local Prefect server and process workers, for tests and ``make demo``.
+
+``start_prefect_server`` runs ``prefect server start`` (API, UI and all its services, the
+scheduler included: schedules create runs only there, never in ephemeral mode) on
+127.0.0.1 with its SQLite database and log under a directory of the caller's, in a process
+group of its own so that ``stop`` ends it and whatever it spawned. ``start_worker`` runs a
+process worker against it. Every poll and service loop that sits between "something
+happened" and "a flow runs" is lowered from Prefect's production defaults (10-60 s) to
+1-2 s, so a pipeline reacts within seconds here. Importing this module does not import
+Prefect (it costs ~2 s); the processes do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+# what a worker, a `serve` runner and the flow runs they start read (Prefect 3.8 names)
+FAST_POLL_ENV: dict[str, str] = {
+    # how often a worker asks its pool for runs to start (default 10 s)
+    "PREFECT_WORKER_QUERY_SECONDS": "1",
+    # how far ahead of their scheduled time a worker picks runs up (default 10 s)
+    "PREFECT_WORKER_PREFETCH_SECONDS": "2",
+    # how often `flow.serve()` / a runner polls for runs (default 10 s)
+    "PREFECT_RUNNER_POLL_FREQUENCY": "1",
+}
+
+# what the server's own services read (Prefect 3.8 names)
+SERVER_LOOP_ENV: dict[str, str] = {
+    # the scheduler creates runs for scheduled deployments (default every 60 s) ...
+    "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
+    # ... and for deployments created or changed just now (default 5 s)
+    "PREFECT_SERVER_SERVICES_SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS": "1",
+    # a paused run whose timeout passed is failed by this loop (default 5 s)
+    "PREFECT_SERVER_SERVICES_PAUSE_EXPIRATIONS_LOOP_SECONDS": "1",
+    # marks runs Late (default 5 s); cosmetic, but keeps the UI truthful in short tests
+    "PREFECT_SERVER_SERVICES_LATE_RUNS_LOOP_SECONDS": "2",
+    # proactive triggers ("expect X within N s") are evaluated at this granularity
+    # (default 5 s); reactive event triggers fire on arrival and need no tuning
+    "PREFECT_SERVER_EVENTS_PROACTIVE_GRANULARITY": "PT1S",  # a timedelta: ISO 8601
+}
+
+HEALTH_DEADLINE_S = 90.0
+
+
+def prefect_bin() -> str:
+    """The ``prefect`` console script of the running interpreter's environment."""
+    return str(Path(sys.executable).parent / "prefect")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class PrefectServer:
+    api_url: str  # http://127.0.0.1:PORT/api
+    ui_url: str  # http://127.0.0.1:PORT
+    home: Path  # PREFECT_HOME of the server (SQLite database, UI build, server.log)
+    env: dict[str, str]  # what a worker or the `prefect` CLI needs to talk to this server
+    process: subprocess.Popen = field(repr=False)
+
+    @property
+    def log(self) -> Path:
+        return self.home / "server.log"
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def start_prefect_server(
+    home: Path, port: int | None = None, *, deadline_s: float = HEALTH_DEADLINE_S, database_url: str | None = None
+) -> PrefectServer:
+    """Start ``prefect server start`` on 127.0.0.1 with PREFECT_HOME=home; return once healthy.
+
+    Its database is SQLite under ``home`` unless ``database_url`` names another
+    (``postgresql+asyncpg://...``: what production uses, and what stays responsive when
+    several workers and a browser write at once -- SQLite answers 503 "database is locked").
+
+    Raises RuntimeError, with the tail of the server's log, when it exits or is not
+    healthy within ``deadline_s`` (then it is stopped first).
+    """
+    home = Path(home).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    ui_url = f"http://127.0.0.1:{port}"
+    api_url = f"{ui_url}/api"
+    client_env = {"PREFECT_API_URL": api_url, "PREFECT_HOME": str(home), **FAST_POLL_ENV}
+    server_env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_UI_ENABLED": "true",
+        # the UI asks this URL for the API; by default it is built from
+        # PREFECT_SERVER_API_PORT (4200), not from --port
+        "PREFECT_SERVER_UI_API_URL": api_url,
+        **SERVER_LOOP_ENV,
+    }
+    if database_url:
+        server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
+    # a PREFECT_API_URL inherited from the caller would point the server's own clients elsewhere
+    server_env.pop("PREFECT_API_URL", None)
+    log = home / "server.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=server_env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = PrefectServer(api_url=api_url, ui_url=ui_url, home=home, env=client_env, process=process)
+    end = time.monotonic() + deadline_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"prefect server exited with {process.returncode}; {log}:\n{_tail(log)}")
+        try:
+            if httpx.get(f"{api_url}/health", timeout=5).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > end:
+            stop(server)
+            raise RuntimeError(
+                f"prefect server not healthy at {api_url} after {deadline_s:.0f} s; {log}:\n{_tail(log)}"
+            )
+        time.sleep(0.5)
+
+
+def stop_process(process: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the process group ``process`` leads, SIGKILL it after ``grace_s``."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=grace_s)
+
+
+def stop(server: PrefectServer) -> None:
+    stop_process(server.process)
+
+
+def start_worker(
+    server: PrefectServer,
+    pool: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    log: Path | None = None,
+    *,
+    name: str | None = None,
+) -> subprocess.Popen:
+    """A ``prefect worker start --type process`` on ``pool`` (created if missing), polling
+    every second, in its own process group; ``env`` is merged over the server's client env.
+    Stop it with ``stop_process``."""
+    cmd = [prefect_bin(), "worker", "start", "--pool", pool, "--type", "process"]
+    if name:
+        cmd += ["--name", name]
+    full_env = {**os.environ, **server.env, **(env or {})}
+    log = log or server.home / f"worker-{pool}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            cmd,
+            env=full_env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )

@@ -1,0 +1,292 @@
+"""Prefect wrappers of the pipeline's gates: thin, each opening the registry the worker's
+``LORAGATE_*`` environment names (settings never travel as parameters: Prefect stores and
+shows them).
+
+Retries are declared only where repeating is harmless: registering (content-addressed:
+the same bytes again write nothing), reading, probing, and fleet moves that re-plan from the
+pointers under the adapter's lock (a move already made is an empty plan) -- and only for
+outages (``Unavailable``, an unreachable replica), never for a refusal, which would be
+refused again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
+from prefect.transactions import get_transaction
+
+from registry.canary import CanaryWindow, Observation, WindowStatus
+from registry.errors import DeployFailed, ErrorCode, NotFound, ReplicaError, Unavailable
+from registry.lifecycle import Stage, ValidationStatus
+from registry.service import Registry
+from registry.settings import Settings
+from tasks import canary, fleet, notify
+
+RETRY_DELAYS_S: list[float] = [2, 10, 30]
+
+
+def outage_only(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a task whose failure was an outage; a refusal would be refused again."""
+    try:
+        state.result()
+    except Unavailable:
+        return True
+    except ReplicaError as e:
+        return e.code == ErrorCode.REPLICA_UNAVAILABLE
+    except BaseException:
+        return False
+    return False
+
+
+def _registry() -> Registry:
+    return Registry.open(Settings())
+
+
+def _log(message: str) -> None:
+    get_run_logger().info(message)
+
+
+def _progress() -> Callable[[str], None]:
+    """The run's logger, bound now: fleet switches report from worker threads, which have
+    no Prefect run context of their own."""
+    return get_run_logger().info
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="register-bundle",
+    retries=3,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=outage_only,
+)
+def register_bundle(bundle: str, name: str, golden_set: str | None = None) -> dict[str, Any]:
+    """Register the bundle; a golden set that came with it is attached to the adapter (the
+    same set again changes nothing)."""
+    with _registry() as registry:
+        result = registry.register_from(bundle, name, progress=_progress())
+        if golden_set:
+            registry.attach_golden_set(name, Path(golden_set))
+    v = result.version
+    return {"version_id": v.version_id, "name": v.name, "base": v.base_model_id, "created": result.created}
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="versions-to-validate",
+    retries=3,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=outage_only,
+)
+def versions_to_validate(base: str) -> tuple[list[str], list[dict[str, str]]]:
+    """(pending versions of the base, versions that passed but never entered canary): the
+    second list lets a re-run announce what a crashed run validated but did not announce."""
+    with _registry() as registry:
+        versions = [v for v in registry.list_versions() if v.base_model_id == base and v.stage == Stage.STAGING]
+        without_golden = set()
+        for name in {v.name for v in versions if v.validation_status == ValidationStatus.PENDING}:
+            try:
+                registry.golden_set(name)
+            except NotFound:
+                without_golden.add(name)
+                _log(f"{name} has no golden set attached: its versions wait (loragate golden set {name} FILE)")
+    pending = [
+        v.version_id
+        for v in versions
+        if v.validation_status == ValidationStatus.PENDING and v.name not in without_golden
+    ]
+    passed = [
+        {"version_id": v.version_id, "name": v.name} for v in versions if v.validation_status == ValidationStatus.PASSED
+    ]
+    return pending, passed
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="deploy-canary",
+    retries=2,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=outage_only,
+)
+def deploy_canary(version_id: str) -> dict[str, Any]:
+    with _registry() as registry:
+        deployment = canary.deploy_canary(registry, version_id, progress=_progress())
+    return {
+        "window": deployment.window.as_dict(),
+        "created": deployment.created,
+        "replicas": deployment.replicas,
+    }
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="open-canary-windows",
+    retries=3,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=outage_only,
+)
+def open_canary_windows() -> list[CanaryWindow]:
+    with _registry() as registry:
+        return registry.canary_windows((WindowStatus.OPEN,))
+
+
+@task(cache_policy=NO_CACHE, name="observe-canary")
+def observe_canary(window_id: int) -> tuple[Observation, list[Observation]] | None:
+    """One observation (recorded: not retried), and the window's observations so far; None
+    when the version is no longer the canary (moved by hand): its window is superseded."""
+    with _registry() as registry:
+        window = registry.canary_window(window_id)
+        if registry.get_adapter(window.adapter_name).canary != window.version_id:
+            registry.close_canary_window(window_id, WindowStatus.SUPERSEDED, "no longer the canary")
+            _log(f"{window.version_id} is no longer the canary of {window.adapter_name}: window closed")
+            return None
+        observation = canary.observe_window(registry, window, progress=_progress())
+        return observation, registry.canary_observations(window_id)
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="withdraw-canary",
+    retries=2,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=outage_only,
+)
+def withdraw_canary(window_id: int, reason: str) -> dict[str, Any]:
+    with _registry() as registry:
+        window = canary.withdraw_canary(registry, registry.canary_window(window_id), reason, progress=_progress())
+        production = registry.get_adapter(window.adapter_name).production
+    return {"window": window.as_dict(), "back_to": production}
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="canary-window",
+    retries=3,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=outage_only,
+)
+def canary_window_of(version_id: str) -> tuple[CanaryWindow, list[Observation], dict[str, Any]]:
+    """The version's newest window, its observations, and the adapter's pointers."""
+    with _registry() as registry:
+        window = registry.latest_canary_window(version_id)
+        adapter = registry.get_adapter(window.adapter_name)
+        return window, registry.canary_observations(window.id), adapter.as_dict()
+
+
+@task(cache_policy=NO_CACHE, name="claim-approval")
+def claim_approval(window_id: int, flow_run_id: str, replacing: str | None) -> CanaryWindow:
+    with _registry() as registry:
+        return registry.request_approval(window_id, flow_run_id, replacing)
+
+
+@task(cache_policy=NO_CACHE, name="record-approval")
+def record_approval(window_id: int, approve: bool, reviewer: str, comment: str, flow_run_id: str) -> CanaryWindow:
+    with _registry() as registry:
+        return registry.record_approval(
+            window_id, approve=approve, reviewer=reviewer, comment=comment, flow_run_id=flow_run_id
+        )
+
+
+@task(cache_policy=NO_CACHE, name="withdraw-rejected-canary")
+def withdraw_rejected_canary(version_id: str, reason: str) -> None:
+    """A canary a person rejected leaves the canary replicas (its window is already closed)."""
+    with _registry() as registry:
+        name = registry.get_version(version_id).name
+        canary.withdraw_from_canary(registry, name, version_id, reason, progress=_progress())
+
+
+@task(cache_policy=NO_CACHE, name="promote-production")
+def promote_production(version_id: str, reason: str) -> dict[str, Any]:
+    """Inside the promotion's transaction: what it changed is kept on the transaction, so
+    the rollback hook can restore it."""
+    with _registry() as registry:
+        window, previous, report = canary.promote_canary(registry, version_id, reason, progress=_progress())
+    name = window.adapter_name
+    transaction = get_transaction()
+    if transaction is not None and report:
+        transaction.set(
+            "promoted", {"name": name, "version_id": version_id, "previous": previous, "window_id": window.id}
+        )
+    return {"name": name, "version_id": version_id, "previous": previous, "replicas": report}
+
+
+@promote_production.on_rollback
+def _restore_previous_production(transaction: Any) -> None:
+    """A later step of the promotion failed after production moved: production goes back to
+    the version it replaced, in place, on every replica."""
+    promoted = transaction.get("promoted", None)
+    if not promoted or not promoted.get("previous"):
+        return
+    reason = "promotion rolled back: its verification failed"
+    with _registry() as registry:
+        if registry.get_adapter(promoted["name"]).production == promoted["version_id"]:
+            fleet.rollback_and_switch(registry, promoted["name"], "production", reason=reason)
+        registry.close_canary_window(promoted["window_id"], WindowStatus.ROLLED_BACK, reason)
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="verify-stage",
+    retries=2,
+    retry_delay_seconds=[2.0, 5.0],
+    retry_condition_fn=outage_only,
+)
+def verify_stage(name: str, version_id: str) -> list[dict[str, Any]]:
+    """Every replica of the adapter's base serves what the pointers say for it: no drift.
+
+    Raises:
+        DeployFailed: a replica is unreachable or serves something else.
+    """
+    with _registry() as registry:
+        states = fleet.fleet_status(registry)
+    base = name.split("/")[1]
+    mine = [s for s in states if s.replica.base_model_id == base]
+    bad = [s for s in mine if not s.reachable or any(a.name == name for a in s.actions)]
+    if bad:
+        detail = "; ".join(f"{s.replica.url}: {s.error or [a.describe() for a in s.actions]}" for s in bad)
+        raise DeployFailed(f"{name} is not served as the registry says after moving to {version_id}: {detail}")
+    return [s.as_dict() for s in mine]
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="rollback-stage",
+    retries=2,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=outage_only,
+)
+def rollback_stage(name: str, stage: str, expected_version: str | None, reason: str) -> dict[str, Any]:
+    """Roll ``stage`` back, unless it no longer names ``expected_version`` (a re-run of a
+    rollback that already happened changes nothing)."""
+    with _registry() as registry:
+        adapter = registry.get_adapter(name)
+        current = adapter.production if stage == "production" else adapter.canary
+        if expected_version is not None and current != expected_version:
+            return {"name": name, "stage": stage, "from": expected_version, "to": current, "moved": False}
+        plan, report = fleet.rollback_and_switch(registry, name, stage, reason=reason, progress=_progress())
+    moved = {"from": plan.audit_from, "to": plan.audit_to, "moved": True, "replicas": report}
+    return {"name": name, "stage": stage, **moved}
+
+
+@task(
+    cache_policy=NO_CACHE,
+    name="reconcile-fleet",
+    retries=2,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=outage_only,
+)
+def reconcile_fleet() -> list[dict[str, Any]]:
+    with _registry() as registry:
+        return [s.as_dict() for s in fleet.reconcile_fleet(registry, progress=_progress())]
+
+
+def ui_link(flow_run_id: str) -> str:
+    return notify.flow_run_link(Settings(), flow_run_id)
+
+
+def settings_now() -> Settings:
+    return Settings()
