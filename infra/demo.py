@@ -1,12 +1,16 @@
-"""`make demo`: the whole pipeline that exists today, end to end, on embedded defaults.
+"""`make demo`: the promotion pipeline end to end, on embedded defaults.
 
-Builds a tiny Llama base and trains tenant adapters offline, then drives the real
-``loragate`` command: catalogue the base, register adapters (one refused at the door),
-attach golden sets, shadow-validate them in one batch (one fails for a silent reason),
-promote through canary to production on two real vLLM CPU replicas (each promotion and the
-rollback switches both in place and verifies what they serve), and show the audit trail.
-Everything lives under ``demo-out/`` (SQLite registry, local artifact directory, replica
-logs); the replicas are stopped when the demo ends, however it ends.
+Builds a tiny Llama base and trains tenant adapters offline (good ones, one whose layer
+prefix was renamed -- a silent failure the registry refuses at the door -- and one whose
+4-bit compute dtype overflows, which only shadow validation sees). Then it starts what a
+platform runs: a local Prefect server with loragate's deployments (``prefect deploy --all``)
+and a worker per work pool, and two vLLM CPU replicas, one canary and one production. It
+emits ``loragate.training.completed`` events and follows each gate as it happens: register,
+shadow validation, canary, the scheduled canary evaluations, the promotion waiting for a
+sign-off -- given from the CLI, with the UI link where a person could give it instead --,
+production switched in place, and a rollback. It ends with a summary table and stops every
+process it started, also on Ctrl-C. History stays under ``.loragate/`` (registry, Prefect
+database, logs); ``make ui`` reopens the Prefect UI on it.
 """
 
 from __future__ import annotations
@@ -14,24 +18,39 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-OUT = Path("demo-out")
+HOME = Path(".loragate").resolve()
+MODELS = HOME / "demo-models"
 SUPPORT = "acme/tiny-llama/support"
-TICKETS = "globex/tiny-llama/tickets"
+WINDOW_S = 30
+# the local Prefect server keeps its state in SQLite, one writer at a time: evaluations every
+# few seconds (each a flow run, most cancelled while the last one runs) locked it for a
+# minute at a time on two cores
+EVALUATE_EVERY_S = 10
+STARTED = time.monotonic()
 
 
 def banner(text: str) -> None:
-    print(f"\n=== {text} " + "=" * max(0, 70 - len(text)), flush=True)
+    print(f"\n=== [{time.monotonic() - STARTED:5.0f}s] {text} " + "=" * max(0, 62 - len(text)), flush=True)
 
 
-def loragate(*args: str, expect: int = 0, quiet: bool = False) -> str:
+def say(text: str) -> None:
+    print(f"  [{time.monotonic() - STARTED:5.0f}s] {text}", flush=True)
+
+
+def loragate(*args: str, expect: int = 0, quiet: bool = False, env: dict[str, str] | None = None) -> str:
     cmd = [str(Path(sys.executable).parent / "loragate"), *args]
     print("$ loragate " + " ".join(args), flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "LORAGATE_PROGRESS": "1"})
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, **(env or {}), "LORAGATE_PROGRESS": "1"}
+    )
     if proc.stderr.strip():
         print("\n".join("  " + line for line in proc.stderr.strip().splitlines()))
     if proc.stdout.strip() and not quiet:
@@ -41,117 +60,310 @@ def loragate(*args: str, expect: int = 0, quiet: bool = False) -> str:
     return proc.stdout.strip()
 
 
-def ask_replicas(urls: list[str], adapter: str, prompt: str) -> None:
-    """What a tenant's client sees: a greedy completion from each replica, by logical name,
-    and the version behind it (the adapter's path on the replica ends in its version id)."""
-    import httpx
-
-    for url in urls:
-        cards = httpx.get(f"{url}/v1/models", timeout=60).json()["data"]
-        served = next(Path(c["root"]).name for c in cards if c["id"] == adapter)
-        body = {"model": adapter, "prompt": prompt, "max_tokens": 8, "temperature": 0}
-        text = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
-        print(f"  {url} serves {adapter} = {served}: {prompt!r} -> {text!r}")
-
-
 def build_models() -> dict[str, Path]:
     from infra import corpus
     from infra.modelkit import build_base, train_adapter, write_golden_set
 
-    models = OUT / "models"
-    models.mkdir(parents=True, exist_ok=True)
+    MODELS.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    base = build_base(models / "tiny-llama")
-    print(f"built tiny Llama base (hidden 128, 2 heads x 64, 2 layers) in {time.perf_counter() - t0:.1f}s")
-    bundles = {}
-    for key, task, seed in (("support-v1", "support", 0), ("tickets-v1", "tickets", 0), ("support-v2", "support", 1)):
+    base = build_base(MODELS / "tiny-llama")
+    say(f"built the tiny Llama base (hidden 128, 2 heads x 64, 2 layers) in {time.perf_counter() - t0:.1f}s")
+    bundles = {"base": base}
+    for key, seed in (("support-v1", 0), ("support-v2", 1)):
         t0 = time.perf_counter()
-        bundles[key] = train_adapter(base, task, models / key, seed=seed)
+        bundles[key] = train_adapter(base, "support", MODELS / key, seed=seed)
         loss = json.loads((bundles[key] / "manifest.json").read_text())["training_metadata"]["final_loss"]
-        print(f"trained {key} ({task}) in {time.perf_counter() - t0:.1f}s, final loss {loss}")
-    # silent failures: one the registry refuses at the door, one only validation can see
-    bundles["renamed-prefix"] = corpus.renamed_layer_prefix(bundles["support-v1"], models / "renamed-prefix")
-    bundles["fp16-qlora"] = corpus.large_activations(bundles["support-v2"], models / "fp16-qlora", "float16")
-    bundles["base"] = base
-    bundles["golden-support"] = write_golden_set("support", OUT / "golden-support.jsonl")
-    bundles["golden-tickets"] = write_golden_set("tickets", OUT / "golden-tickets.jsonl")
+        say(f"trained {key} in {time.perf_counter() - t0:.1f}s, final loss {loss}")
+    bundles["renamed-prefix"] = corpus.renamed_layer_prefix(bundles["support-v1"], MODELS / "renamed-prefix")
+    bundles["fp16-qlora"] = corpus.large_activations(bundles["support-v2"], MODELS / "fp16-qlora", "float16")
+    say("made two broken ones: a renamed layer prefix (PEFT would load it with no effect) and float16 compute on")
+    say("a 4-bit base that overflows to NaN (only a forward pass shows it)")
+    bundles["golden"] = write_golden_set("support", HOME / "golden-support.jsonl")
     return bundles
 
 
-def lifecycle(v1: str, t1: str, v2: str, bad: str, urls: list[str], prompt: str) -> None:
-    banner("lifecycle: canary -> production on the replicas, a second version, rollback")
-    loragate("promote", v1, "--to", "canary")
-    loragate("promote", v1, "--to", "production", "--reason", "canary window clean")
-    ask_replicas(urls, SUPPORT, prompt)
-    loragate("promote", t1, "--to", "canary")
-    print("the adapter that failed validation can never reach canary:")
-    loragate("promote", bad, "--to", "canary", expect=2)
-    loragate("promote", v2, "--to", "canary")
-    print("production switches both replicas in place, then checks each serves v2's validated outputs:")
-    loragate("promote", v2, "--to", "production", "--reason", "approved")
-    loragate("fleet", "status")
-    ask_replicas(urls, SUPPORT, prompt)
-    loragate("rollback", SUPPORT, "--reason", "tenant reports regressions")
-    resolved = loragate("resolve", SUPPORT)
-    assert resolved == v1, "rollback restores the previous production version"
-    loragate("fleet", "status")
-    ask_replicas(urls, SUPPORT, prompt)
-    loragate("history", SUPPORT)
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 240.0, every_s: float = 1.0) -> Any:
+    """Poll ``check`` until it returns something truthy; say what is awaited, and how long it took."""
+    t0 = time.monotonic()
+    while True:
+        found = check()
+        if found:
+            say(f"{what} ({time.monotonic() - t0:.0f}s)")
+            return found
+        if time.monotonic() - t0 > timeout_s:
+            raise SystemExit(f"demo: gave up waiting for {what} after {timeout_s:.0f}s (logs under {HOME})")
+        time.sleep(every_s)
+
+
+def registry():
+    from registry.service import Registry
+    from registry.settings import Settings
+
+    return Registry.open(Settings())
+
+
+def version_of(name: str, source: Path) -> str | None:
+    """The version registered from ``source`` (its weights digest is in the version id)."""
+    from registry.digests import sha256_file
+
+    digest = sha256_file(source / "adapter_model.safetensors")[:12]
+    with registry() as reg:
+        found = [v.version_id for v in reg.list_versions() if v.name == name and v.version_id.endswith(digest)]
+    return found[0] if found else None
+
+
+def stage_of(version_id: str) -> tuple[str, str]:
+    with registry() as reg:
+        v = reg.get_version(version_id)
+        return v.stage.value, v.validation_status.value
+
+
+def window_status(version_id: str) -> tuple[str, int, str | None]:
+    from registry.errors import NotFound
+
+    with registry() as reg:
+        try:
+            w = reg.latest_canary_window(version_id)
+        except NotFound:
+            return "none", 0, None
+        return w.status.value, len(reg.canary_observations(w.id)), w.approval_flow_run_id
+
+
+def flow_runs(pipeline, flow_name: str) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: pipeline.server.api_url}), get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])))
+
+
+def rejected_at_register(pipeline) -> str | None:
+    for run in flow_runs(pipeline, "register"):
+        if run.state_type is not None and run.state_type.value == "FAILED":
+            return run.state.message if run.state else "failed"
+    return None
+
+
+def follow_canary(version_id: str) -> str | None:
+    """Print each new observation of the version's window; the promotion run once it waits."""
+    status, seen, run_id = window_status(version_id)
+    if seen > follow_canary.shown:  # type: ignore[attr-defined]
+        with registry() as reg:
+            w = reg.latest_canary_window(version_id)
+            for o in reg.canary_observations(w.id)[follow_canary.shown :]:  # type: ignore[attr-defined]
+                say(
+                    f"observation: canary {o.canary.errors}/{o.canary.requests} errors, p95 {o.canary.p95_ms} ms; "
+                    f"production {o.production.errors}/{o.production.requests}, p95 {o.production.p95_ms} ms; "
+                    f"drift {o.drift:.2f} -> {o.verdict.value}"
+                )
+        follow_canary.shown = seen  # type: ignore[attr-defined]
+    return run_id if status == "ready" and run_id else None
+
+
+def through_the_pipeline(pipeline, bundle: Path, golden: Path, ui_url: str, label: str) -> str:
+    banner(f"{label}: training finished -> register -> shadow-validate -> canary")
+    loragate(
+        "training-completed",
+        str(bundle),
+        "--name",
+        SUPPORT,
+        "--golden-set",
+        str(golden),
+        "--metadata",
+        json.dumps({"job": label, "bundle": bundle.name}),
+        env=pipeline.env,
+    )
+    version = wait_for("registered by the register flow", lambda: version_of(SUPPORT, bundle))
+    say(f"version {version}")
+    wait_for("shadow validation passed on the gpu pool", lambda: stage_of(version)[1] == "passed")
+    wait_for("canary flow switched the canary replica and opened the window", lambda: stage_of(version)[0] == "canary")
+    banner(f"{label}: scheduled canary evaluations every {EVALUATE_EVERY_S}s, window {WINDOW_S}s")
+    follow_canary.shown = 0  # type: ignore[attr-defined]
+    run_id = wait_for(
+        "window in band for its whole length; the promote flow waits for a sign-off",
+        lambda: follow_canary(version),
+        timeout_s=300,
+    )
+    say(f"a person can sign off in the Prefect UI: {ui_url}/runs/flow-run/{run_id}")
+    loragate("canary", "show", version)
+    banner(f"{label}: sign-off from the CLI (the same pause the UI form resumes)")
+    loragate("approve", version, "--reviewer", "alice", "--comment", f"{label}: canary clean", env=pipeline.env)
+    wait_for(
+        "promoted: production replica switched in place and verified", lambda: stage_of(version)[0] == "production"
+    )
+    return version
+
+
+def ask(urls: dict[str, str], prompt: str) -> None:
+    import httpx
+
+    for role, url in urls.items():
+        cards = httpx.get(f"{url}/v1/models", timeout=60).json()["data"]
+        served = next((Path(c["root"]).name for c in cards if c["id"] == SUPPORT), "(not served)")
+        body = {"model": SUPPORT, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+        text = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+        say(f"{role:<10} {url} serves {SUPPORT} = {served}: {text!r}")
+
+
+def summary(pipeline) -> None:
+    banner("summary")
+    with registry() as reg:
+        versions = reg.list_versions()
+        print(f"{'version':<32} {'stage':<12} {'validation':<10} canary window")
+        for v in versions:
+            windows = reg.canary_windows(None, version_id=v.version_id)
+            w = (
+                f"{windows[-1].status.value}, {len(reg.canary_observations(windows[-1].id))} observations"
+                if windows
+                else "-"
+            )
+            print(f"{v.version_id:<32} {v.stage.value:<12} {v.validation_status.value:<10} {w}")
+        adapter = reg.get_adapter(SUPPORT)
+        print(f"\n{SUPPORT}: production {adapter.production}, previous {adapter.previous}, canary {adapter.canary}")
+        decisions = [e for e in reg.history(SUPPORT) if e.action == "approval"]
+        for e in decisions:
+            print(f"sign-off: {e.version_id} {e.to_value} by {e.details['reviewer']}: {e.details['comment']}")
+    print("\nflow runs:")
+    for name in ("register", "shadow-validate", "canary", "canary-evaluate", "promote", "rollback"):
+        runs = flow_runs(pipeline, name)
+        states: dict[str, int] = {}
+        for r in runs:
+            states[r.state_name or "?"] = states.get(r.state_name or "?", 0) + 1
+        print(f"  {name:<16} " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
 
 
 def main() -> None:
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    OUT.mkdir()
-    os.environ.update({"LORAGATE_HOME": str(OUT / ".loragate"), "LORAGATE_ACTOR": "demo", "HF_HUB_OFFLINE": "1"})
-    os.environ.pop("LORAGATE_DATABASE_URL", None)
-    os.environ.pop("LORAGATE_ARTIFACTS", None)
+    from infra.pipeline import start_pipeline
+    from infra.prefect_local import start_prefect_server
+    from infra.replica import VllmReplica, start_replicas, stop_replicas
 
-    banner("model kit: tiny base and tenant adapters, offline")
+    if HOME.exists():
+        shutil.rmtree(HOME)
+    HOME.mkdir()
+    settings_env = {
+        "LORAGATE_HOME": str(HOME),
+        "LORAGATE_ACTOR": "demo",
+        "HF_HUB_OFFLINE": "1",
+        "LORAGATE_CANARY_WINDOW_S": str(WINDOW_S),
+        # two replicas share two cores with the pipeline: a few ms of p95 is noise here
+        "LORAGATE_CANARY_P95_SLACK_MS": "250",
+        "LORAGATE_APPROVAL_POLL_S": "1",
+    }
+    os.environ.update(settings_env)
+    for var in ("LORAGATE_DATABASE_URL", "LORAGATE_ARTIFACTS"):
+        os.environ.pop(var, None)
+
+    banner("model kit: tiny base and adapters, offline")
     m = build_models()
 
-    banner("registry: init and pin the base")
+    banner("registry: init, pin the base, attach nothing else by hand")
     loragate("init")
     loragate("base", "add", str(m["base"]), "--id", "tiny-llama")
 
-    banner("register adapters")
-    v1 = loragate("register", str(m["support-v1"]), "--name", SUPPORT)
-    t1 = loragate("register", str(m["tickets-v1"]), "--name", TICKETS)
-    again = loragate("register", str(m["support-v1"]), "--name", SUPPORT)
-    assert again == v1, "registering the same bytes twice returns the same version"
-    print(f"(same bytes again -> same version {again}, nothing written)")
-    v2 = loragate("register", str(m["support-v2"]), "--name", SUPPORT)
-    bad = loragate("register", str(m["fp16-qlora"]), "--name", SUPPORT)
-    print("a bundle whose layer prefix was renamed would load in PEFT with no effect; the registry refuses it:")
-    loragate("register", str(m["renamed-prefix"]), "--name", SUPPORT, expect=2)
-    loragate("list")
-
-    banner("golden sets (checked by a great-expectations suite)")
-    loragate("golden", "set", SUPPORT, str(m["golden-support"]))
-    loragate("golden", "set", TICKETS, str(m["golden-tickets"]))
-
-    banner("shadow validation: one base load, four adapters")
-    loragate("validate", v1, t1, v2, bad, expect=1)
-    loragate("list")
-    prompt = json.loads(m["golden-support"].read_text().splitlines()[0])["prompt"]
-
-    banner("fleet: two vLLM CPU replicas of the base (about a minute)")
+    replicas = [
+        VllmReplica(
+            m["base"],
+            "tiny-llama",
+            adapter_dir=HOME / "adapters",
+            role=role,
+            log_path=HOME / f"replica-{role}.log",
+            die_with_parent=True,
+        )
+        for role in ("production", "canary")
+    ]
+    pipeline = None
     try:
-        urls = loragate("replicas", "up", "--base", "tiny-llama", "--count", "2").split()
-        lifecycle(v1, t1, v2, bad, urls, prompt)
+        banner("start: Prefect server, deployments, workers; two vLLM CPU replicas (about a minute)")
+        import concurrent.futures
+
+        # the replicas die with the thread that starts them (PR_SET_PDEATHSIG): the main one
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            server_f = pool.submit(start_prefect_server, HOME / "prefect", 4200)
+            start_replicas(replicas)
+            server = server_f.result()
+        ui = server.ui_url
+        os.environ["LORAGATE_UI_URL"] = ui
+        settings_env["LORAGATE_UI_URL"] = ui
+        pipeline = start_pipeline(HOME / "prefect", settings_env, evaluate_every_s=EVALUATE_EVERY_S, server=server)
+        pipeline.owns_server = True
+        say(f"Prefect UI: {ui}  (deployments: register, shadow-validate, canary, canary-evaluate, promote, rollback)")
+        for r in replicas:
+            loragate(
+                "fleet", "add", r.url, "--base", "tiny-llama", "--role", r.role, "--adapter-dir", str(HOME / "adapters")
+            )
+        urls = {r.role: r.url for r in replicas}
+
+        banner("a broken adapter: rejected at register, with its diagnostic")
+        loragate(
+            "training-completed",
+            str(m["renamed-prefix"]),
+            "--name",
+            SUPPORT,
+            "--golden-set",
+            str(m["golden"]),
+            env=pipeline.env,
+        )
+        message = wait_for("register flow failed", lambda: rejected_at_register(pipeline))
+        say(f"why: {message}")
+
+        v1 = through_the_pipeline(pipeline, m["support-v1"], m["golden"], ui, "support v1")
+        prompt = json.loads(m["golden"].read_text().splitlines()[0])["prompt"]
+        ask(urls, prompt)
+
+        banner("a broken adapter that registers fine: shadow validation fails it")
+        loragate("training-completed", str(m["fp16-qlora"]), "--name", SUPPORT, env=pipeline.env)
+        bad = wait_for("registered", lambda: version_of(SUPPORT, m["fp16-qlora"]))
+        wait_for(
+            "validation failed; the version is rejected and never reaches canary",
+            lambda: stage_of(bad)[0] == "rejected",
+        )
+        shown = json.loads(loragate("show", bad, "--json", quiet=True))
+        for failure in shown["manifest"]["validation_report"]["failures"]:
+            say(f"why: {failure}")
+
+        v2 = through_the_pipeline(pipeline, m["support-v2"], m["golden"], ui, "support v2")
+        ask(urls, prompt)
+
+        banner("rollback: production back to the previous version in one pointer move, reloaded in place")
+        subprocess.run(
+            [
+                str(Path(sys.executable).parent / "prefect"),
+                "deployment",
+                "run",
+                "rollback/rollback",
+                "--param",
+                f"name={SUPPORT}",
+                "--param",
+                f"expected_version={v2}",
+                "--param",
+                "reason=tenant reports regressions",
+            ],
+            env={**os.environ, **pipeline.env},
+            check=True,
+            capture_output=True,
+        )
+        wait_for(f"rollback flow: production is {v1} again", lambda: stage_of(v1)[0] == "production")
+        ask(urls, prompt)
+        loragate("history", SUPPORT)
+        summary(pipeline)
     finally:
-        banner("fleet: stop the replicas")
-        loragate("replicas", "down")
+        banner("stop everything this demo started")
+        if pipeline is not None:
+            pipeline.stop()
+        stop_replicas(replicas)
+    took = time.monotonic() - STARTED
+    print(f"\ndemo finished in {took:.0f}s; history under {HOME} -- `make ui` reopens the Prefect UI on it")
 
-    banner("materialize the production bundle for a replica")
-    loragate("materialize", v1, str(OUT / "serve" / v1))
-    report = json.loads(loragate("show", v2, "--json", quiet=True))["manifest"]["validation_report"]
-    print(f"validation report of {v2}: {report['summary']}")
 
-    banner("housekeeping: what crashed writes would have left")
-    loragate("gc", "--dry-run")
-    print(f"\ndemo finished: registry in {OUT / '.loragate'}, bundles in {OUT / 'models'}")
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: every `finally` stops what it started
 
 
 if __name__ == "__main__":
-    main()
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\ninterrupted: every process the demo started was stopped", file=sys.stderr)
+        sys.exit(130)
