@@ -21,12 +21,12 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from cli import base, fleet, golden, maintenance, pipeline, registry, replicas, validate
+from cli import access, base, fleet, golden, maintenance, pipeline, registry, replicas, validate
 from cli.output import EXIT_BAD_INPUT, EXIT_DENIED, EXIT_FAILED, common_options
 from registry.errors import InvalidInput, LoragateError, PermissionDenied
 from registry.settings import Settings
 
-COMMAND_GROUPS = (registry, base, golden, validate, fleet, replicas, pipeline, maintenance)
+COMMAND_GROUPS = (registry, base, golden, validate, fleet, replicas, pipeline, access, maintenance)
 EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     with _sigterm_unwinds():
         try:
-            args.settings = Settings()
+            args.settings = Settings(token=args.token) if args.token else Settings()
             return int(args.func(args))
         except LoragateError as e:
             if args.json:

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from registry.service import Registry
@@ -15,6 +16,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_DENIED = 3
+# ``loragate init`` leaves the first admin token here, under LORAGATE_HOME
+ADMIN_TOKEN_FILE = "admin.token"
 
 
 def common_options(*, top_level: bool) -> argparse.ArgumentParser:
@@ -29,6 +32,12 @@ def common_options(*, top_level: bool) -> argparse.ArgumentParser:
         action="store_true",
         default=False if top_level else argparse.SUPPRESS,
         help="machine-readable output (stable, see README)",
+    )
+    parser.add_argument(
+        "--token",
+        default=None if top_level else argparse.SUPPRESS,
+        help="API token for a command that changes something (default: $LORAGATE_TOKEN); "
+        "prefer the variable: arguments show in the process list",
     )
     parser.add_argument(
         "--progress",
@@ -57,3 +66,19 @@ def emit(args: argparse.Namespace, payload: Any, text: str | Callable[[], str]) 
 
 def open_registry(args: argparse.Namespace, *, check_schema: bool = True) -> Registry:
     return Registry.open(args.settings, check_schema=check_schema)
+
+
+def write_secret_file(path: Path, secret: str) -> Path:
+    """Write ``secret`` to ``path`` readable by its owner only, from the first byte (the
+    file is created 0600, not chmod-ed after), replacing an older one atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secret + "\n")
+        os.replace(scratch, path)
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
+    return path.absolute()

@@ -13,6 +13,7 @@ import argparse
 from uuid import UUID
 
 from cli.output import EXIT_OK, emit, open_registry
+from registry.access import Action
 from registry.canary import ACTIVE, WindowStatus
 from registry.errors import ErrorCode, IllegalTransition, InvalidInput, Unavailable
 from registry.jsonio import loads_object
@@ -21,6 +22,11 @@ from registry.jsonio import loads_object
 def cmd_approve(args: argparse.Namespace) -> int:
     with open_registry(args) as reg:
         window = reg.latest_canary_window(args.version)
+        # the caller signs off with their own activation token, for someone who holds one
+        # (the flow checks the reviewer again before it moves anything)
+        reg.principal.require(Action.APPROVE, window.adapter_name)
+        if args.reviewer.strip():
+            reg.check_reviewer(args.reviewer.strip(), window.adapter_name)
     if window.status != WindowStatus.READY:
         raise IllegalTransition(
             f"{args.version}'s canary window is {window.status.value}: there is no sign-off to give",

@@ -8,19 +8,30 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cli.output import EXIT_OK, emit, open_registry, progress_printer
+from cli.output import ADMIN_TOKEN_FILE, EXIT_OK, emit, open_registry, progress_printer, write_secret_file
 from registry.domain import AdapterVersion
 from registry.lifecycle import Plan
 
 
 def cmd_init(args: argparse.Namespace) -> int:
     with open_registry(args, check_schema=False) as reg:
-        reg.init()
+        issued = reg.init()
         url, artifacts = reg.settings.database_url_redacted, reg.artifacts_location
+    token_file = None
+    if issued is not None:
+        token_file = write_secret_file(args.settings.home / ADMIN_TOKEN_FILE, issued.token)
+    text = f"registry ready: {url}, artifacts in {artifacts}"
+    if token_file is not None:
+        text += f"\nfirst admin token written to {token_file} (mode 0600): loragate token create --role ..."
     emit(
         args,
-        {"database_url": url, "artifacts": artifacts, "schema": "head"},
-        f"registry ready: {url}, artifacts in {artifacts}",
+        {
+            "database_url": url,
+            "artifacts": artifacts,
+            "schema": "head",
+            "admin_token_file": str(token_file) if token_file else None,
+        },
+        text,
     )
     return EXIT_OK
 

@@ -5,9 +5,10 @@ prefix was renamed -- a silent failure the registry refuses at the door -- and o
 4-bit compute dtype overflows, which only shadow validation sees). Then it starts what a
 platform runs: a local Prefect server with loragate's deployments (``prefect deploy --all``)
 and a worker per work pool, and two vLLM CPU replicas, one canary and one production. It
-emits ``loragate.training.completed`` events and follows each gate as it happens: register,
-shadow validation, canary, the scheduled canary evaluations, the promotion waiting for a
-sign-off -- given from the CLI, with the UI link where a person could give it instead --,
+creates a token per gate role (kept in Prefect Secret blocks) and a signing key, emits
+``loragate.training.completed`` events and follows each gate as it happens: register,
+shadow validation (which signs what passed), canary, the scheduled canary evaluations, the
+promotion waiting for a sign-off -- given from the CLI, with the UI link where a person could give it instead --,
 production switched in place, and a rollback. It ends with a summary table and stops every
 process it started, also on Ctrl-C. History stays under ``.loragate/`` (registry, Prefect
 database, logs); ``make ui`` reopens the Prefect UI on it.
@@ -35,6 +36,8 @@ WINDOW_S = 30
 # minute at a time on two cores
 EVALUATE_EVERY_S = 10
 STARTED = time.monotonic()
+# activation tokens of the people who sign off
+PEOPLE: dict[str, str] = {}
 
 
 def banner(text: str) -> None:
@@ -188,7 +191,15 @@ def through_the_pipeline(pipeline, bundle: Path, golden: Path, ui_url: str, labe
     say(f"a person can sign off in the Prefect UI: {ui_url}/runs/flow-run/{run_id}")
     loragate("canary", "show", version)
     banner(f"{label}: sign-off from the CLI (the same pause the UI form resumes)")
-    loragate("approve", version, "--reviewer", "alice", "--comment", f"{label}: canary clean", env=pipeline.env)
+    loragate(
+        "approve",
+        version,
+        "--reviewer",
+        "alice",
+        "--comment",
+        f"{label}: canary clean",
+        env={**pipeline.env, "LORAGATE_TOKEN": PEOPLE["alice"]},
+    )
     wait_for(
         "promoted: production replica switched in place and verified", lambda: stage_of(version)[0] == "production"
     )
@@ -234,9 +245,10 @@ def summary(pipeline) -> None:
 
 
 def main() -> None:
-    from infra.pipeline import start_pipeline
+    from infra.pipeline import save_pipeline_secrets, start_pipeline
     from infra.prefect_local import start_prefect_server
     from infra.replica import VllmReplica, start_replicas, stop_replicas
+    from registry.access import Role
 
     if HOME.exists():
         shutil.rmtree(HOME)
@@ -257,9 +269,34 @@ def main() -> None:
     banner("model kit: tiny base and adapters, offline")
     m = build_models()
 
-    banner("registry: init, pin the base, attach nothing else by hand")
+    banner("registry: init (the first admin token), pin the base")
     loragate("init")
-    loragate("base", "add", str(m["base"]), "--id", "tiny-llama")
+    as_admin = {"LORAGATE_TOKEN": (HOME / "admin.token").read_text().strip()}
+    loragate("base", "add", str(m["base"]), "--id", "tiny-llama", env=as_admin)
+
+    banner("who may do what: a token per gate role, one for the person who signs off, a signing key")
+    tokens = {}
+    for role in Role:
+        made = loragate(
+            "token",
+            "create",
+            "--role",
+            role.value,
+            "--holder",
+            f"pipeline-{role.value}",
+            "--json",
+            quiet=True,
+            env=as_admin,
+        )
+        tokens[role] = json.loads(made)["token"]
+    PEOPLE["alice"] = json.loads(
+        loragate("token", "create", "--role", "activation", "--holder", "alice", "--json", quiet=True, env=as_admin)
+    )["token"]
+    say("tokens are shown once (kept here in Prefect Secret blocks, never in parameters or logs):")
+    loragate("token", "list", env=as_admin)
+    keys = HOME / "keys"
+    loragate("key", "generate", "--out", str(keys))
+    loragate("key", "add", str(keys / "signing.pub"), "--role", "signing", "--holder", "pipeline", env=as_admin)
 
     replicas = [
         VllmReplica(
@@ -287,10 +324,20 @@ def main() -> None:
         settings_env["LORAGATE_UI_URL"] = ui
         pipeline = start_pipeline(HOME / "prefect", settings_env, evaluate_every_s=EVALUATE_EVERY_S, server=server)
         pipeline.owns_server = True
+        save_pipeline_secrets(server, tokens, (keys / "signing.key").read_bytes())
         say(f"Prefect UI: {ui}  (deployments: register, shadow-validate, canary, canary-evaluate, promote, rollback)")
         for r in replicas:
             loragate(
-                "fleet", "add", r.url, "--base", "tiny-llama", "--role", r.role, "--adapter-dir", str(HOME / "adapters")
+                "fleet",
+                "add",
+                r.url,
+                "--base",
+                "tiny-llama",
+                "--role",
+                r.role,
+                "--adapter-dir",
+                str(HOME / "adapters"),
+                env=as_admin,
             )
         urls = {r.role: r.url for r in replicas}
 
@@ -310,6 +357,9 @@ def main() -> None:
         v1 = through_the_pipeline(pipeline, m["support-v1"], m["golden"], ui, "support v1")
         prompt = json.loads(m["golden"].read_text().splitlines()[0])["prompt"]
         ask(urls, prompt)
+        banner("separation of duties: a training token cannot touch production")
+        loragate("rollback", SUPPORT, "--stage", "production", expect=3, env={"LORAGATE_TOKEN": tokens[Role.TRAINING]})
+        loragate("verify", v1)
 
         banner("a broken adapter that registers fine: shadow validation fails it")
         loragate("training-completed", str(m["fp16-qlora"]), "--name", SUPPORT, env=pipeline.env)

@@ -6,7 +6,8 @@ end-to-end tests and ``bench/pipeline.py``.
 are then tightened (an evaluation every few seconds instead of every ten minutes), because
 a demo canary window lasts seconds, not a day. The workers get the loragate settings as
 environment variables, which every flow run they start inherits: settings never travel as
-flow parameters.
+flow parameters, and tokens and keys never as either (``save_pipeline_secrets`` puts them
+in Secret blocks).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from infra.prefect_local import PrefectServer, prefect_bin, start_prefect_server, start_worker, stop, stop_process
+from registry.access import Role
 
 ROOT = Path(__file__).resolve().parents[1]
 POOLS = ("cpu", "gpu")
@@ -118,3 +120,15 @@ def reopen_ui(home: Path = Path(".loragate/prefect"), port: int = 4200) -> None:
 
 if __name__ == "__main__":
     reopen_ui()
+
+
+def save_pipeline_secrets(
+    server: PrefectServer, tokens: dict[Role, str], signing_key_pem: bytes | None, slack_token: str | None = None
+) -> None:
+    """The gates' tokens, the signing key and the Slack token as Secret blocks on ``server``."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tasks.credentials import store_pipeline_secrets
+
+    with temporary_settings({PREFECT_API_URL: server.api_url}):
+        store_pipeline_secrets(tokens, signing_key_pem, slack_token)

@@ -42,8 +42,10 @@ class ErrorCode(StrEnum):
     REPLICA_REFUSED = "replica_refused"
     REPLICA_UNKNOWN_ADAPTER = "replica_unknown_adapter"
     DEPLOY_FAILED = "deploy_failed"
-    # roles arrive with the signing issue; the edge already maps it
+    # who may do what, and signatures
     PERMISSION_DENIED = "permission_denied"
+    SIGNATURE_REQUIRED = "signature_required"
+    SIGNATURE_INVALID = "signature_invalid"
 
 
 class LoragateError(Exception):
@@ -82,13 +84,26 @@ class IllegalTransition(InvalidInput):
 
 
 class PermissionDenied(LoragateError):
+    """No token, an unknown or revoked one, or a role or namespace that does not allow the
+    operation; nothing was changed."""
+
     default_code = ErrorCode.PERMISSION_DENIED
+
+    def one_line(self) -> str:
+        return f"permission denied: {' '.join(self.message.split())}"
 
 
 class IntegrityFailure(LoragateError):
     """Stored bytes or a pinned base no longer match their recorded digest."""
 
     default_code = ErrorCode.ARTIFACT_CORRUPTED
+
+
+class SignatureInvalid(IntegrityFailure):
+    """A signature does not verify: a changed byte in a signed part, an unknown or revoked
+    key, a key not registered for signing, or a signature made over another version."""
+
+    default_code = ErrorCode.SIGNATURE_INVALID
 
 
 class Unavailable(LoragateError):

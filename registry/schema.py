@@ -214,3 +214,48 @@ canary_observations = Table(
     Column("observation", Json, nullable=False),
     Index("ix_canary_observations_window", "window_id", "id"),
 )
+
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("token_id", String(12), primary_key=True),
+    Column("secret_sha256", String(64), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("namespace", String(194), nullable=True),
+    Column("holder", String(128), nullable=False),
+    Column("created_at", Timestamp, nullable=False),
+    Column("created_by", String(128), nullable=False),
+    Column("revoked_at", Timestamp, nullable=True),
+    Column("revoked_by", String(128), nullable=True),
+    CheckConstraint("role IN ('training', 'signing', 'activation', 'admin')", name="ck_api_tokens_role"),
+    Index("ix_api_tokens_holder", "holder", "role"),
+)
+
+signing_keys = Table(
+    "signing_keys",
+    metadata,
+    Column("key_id", String(80), primary_key=True),
+    Column("role", String(16), nullable=False),
+    Column("public_pem", Text, nullable=False),
+    Column("holder", String(128), nullable=False),
+    Column("created_at", Timestamp, nullable=False),
+    Column("created_by", String(128), nullable=False),
+    Column("revoked_at", Timestamp, nullable=True),
+    Column("revoked_by", String(128), nullable=True),
+    CheckConstraint("role IN ('training', 'signing', 'activation', 'admin')", name="ck_signing_keys_role"),
+)
+
+version_signatures = Table(
+    "version_signatures",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("version_id", String(64), ForeignKey("adapter_versions.version_id"), nullable=False),
+    Column("key_id", String(80), ForeignKey("signing_keys.key_id"), nullable=False),
+    Column("validation_run_id", Integer, ForeignKey("validation_runs.id"), nullable=False),
+    Column("report_sha256", String(64), nullable=False),
+    Column("signature", Text, nullable=False),
+    Column("signed_at", Timestamp, nullable=False),
+    Column("signed_by", String(128), nullable=False),
+    UniqueConstraint("version_id", "key_id", "validation_run_id", name="uq_version_signatures_once"),
+    Index("ix_version_signatures_version", "version_id", "id"),
+)

@@ -10,6 +10,7 @@ transaction.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import urllib.parse
 from collections.abc import Callable
@@ -19,6 +20,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from registry.access import (
+    Action,
+    IssuedToken,
+    Principal,
+    Role,
+    SigningKey,
+    TokenRecord,
+    VersionSignature,
+    check_namespace,
+    issue_token,
+    parse_role,
+    secret_matches,
+    split_token,
+)
 from registry.artifacts import ArtifactStore, StoredBlob, fetch_s3_bundle, open_artifact_store
 from registry.binding import binding_mismatches
 from registry.bundle import (
@@ -37,8 +52,16 @@ from registry.bundle import (
 from registry.canary import ACTIVE, CanaryThresholds, CanaryWindow, Observation, WindowStatus
 from registry.catalog import BaseModelRecord, inspect_base
 from registry.digests import canonical_json, digest_of_hex, sha256_bytes, sha256_file
-from registry.domain import Adapter, AdapterVersion, AuditEvent, GoldenSetRef, ValidationRun
-from registry.errors import AlreadyExists, ErrorCode, IllegalTransition, InvalidInput, NotFound
+from registry.domain import Adapter, AdapterVersion, AuditEvent, GoldenSetRef, ValidationRun, utcnow
+from registry.errors import (
+    AlreadyExists,
+    ErrorCode,
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    SignatureInvalid,
+)
 from registry.fleet import AdapterPointers, Replica, ReplicaRole
 from registry.golden import GoldenSet, digest_if_parseable, load_stored_golden_set, parse_golden_set
 from registry.lifecycle import (
@@ -55,14 +78,54 @@ from registry.names import AdapterName
 from registry.reports import ValidationReport
 from registry.scratch import Litter, find_litter, remove, scratch_dir, sweep
 from registry.settings import VLLM_LORA_RANKS, Settings
+from registry.signing import (
+    SIGNED_REPORT_FILE,
+    key_id,
+    public_key_of,
+    sign_directory,
+    signed_digests,
+    verify_directory,
+    write_signed_report,
+)
 from registry.store import SqlStore
 from registry.weights import inspect_lora_weights
 
 Progress = Callable[[str], None]
+# a switch records what it did to the replicas under whichever of these moved the pointer
+FLEET_MOVES = (
+    Action.MANAGE_FLEET,
+    Action.PROMOTE_CANARY,
+    Action.PROMOTE_PRODUCTION,
+    Action.ROLLBACK_PRODUCTION,
+    Action.WITHDRAW_CANARY,
+)
 
 
 def _quiet(_: str) -> None:
     pass
+
+
+def _bundle_digests(version: AdapterVersion) -> tuple[str, str, str]:
+    """The version's digests in ``BUNDLE_FILES`` order."""
+    by_file = {
+        WEIGHTS_FILE: version.weights_sha256,
+        ADAPTER_CONFIG_FILE: version.adapter_config_sha256,
+        MANIFEST_FILE: version.manifest_sha256,
+    }
+    return tuple(by_file[f] for f in BUNDLE_FILES)  # type: ignore[return-value]
+
+
+def signed_report(version: AdapterVersion, run: ValidationRun) -> dict[str, Any]:
+    """What a signature says about validation: the run it passed, its golden set and
+    outputs, and the full report."""
+    return {
+        "version_id": version.version_id,
+        "validation_run_id": run.id,
+        "status": run.status.value,
+        "golden_set_digest": run.golden_set_digest,
+        "output_sha256": run.output_sha256,
+        "report": run.report.to_json(),
+    }
 
 
 @dataclass(frozen=True)
@@ -91,14 +154,22 @@ class RegisterResult:
 
 
 class Registry:
-    def __init__(self, store: SqlStore, artifacts: ArtifactStore, settings: Settings):
+    """Reads are open to whoever reaches the database; every write is authorized first,
+    for the ``principal`` given, or else for the token in ``settings.token`` (looked up
+    on the first write, so read-only commands never need one)."""
+
+    def __init__(
+        self, store: SqlStore, artifacts: ArtifactStore, settings: Settings, principal: Principal | None = None
+    ):
         self._store = store
         self._artifacts = artifacts
         self.settings = settings
+        self._principal = principal
 
     @classmethod
-    def open(cls, settings: Settings, *, check_schema: bool = True) -> Registry:
-        """Connect to the registry ``settings`` name.
+    def open(cls, settings: Settings, *, check_schema: bool = True, principal: Principal | None = None) -> Registry:
+        """Connect to the registry ``settings`` name, acting as ``principal`` (default: the
+        holder of ``settings.token``).
 
         Raises:
             InvalidInput: NOT_INITIALIZED when ``check_schema`` and the schema is missing or
@@ -110,6 +181,7 @@ class Registry:
             SqlStore.from_url(settings.database, settings.database_connect_timeout_s),
             open_artifact_store(settings),
             settings,
+            principal,
         )
         if check_schema:
             registry._store.check_schema()
@@ -124,10 +196,62 @@ class Registry:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def init(self) -> None:
-        """Create or upgrade the schema (Alembic) and the artifact store."""
+    def init(self) -> IssuedToken | None:
+        """Create or upgrade the schema (Alembic) and the artifact store; returns the first
+        admin token when the registry has no active one yet (shown once, stored hashed).
+
+        Whoever can run migrations owns the database already, so this needs no token.
+        """
         self._store.upgrade_schema()
         self._artifacts.ensure()
+        if any(t.role == Role.ADMIN and t.active for t in self._store.tokens()):
+            return None
+        issued = issue_token()
+        self._store.create_token(issued, Role.ADMIN, None, "admin", f"{self.settings.actor} (loragate init)")
+        return issued
+
+    # -- who is calling ---------------------------------------------------------
+
+    @property
+    def principal(self) -> Principal:
+        """Raises:
+        PermissionDenied: no token, or one that is malformed, unknown or revoked.
+        """
+        if self._principal is None:
+            self._principal = self.authenticate(self.settings.token)
+        return self._principal
+
+    def authenticate(self, token: str | None) -> Principal:
+        """Raises:
+        PermissionDenied: no token, or one that is malformed, unknown or revoked (the
+            message never repeats the token).
+        """
+        if not token:
+            raise PermissionDenied("this needs a token: set LORAGATE_TOKEN or pass --token", field="LORAGATE_TOKEN")
+        token_id, secret_hash = split_token(token)
+        found = self._store.token(token_id)
+        if found is None or not secret_matches(secret_hash, found[1]):
+            raise PermissionDenied(f"token {token_id} is not known to this registry", field="LORAGATE_TOKEN")
+        record = found[0]
+        if not record.active:
+            raise PermissionDenied(f"token {token_id} was revoked", field="LORAGATE_TOKEN")
+        return Principal.of_token(record)
+
+    def _authorize(self, action: Action, name: str | None = None) -> str:
+        """The actor to record, once the principal may do ``action`` on ``name``.
+
+        Raises:
+            PermissionDenied: nothing was changed.
+        """
+        principal = self.principal
+        principal.require(action, name)
+        return principal.actor
+
+    def _authorize_any(self, actions: tuple[Action, ...], name: str | None = None) -> str:
+        principal = self.principal
+        if not any(principal.may(action, name) for action in actions):
+            principal.require(actions[0], name)  # raises, naming the first
+        return principal.actor
 
     @property
     def artifacts_location(self) -> str:
@@ -142,8 +266,9 @@ class Registry:
             InvalidInput: INVALID_BASE / INVALID_NAME for a source, id or revision that
                 cannot be pinned; AlreadyExists for the same pin with other content.
         """
+        actor = self._authorize(Action.MANAGE_BASES)
         record = inspect_base(source, base_model_id, revision, self.settings.hf_cache_dir)
-        return self._store.add_base(record, self.settings.actor)
+        return self._store.add_base(record, actor)
 
     def list_bases(self, base_model_id: str | None = None) -> list[BaseModelRecord]:
         return self._store.bases(base_model_id)
@@ -187,6 +312,7 @@ class Registry:
             ConcurrentUpdate: the version row could not be inserted after retries.
         """
         adapter_name = AdapterName.parse(name)
+        actor = self._authorize(Action.REGISTER, str(adapter_name))
         progress(f"reading and hashing {bundle_dir}")
         sweep(Path(tempfile.gettempdir()), self.settings.litter_age_s)  # snapshots of crashed registers
         with snapshot_bundle(
@@ -210,7 +336,7 @@ class Registry:
                     code=ErrorCode.INVALID_MANIFEST,
                     field="adapter_version",
                 )
-            return self._store_new_version(adapter_name, manifest, base, snap, address, progress)
+            return self._store_new_version(adapter_name, manifest, base, snap, address, progress, actor)
 
     def register_from(self, location: str, name: str, progress: Progress = _quiet) -> RegisterResult:
         """Register the bundle at ``location``: a directory, or ``s3://bucket/prefix`` holding
@@ -222,6 +348,7 @@ class Registry:
         """
         if not location.startswith("s3://"):
             return self.register_adapter(Path(location), name, progress)
+        self._authorize(Action.REGISTER, str(AdapterName.parse(name)))  # before any download
         progress(f"downloading {location}")
         with scratch_dir("bundle", Path(tempfile.gettempdir())) as scratch:
             fetch_s3_bundle(self.settings, location, BUNDLE_FILES, scratch)
@@ -291,6 +418,7 @@ class Registry:
         snap: BundleSnapshot,
         address: str,
         progress: Progress,
+        actor: str,
     ) -> RegisterResult:
         progress(f"storing blobs in {self._artifacts.location}")
         # a blob already there is verified first and rewritten when damaged or gone
@@ -325,9 +453,7 @@ class Registry:
                 "manifest": final.model_dump(mode="json"),
             }
 
-        version, created = self._store.insert_version(
-            name, address, snap.weights_sha256, finalize, actor=self.settings.actor
-        )
+        version, created = self._store.insert_version(name, address, snap.weights_sha256, finalize, actor=actor)
         # a gc that judged a reused blob an orphan just before the commit cannot win: the
         # version's blobs are checked once more, and written again from the bytes in hand
         uploaded += self._store_blobs(version, snap, verified=False)
@@ -462,10 +588,12 @@ class Registry:
             raise InvalidInput(
                 f"--to must be canary or production, not {to!r}", code=ErrorCode.ILLEGAL_TRANSITION, field="to"
             ) from e
+        action = Action.PROMOTE_PRODUCTION if target == Pointer.PRODUCTION else Action.PROMOTE_CANARY
+        actor = self._authorize(action, self._store.get_version(version_id).name)
         return self._store.apply_plan(
             lambda pointers, states: plan_promotion(pointers, states[version_id], target, states),
             subject=version_id,
-            actor=self.settings.actor,
+            actor=actor,
             reason=reason,
             verify_target=self._verify_target,
             on_planned=on_planned,
@@ -497,18 +625,24 @@ class Registry:
                 code=ErrorCode.ILLEGAL_TRANSITION,
                 field="stage",
             ) from e
+        actor = self._authorize(
+            Action.ROLLBACK_PRODUCTION if target == Pointer.PRODUCTION else Action.WITHDRAW_CANARY, name
+        )
         return self._store.apply_plan(
             lambda pointers, states: plan_rollback(pointers, target, states, name),
             name=name,
-            actor=self.settings.actor,
+            actor=actor,
             reason=reason,
             verify_target=self._verify_target,
             on_planned=on_planned,
         )
 
-    def _verify_target(self, version_id: str, blobs: tuple[str, str, str]) -> None:
+    def _verify_target(self, pointer: Pointer, version_id: str, blobs: tuple[str, str, str]) -> None:
         for hexdigest in blobs:
             self._artifacts.verify(digest_of_hex(hexdigest))
+        if pointer == Pointer.PRODUCTION:
+            # promotion and rollback alike: production only ever serves signed bytes
+            self.verify_signature(version_id)
 
     def verify_blobs(self, version_id: str) -> None:
         """Check that the version's three blobs are stored and match their digests.
@@ -518,7 +652,8 @@ class Registry:
             IntegrityFailure: ARTIFACT_CORRUPTED naming the blob.
         """
         version = self._store.get_version(version_id)
-        self._verify_target(version_id, version.blob_digests)
+        for hexdigest in version.blob_digests:
+            self._artifacts.verify(digest_of_hex(hexdigest))
 
     # -- bundles --------------------------------------------------------------
 
@@ -552,6 +687,163 @@ class Registry:
             publish_dir(staging, dest)
         return dest
 
+    # -- tokens -------------------------------------------------------------------
+
+    def create_token(self, role: str, holder: str, namespace: str | None = None) -> tuple[TokenRecord, str]:
+        """A new token for ``holder`` (a person or a pipeline), bound to ``role`` and,
+        optionally, a namespace pattern; returns its record and the token, shown once.
+
+        Raises:
+            PermissionDenied: not an admin.
+            InvalidInput: an unknown role, a bad namespace pattern or an empty holder.
+        """
+        actor = self._authorize(Action.MANAGE_TOKENS)
+        parsed = parse_role(role)
+        pattern = check_namespace(namespace)
+        holder = holder.strip()
+        if not holder or len(holder) > 128:
+            raise InvalidInput("holder must name who holds the token (1-128 characters)", field="holder")
+        issued = issue_token()
+        return self._store.create_token(issued, parsed, pattern, holder, actor), issued.token
+
+    def revoke_token(self, token_id: str) -> TokenRecord:
+        """Raises:
+        PermissionDenied: not an admin.
+        NotFound: no such token.
+        """
+        return self._store.revoke_token(token_id, self._authorize(Action.MANAGE_TOKENS))
+
+    def list_tokens(self) -> list[TokenRecord]:
+        """Raises:
+        PermissionDenied: not an admin.
+        """
+        self._authorize(Action.MANAGE_TOKENS)
+        return self._store.tokens()
+
+    # -- signing keys and signatures -------------------------------------------------
+
+    def add_signing_key(self, public_pem: bytes, role: str, holder: str) -> tuple[SigningKey, bool]:
+        """Register a public key for ``role`` (a production signature must be by a
+        ``signing`` key); the same key again is a no-op.
+
+        Raises:
+            PermissionDenied: not an admin.
+            InvalidInput: not an EC public key, an unknown role, an empty holder.
+            AlreadyExists: the key is registered for another role or holder.
+        """
+        actor = self._authorize(Action.MANAGE_KEYS)
+        parsed = parse_role(role)
+        if not holder.strip():
+            raise InvalidInput("holder must name who holds the private key", field="holder")
+        key = SigningKey(key_id(public_pem), parsed, public_pem, holder.strip(), utcnow(), actor)
+        return self._store.add_signing_key(key, actor)
+
+    def revoke_signing_key(self, key: str) -> SigningKey:
+        """Raises:
+        PermissionDenied: not an admin.
+        NotFound: no such key.
+        """
+        return self._store.revoke_signing_key(key, self._authorize(Action.MANAGE_KEYS))
+
+    def list_signing_keys(self) -> list[SigningKey]:
+        return self._store.signing_keys()
+
+    def signatures(self, version_id: str) -> list[VersionSignature]:
+        self._store.get_version(version_id)
+        return self._store.signatures(version_id)
+
+    def _passed_run(self, version: AdapterVersion) -> ValidationRun:
+        runs = self._store.validation_runs(version.version_id)
+        if not runs or runs[-1].status != ValidationStatus.PASSED:
+            raise IllegalTransition(
+                f"{version.version_id} has not passed validation: only a validated version is signed",
+                code=ErrorCode.VALIDATION_REQUIRED,
+                field="version",
+            )
+        return runs[-1]
+
+    def _signing_dir(self, version: AdapterVersion, run: ValidationRun, dest: Path, source: Path | None) -> Path:
+        """The signed parts side by side: the bundle (from ``source``, the bytes a replica
+        is given, or from the artifact store) and the validation report."""
+        if source is None:
+            for file, hexdigest in zip(BUNDLE_FILES, _bundle_digests(version), strict=True):
+                self._artifacts.fetch_to(digest_of_hex(hexdigest), dest / file)
+        else:
+            for file in BUNDLE_FILES:
+                if not (source / file).is_file():
+                    raise SignatureInvalid(f"{source} has no {file} to verify", field="bundle")
+                shutil.copyfile(source / file, dest / file)
+        write_signed_report(dest, signed_report(version, run))
+        return dest
+
+    def sign_version(self, version_id: str, private_pem: bytes) -> tuple[VersionSignature, bool]:
+        """Sign the version's bundle and its latest (passed) validation report with a key
+        registered for the ``signing`` role; signing again with the same key is a no-op.
+
+        Raises:
+            PermissionDenied: no ``signing`` role, or a key that is not an active signing key.
+            IllegalTransition: VALIDATION_REQUIRED, the latest validation did not pass.
+            InvalidInput: the private key cannot be read (never echoed).
+        """
+        version = self._store.get_version(version_id)
+        actor = self._authorize(Action.SIGN, version.name)
+        kid = key_id(public_key_of(private_pem))
+        key = self._store.signing_key(kid)
+        if key is None or not key.active or key.role != Role.SIGNING:
+            why = "not registered" if key is None else "revoked" if not key.active else f"a {key.role.value} key"
+            raise PermissionDenied(f"key {kid} is {why}: production takes a signing key's signature", field="key")
+        run = self._passed_run(version)
+        with tempfile.TemporaryDirectory(prefix="loragate-sign-") as tmp:
+            signed = self._signing_dir(version, run, Path(tmp), None)
+            signature = sign_directory(signed, private_pem)
+            verify_directory(signed, signature, key.public_pem)
+            report_sha256 = sha256_file(signed / SIGNED_REPORT_FILE)
+        return self._store.record_signature(version_id, kid, run.id, report_sha256, signature, actor)
+
+    def verify_signature(self, version_id: str, bundle_dir: Path | None = None) -> VersionSignature:
+        """The signature production relies on: by an active ``signing`` key, over this
+        version's bytes (``bundle_dir``: the copy a replica is given; else the stored
+        blobs) and its latest validation report, which must have passed.
+
+        Raises:
+            IllegalTransition: SIGNATURE_REQUIRED, never signed; VALIDATION_REQUIRED.
+            SignatureInvalid: no signature verifies; the reasons say why each failed.
+        """
+        version = self._store.get_version(version_id)
+        run = self._passed_run(version)
+        signatures = self._store.signatures(version_id)
+        if not signatures:
+            raise IllegalTransition(
+                f"{version_id} is not signed: production needs a signing key's signature (loragate sign)",
+                code=ErrorCode.SIGNATURE_REQUIRED,
+                field="version",
+            )
+        reasons = []
+        for sig in reversed(signatures):
+            try:
+                self._check_signature(version, run, sig, bundle_dir)
+                return sig
+            except SignatureInvalid as e:
+                reasons.append(f"{sig.key_id[:19]}: {e.message}")
+        raise SignatureInvalid(f"{version_id}: no valid signature ({'; '.join(reasons)})", field="signature")
+
+    def _check_signature(
+        self, version: AdapterVersion, run: ValidationRun, sig: VersionSignature, bundle_dir: Path | None
+    ) -> None:
+        key = self._store.signing_key(sig.key_id)
+        if key is None or not key.active:
+            raise SignatureInvalid("by an unknown or revoked key")
+        if key.role != Role.SIGNING:
+            raise SignatureInvalid(f"by a {key.role.value} key, not a signing key")
+        if sig.validation_run_id != run.id:
+            raise SignatureInvalid(f"over validation run {sig.validation_run_id}, not the latest ({run.id})")
+        stated = signed_digests(sig.signature)
+        for file, hexdigest in zip(BUNDLE_FILES, _bundle_digests(version), strict=True):
+            if stated.get(file) != hexdigest:
+                raise SignatureInvalid(f"made over another version's {file}")
+        with tempfile.TemporaryDirectory(prefix="loragate-verify-") as tmp:
+            verify_directory(self._signing_dir(version, run, Path(tmp), bundle_dir), sig.signature, key.public_pem)
+
     # -- the fleet --------------------------------------------------------------
 
     def add_replica(
@@ -575,7 +867,9 @@ class Registry:
             InvalidInput: INVALID_SETTING for a bad URL, role or limit; UNKNOWN_BASE for a base
                 or commit that is not pinned.
             AlreadyExists: the URL is in the fleet with another configuration.
+            PermissionDenied: not an admin.
         """
+        actor = self._authorize(Action.MANAGE_FLEET)
         try:
             parsed = urllib.parse.urlsplit(url)
             parsed.port  # noqa: B018 (raises on a port that is not a number)
@@ -638,13 +932,13 @@ class Registry:
             max_loras=max_loras,
             served_model_name=served_model_name or base_model_id,
         )
-        return self._store.add_replica(replica, self.settings.actor)
+        return self._store.add_replica(replica, actor)
 
     def remove_replica(self, url: str) -> Replica:
         """Raises:
         NotFound: no replica with that URL.
         """
-        return self._store.remove_replica(url.rstrip("/"), self.settings.actor)
+        return self._store.remove_replica(url.rstrip("/"), self._authorize(Action.MANAGE_FLEET))
 
     def list_replicas(self, base_model_id: str | None = None) -> list[Replica]:
         return self._store.replicas(base_model_id)
@@ -653,7 +947,9 @@ class Registry:
         return self._store.adapter_pointers(base_model_id)
 
     def record_fleet_actions(self, action: str, entries: list[dict[str, Any]], reason: str | None = None) -> None:
-        self._store.record_fleet_actions(self.settings.actor, action, entries, reason)
+        """Audit what a switch or a reconcile did to the replicas."""
+        actor = self._authorize_any(FLEET_MOVES)
+        self._store.record_fleet_actions(actor, action, entries, reason)
 
     def expected_outputs(self, version_id: str) -> tuple[GoldenSet, dict[str, str]] | None:
         """The golden set and greedy outputs of the version's latest passed validation: what
@@ -687,8 +983,9 @@ class Registry:
                 f"{version_id} is {version.stage.value}, not the canary of {version.name}: promote it to canary first",
                 field="version_id",
             )
+        actor = self._authorize(Action.WATCH_CANARY, version.name)
         thresholds = CanaryThresholds.from_settings(self.settings)
-        return self._store.open_canary_window(version.name, version_id, thresholds, self.settings.actor)
+        return self._store.open_canary_window(version.name, version_id, thresholds, actor)
 
     def canary_windows(
         self, statuses: tuple[WindowStatus, ...] | None = ACTIVE, version_id: str | None = None
@@ -720,7 +1017,10 @@ class Registry:
         Raises:
             NotFound: no such window.
         """
-        return self._store.record_canary_observation(observation, self.settings.actor)
+        window = self._store.canary_window(observation.window_id)
+        return self._store.record_canary_observation(
+            observation, self._authorize(Action.WATCH_CANARY, window.adapter_name)
+        )
 
     def canary_observations(self, window_id: int) -> list[Observation]:
         return self._store.canary_observations(window_id)
@@ -733,12 +1033,14 @@ class Registry:
             IllegalTransition: the window cannot move there (a promoted window cannot be
                 rolled back through its canary, say).
         """
-        return self._store.move_canary_window(window_id, status, reason, self.settings.actor)
+        actor = self._authorize(Action.WATCH_CANARY, self._store.canary_window(window_id).adapter_name)
+        return self._store.move_canary_window(window_id, status, reason, actor)
 
     def request_approval(self, window_id: int, flow_run_id: str, replacing: str | None = None) -> CanaryWindow:
         """Claim the window's sign-off for a flow run, unless another run holds it (the
         returned window says who does); ``replacing`` names a run known to be gone."""
-        return self._store.set_approval_run(window_id, flow_run_id, replacing, self.settings.actor)
+        actor = self._authorize(Action.WATCH_CANARY, self._store.canary_window(window_id).adapter_name)
+        return self._store.set_approval_run(window_id, flow_run_id, replacing, actor)
 
     def record_approval(
         self, window_id: int, *, approve: bool, reviewer: str, comment: str = "", flow_run_id: str | None = None
@@ -752,13 +1054,31 @@ class Registry:
         """
         if not reviewer.strip():
             raise InvalidInput("a decision needs a reviewer", code=ErrorCode.INVALID_NAME, field="reviewer")
+        name = self._store.canary_window(window_id).adapter_name
+        actor = self._authorize(Action.APPROVE, name)
+        self.check_reviewer(reviewer.strip(), name)
         return self._store.record_approval(
             window_id,
             approve=approve,
             reviewer=reviewer.strip(),
             comment=comment,
             flow_run_id=flow_run_id,
-            actor=self.settings.actor,
+            actor=actor,
+        )
+
+    def check_reviewer(self, reviewer: str, name: str) -> TokenRecord:
+        """The reviewer of a production sign-off must hold an active ``activation`` token
+        covering the adapter (tokens name their holder); returns that token's record.
+
+        Raises:
+            PermissionDenied: nobody by that name holds one.
+        """
+        for record in self._store.tokens():
+            if record.holder == reviewer and record.active and Principal.of_token(record).may(Action.APPROVE, name):
+                return record
+        raise PermissionDenied(
+            f"reviewer {reviewer!r} holds no active activation token for {name}: nothing was moved",
+            field="reviewer",
         )
 
     # -- garbage ----------------------------------------------------------------
@@ -772,6 +1092,7 @@ class Registry:
         than the litter age are kept, references are read again right before blobs are
         deleted, and a register checks its blobs once more after it commits.
         """
+        actor = self._authorize(Action.COLLECT_GARBAGE)
         age = self.settings.litter_age_s
         store_litter = self._artifacts.litter(age)
         scratch_litter = find_litter(Path(tempfile.gettempdir()), age)
@@ -789,7 +1110,7 @@ class Registry:
                 freed += blob.size
             if litter or orphans:
                 details = {"litter": len(litter), "orphan_blobs": len(orphans), "bytes_freed": freed}
-                self._store.record_gc(self.settings.actor, details)
+                self._store.record_gc(actor, details)
         return GcReport(litter=litter, orphans=orphans, removed=not dry_run, freed_bytes=freed)
 
     # -- golden sets ----------------------------------------------------------
@@ -804,6 +1125,7 @@ class Registry:
         """
         AdapterName.parse(name)
         self._store.get_adapter(name)
+        actor = self._authorize(Action.REGISTER, name)
         raw = read_regular_file(
             Path(path), self.settings.max_json_bytes, field="golden_set", code=ErrorCode.INVALID_GOLDEN_SET
         )
@@ -816,7 +1138,7 @@ class Registry:
             raw, min_cases=self.settings.golden_min_cases, max_cases=self.settings.golden_max_cases
         )
         self._artifacts.put_bytes(golden.digest, golden.canonical_bytes())
-        return self._store.attach_golden_set(name, golden.digest, len(golden.cases), self.settings.actor)
+        return self._store.attach_golden_set(name, golden.digest, len(golden.cases), actor)
 
     def golden_set(self, name: str) -> tuple[GoldenSetRef, GoldenSet]:
         """The golden set attached to ``name`` now.
@@ -841,13 +1163,14 @@ class Registry:
         Raises:
             NotFound: no such version.
         """
+        actor = self._authorize(Action.VALIDATE, self._store.get_version(version_id).name)
         return self._store.record_validation(
             version_id,
             lambda state: plan_validation_result(state, report.status),
             report,
             started_at=started_at,
             finished_at=finished_at,
-            actor=self.settings.actor,
+            actor=actor,
         )
 
     def validation_runs(self, version_id: str) -> list[ValidationRun]:

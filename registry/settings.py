@@ -103,6 +103,8 @@ class Settings(BaseSettings):
     slack_channel: str | None = None
     slack_base_url: str | None = None
     actor: str = Field(default_factory=_default_actor, min_length=1)
+    # the API token every mutating command and flow presents (LORAGATE_TOKEN); never printed
+    token: str | None = Field(default=None, repr=False)
 
     def __init__(self, **values: Any) -> None:
         """Raises:

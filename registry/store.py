@@ -22,6 +22,7 @@ from sqlalchemy.engine import URL, Connection, Engine, ExceptionContext
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from registry import migrate
+from registry.access import IssuedToken, Role, SigningKey, TokenRecord, VersionSignature
 from registry.canary import (
     ACTIVE,
     WINDOW_MOVES,
@@ -42,6 +43,7 @@ from registry.errors import (
     IllegalTransition,
     InvalidInput,
     NotFound,
+    PermissionDenied,
     Unavailable,
 )
 from registry.fleet import AdapterPointers, Replica, ReplicaRole
@@ -51,17 +53,22 @@ from registry.reports import ValidationReport
 from registry.schema import (
     adapter_versions,
     adapters,
+    api_tokens,
     audit_events,
     base_models,
     canary_observations,
     canary_windows,
     golden_sets,
     replicas,
+    signing_keys,
     stage_pointers,
     validation_runs,
+    version_signatures,
 )
 
 MAX_ATTEMPTS = 8
+# SQLSTATE of a statement the connected database role holds no grant for
+INSUFFICIENT_PRIVILEGE = "42501"
 # a version id names the second it was made: ``YYYYMMDD_HHMMSS_<weights hex12>``
 VERSION_ID_FORMAT = "%Y%m%d_%H%M%S"
 # how far past "now" a version id may be moved to avoid a collision
@@ -92,6 +99,11 @@ def make_engine(url: URL, connect_timeout_s: int = 10) -> Engine:
 
     @event.listens_for(engine, "handle_error")
     def _unreachable(context: ExceptionContext) -> None:
+        if getattr(context.original_exception, "sqlstate", None) == INSUFFICIENT_PRIVILEGE:
+            first_line = str(context.original_exception).strip().splitlines()[0][:200]
+            raise PermissionDenied(
+                f"the database user of {shown} may not do this: {first_line}", field="LORAGATE_DATABASE_URL"
+            ) from context.original_exception
         # no connection could be made, or the one in use died: the database, not the request
         if isinstance(context.sqlalchemy_exception, OperationalError) and (
             context.connection is None or context.is_disconnect
@@ -639,13 +651,13 @@ class SqlStore:
         reason: str | None,
         details: dict | None = None,
         before_commit: Callable[[Connection], None] | None = None,
-        verify_target: Callable[[str, tuple[str, str, str]], None] | None = None,
+        verify_target: Callable[[Pointer, str, tuple[str, str, str]], None] | None = None,
         on_planned: Callable[[Plan], None] | None = None,
     ) -> Plan:
         """Plan under the adapter's row lock and apply atomically; retried on a lost race.
 
         The adapter is named by ``name`` or found from the ``subject`` version. Every version
-        the plan points a pointer at is passed to ``verify_target`` with its blob digests
+        the plan points a pointer at is passed to ``verify_target`` with the pointer and its blob digests
         (read in the same query as the states) before anything is written; then a plan that
         moves a pointer goes to ``on_planned`` (the fleet switch), still under the lock: if it
         raises, nothing is written.
@@ -665,8 +677,9 @@ class SqlStore:
                     raise NotFound(f"no adapter version {subject!r}", field="version")
                 plan = planner(pointers, states)
                 if verify_target is not None:
-                    for target in {v for v in plan.pointer_changes.values() if v is not None}:
-                        verify_target(target, blobs[target])
+                    for pointer, target in plan.pointer_changes.items():
+                        if target is not None:
+                            verify_target(pointer, target, blobs[target])
                 if on_planned is not None and plan.pointer_changes:
                     on_planned(plan)
                 if before_commit is not None:
@@ -826,6 +839,193 @@ class SqlStore:
     def record_gc(self, actor: str, details: dict[str, Any]) -> None:
         with self._write() as conn:
             self._audit(conn, actor=actor, action="gc", adapter_name=None, details=details)
+
+    # -- tokens, keys, signatures ---------------------------------------------
+
+    def create_token(
+        self, issued: IssuedToken, role: Role, namespace: str | None, holder: str, actor: str
+    ) -> TokenRecord:
+        now = utcnow()
+        with self._write() as conn:
+            conn.execute(
+                insert(api_tokens).values(
+                    token_id=issued.token_id,
+                    secret_sha256=issued.secret_hash,
+                    role=role.value,
+                    namespace=namespace,
+                    holder=holder,
+                    created_at=now,
+                    created_by=actor,
+                )
+            )
+            self._audit(
+                conn,
+                actor=actor,
+                action="token_created",
+                adapter_name=None,
+                to_value=issued.token_id,
+                details={"role": role.value, "namespace": namespace, "holder": holder},
+                at=now,
+            )
+        return TokenRecord(issued.token_id, role, namespace, holder, now, actor)
+
+    def token(self, token_id: str) -> tuple[TokenRecord, str] | None:
+        """The token's record and the SHA-256 of its secret."""
+        with self.reader.connect() as conn:
+            row = conn.execute(select(api_tokens).where(api_tokens.c.token_id == token_id)).first()
+        return None if row is None else (_token_from_row(row), row.secret_sha256)
+
+    def tokens(self) -> list[TokenRecord]:
+        with self.reader.connect() as conn:
+            rows = conn.execute(select(api_tokens).order_by(api_tokens.c.created_at, api_tokens.c.token_id))
+            return [_token_from_row(r) for r in rows]
+
+    def revoke_token(self, token_id: str, actor: str) -> TokenRecord:
+        """Raises:
+        NotFound: no such token.
+        """
+        now = utcnow()
+        with self._write() as conn:
+            changed = conn.execute(
+                update(api_tokens)
+                .where(api_tokens.c.token_id == token_id, api_tokens.c.revoked_at.is_(None))
+                .values(revoked_at=now, revoked_by=actor)
+            ).rowcount
+            if changed:
+                self._audit(conn, actor=actor, action="token_revoked", adapter_name=None, to_value=token_id, at=now)
+        found = self.token(token_id)
+        if found is None:
+            raise NotFound(f"no token {token_id!r}", field="token_id")
+        return found[0]
+
+    def add_signing_key(self, key: SigningKey, actor: str) -> tuple[SigningKey, bool]:
+        """Register a public key for a role; the same key again is a no-op.
+
+        Raises:
+            AlreadyExists: the key is registered for another role or holder.
+        """
+        existing = self.signing_key(key.key_id)
+        if existing is not None:
+            if (existing.role, existing.holder) != (key.role, key.holder):
+                raise AlreadyExists(
+                    f"key {key.key_id} is registered to {existing.holder} for {existing.role.value}", field="public_key"
+                )
+            return existing, False
+        now = utcnow()
+        try:
+            with self._write() as conn:
+                conn.execute(
+                    insert(signing_keys).values(
+                        key_id=key.key_id,
+                        role=key.role.value,
+                        public_pem=key.public_pem.decode(),
+                        holder=key.holder,
+                        created_at=now,
+                        created_by=actor,
+                    )
+                )
+                self._audit(
+                    conn,
+                    actor=actor,
+                    action="key_added",
+                    adapter_name=None,
+                    to_value=key.key_id[:64],
+                    details={"key_id": key.key_id, "role": key.role.value, "holder": key.holder},
+                    at=now,
+                )
+        except IntegrityError as e:
+            raise AlreadyExists(f"key {key.key_id} was added meanwhile", field="public_key") from e
+        return dataclasses.replace(key, created_at=now, created_by=actor), True
+
+    def signing_key(self, key_id: str) -> SigningKey | None:
+        with self.reader.connect() as conn:
+            row = conn.execute(select(signing_keys).where(signing_keys.c.key_id == key_id)).first()
+        return None if row is None else _key_from_row(row)
+
+    def signing_keys(self) -> list[SigningKey]:
+        with self.reader.connect() as conn:
+            rows = conn.execute(select(signing_keys).order_by(signing_keys.c.created_at, signing_keys.c.key_id))
+            return [_key_from_row(r) for r in rows]
+
+    def revoke_signing_key(self, key_id: str, actor: str) -> SigningKey:
+        """Raises:
+        NotFound: no such key.
+        """
+        now = utcnow()
+        with self._write() as conn:
+            changed = conn.execute(
+                update(signing_keys)
+                .where(signing_keys.c.key_id == key_id, signing_keys.c.revoked_at.is_(None))
+                .values(revoked_at=now, revoked_by=actor)
+            ).rowcount
+            if changed:
+                self._audit(
+                    conn,
+                    actor=actor,
+                    action="key_revoked",
+                    adapter_name=None,
+                    to_value=key_id[:64],
+                    details={"key_id": key_id},
+                    at=now,
+                )
+        key = self.signing_key(key_id)
+        if key is None:
+            raise NotFound(f"no signing key {key_id!r}", field="key_id")
+        return key
+
+    def record_signature(
+        self, version_id: str, key_id: str, run_id: int, report_sha256: str, signature: bytes, actor: str
+    ) -> tuple[VersionSignature, bool]:
+        """Store a signature; the same version, key and validation run again is a no-op."""
+        for existing in self.signatures(version_id):
+            if (existing.key_id, existing.validation_run_id) == (key_id, run_id):
+                return existing, False
+        version = self.get_version(version_id)
+        now = utcnow()
+        with self._write() as conn:
+            conn.execute(
+                insert(version_signatures).values(
+                    version_id=version_id,
+                    key_id=key_id,
+                    validation_run_id=run_id,
+                    report_sha256=report_sha256,
+                    signature=signature.decode(),
+                    signed_at=now,
+                    signed_by=actor,
+                )
+            )
+            self._audit(
+                conn,
+                actor=actor,
+                action="signed",
+                adapter_name=version.name,
+                version_id=version_id,
+                details={"key_id": key_id, "validation_run_id": run_id, "report_sha256": report_sha256},
+                at=now,
+            )
+        return next(s for s in self.signatures(version_id) if (s.key_id, s.validation_run_id) == (key_id, run_id)), True
+
+    def signatures(self, version_id: str) -> list[VersionSignature]:
+        """Oldest first."""
+        with self.reader.connect() as conn:
+            rows = conn.execute(
+                select(version_signatures)
+                .where(version_signatures.c.version_id == version_id)
+                .order_by(version_signatures.c.id)
+            )
+            return [
+                VersionSignature(
+                    id=r.id,
+                    version_id=r.version_id,
+                    key_id=r.key_id,
+                    validation_run_id=r.validation_run_id,
+                    report_sha256=r.report_sha256,
+                    signature=r.signature.encode(),
+                    signed_at=_utc(r.signed_at),
+                    signed_by=r.signed_by,
+                )
+                for r in rows
+            ]
 
     # -- audit ----------------------------------------------------------------
 
@@ -1196,6 +1396,30 @@ class SqlStore:
                 return _window_from_row(self._window_row(conn, window_id))
 
         return self._retrying(attempt)
+
+
+def _token_from_row(row: Any) -> TokenRecord:
+    return TokenRecord(
+        token_id=row.token_id,
+        role=Role(row.role),
+        namespace=row.namespace,
+        holder=row.holder,
+        created_at=_utc(row.created_at),
+        created_by=row.created_by,
+        revoked_at=_utc(row.revoked_at) if row.revoked_at is not None else None,
+    )
+
+
+def _key_from_row(row: Any) -> SigningKey:
+    return SigningKey(
+        key_id=row.key_id,
+        role=Role(row.role),
+        public_pem=row.public_pem.encode(),
+        holder=row.holder,
+        created_at=_utc(row.created_at),
+        created_by=row.created_by,
+        revoked_at=_utc(row.revoked_at) if row.revoked_at is not None else None,
+    )
 
 
 def _window_from_row(row: Any) -> CanaryWindow:

@@ -35,6 +35,7 @@ from registry.fleet import (
     FleetAction,
     Placement,
     Replica,
+    ReplicaRole,
     build_index,
     desired_placements,
     plan_reconcile,
@@ -161,6 +162,18 @@ class ReplicaMove:
         }
 
 
+def materialize_for(registry: Registry, replica: Replica, placement: Placement) -> None:
+    """Write the version where the replica loads it from; a production replica's copy has
+    its signature verified on those very bytes, not only on the stored blobs.
+
+    Raises:
+        SignatureInvalid: the copy does not verify (the replica is not touched).
+    """
+    path = registry.materialize(placement.version_id, Path(placement.path))
+    if replica.role == ReplicaRole.PRODUCTION:
+        registry.verify_signature(placement.version_id, bundle_dir=path)
+
+
 def _after(pointers: AdapterPointers, plan: Plan) -> AdapterPointers:
     """The adapter's pointers once ``plan`` is applied."""
     changes = plan.pointer_changes
@@ -251,7 +264,7 @@ class FleetSwitch:
                 )
 
     def _materialize(self, replica: Replica, placement: Placement) -> None:
-        self.registry.materialize(placement.version_id, Path(placement.path))
+        materialize_for(self.registry, replica, placement)
 
     def _write_indexes(self, replicas: list[Replica], adapters: list[AdapterPointers]) -> None:
         for adapter_dir, index in build_index(replicas, adapters).items():
@@ -436,7 +449,7 @@ def reconcile_fleet(registry: Registry, progress: Progress = _quiet) -> list[Rep
                         unload_replica(client, action.name)
                     else:
                         assert action.placement is not None
-                        registry.materialize(action.placement.version_id, Path(action.placement.path))
+                        materialize_for(registry, state.replica, action.placement)
                         if action.kind == ActionKind.LOAD:
                             client.load(action.name, action.placement.path)
                         else:

@@ -1,8 +1,8 @@
 """Prefect wrapper of Slack notifications: thin, never failing a gate, never posting twice.
 
 The notice is the only parameter: Prefect stores task parameters and shows them in its
-UI, so the settings -- the Slack token among them -- are read inside the run, from the
-worker's environment. Kept apart from ``tasks.notify`` so the plain function imports
+UI, so the settings are read inside the run, from the worker's environment, and the Slack
+token from a Secret block. Kept apart from ``tasks.notify`` so the plain function imports
 without Prefect (~2.4 s), as ``tasks.validation`` keeps its wrapper in ``prefect_tasks``.
 """
 
@@ -12,7 +12,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
-from registry.settings import Settings
+from tasks.credentials import slack_settings
 from tasks.notify import Notice, NotifyResult, notify
 
 
@@ -26,7 +26,7 @@ from tasks.notify import Notice, NotifyResult, notify
 @task(name="notify", retries=0, cache_policy=NO_CACHE)
 def notify_task(notice: Notice) -> NotifyResult:
     """Post the notice to Slack; the result says whether it went, is off, or failed."""
-    result = notify(Settings(), notice)
+    result = notify(slack_settings(), notice)
     logger = get_run_logger()
     if result.error:
         logger.warning("Slack: %s", result.one_line())

@@ -28,10 +28,67 @@ atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 # it now, not inside a test whose captured stderr is closed afterwards
 import prefect.main  # noqa: E402,F401  (prefect.main sets logging up)
 
+from registry.access import Principal, Role  # noqa: E402
+from registry.errors import InvalidInput  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
+from registry.signing import generate_key_pair  # noqa: E402
 from tests.slack import slack  # noqa: E402,F401  (the recording Slack fixture)
 
+# the role each mutating command needs (README, "Who may do what"); a read needs none
+COMMAND_ROLES = {
+    "register": "training",
+    "golden": "training",
+    "validate": "signing",
+    "sign": "signing",
+    "approve": "activation",
+    "base": "admin",
+    "fleet": "admin",
+    "replicas": "admin",
+    "gc": "admin",
+    "token": "admin",
+    "key": "admin",
+}
+
+
+def role_for(argv) -> str | None:
+    """The role ``loragate *argv`` runs under in tests."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command == "promote":
+        return "activation" if "production" in argv else "signing"
+    if command == "rollback":
+        return "activation"
+    return COMMAND_ROLES.get(command or "")
+
+
+def role_tokens(registry) -> dict[str, str]:
+    """One token per role, each held by "<role>-tests"."""
+    return {role.value: registry.create_token(role.value, f"{role.value}-tests")[1] for role in Role}
+
+
+def main_with_tokens(tokens: dict[str, str], argv: list[str]) -> int:
+    """``cli.main.main(argv)`` in this process, with the token of the role it needs."""
+    from cli.main import main
+
+    role = role_for(argv)
+    saved = os.environ.pop("LORAGATE_TOKEN", None)
+    if role and role in tokens:
+        os.environ["LORAGATE_TOKEN"] = tokens[role]
+    try:
+        return main(argv)
+    finally:
+        os.environ.pop("LORAGATE_TOKEN", None)
+        if saved is not None:
+            os.environ["LORAGATE_TOKEN"] = saved
+
+
+def with_token(env: dict, tokens: dict[str, str], argv) -> dict:
+    role = role_for(argv)
+    return {**env, "LORAGATE_TOKEN": tokens[role]} if role and role in tokens else env
+
+
+# tests call Registry directly with the database in hand: every role, like any library caller
+IN_PROCESS = Principal.in_process("tester")
 PG_ADMIN_URL = os.environ.get("LORAGATE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
@@ -137,7 +194,7 @@ def settings(tmp_path, db_url) -> Settings:
 
 @pytest.fixture
 def registry(settings) -> Registry:
-    reg = Registry.open(settings, check_schema=False)
+    reg = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
     reg.init()
     yield reg
     reg.close()
@@ -156,13 +213,29 @@ def catalogued_cli(tmp_path, tiny_base):
     env = {**os.environ, "LORAGATE_HOME": str(tmp_path / "home"), "LORAGATE_ACTOR": "cli-test"}
     env.pop("LORAGATE_DATABASE_URL", None)
     env.pop("LORAGATE_ARTIFACTS", None)
-    command = str(Path(sys.executable).parent / "loragate")
-
-    def run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([command, *args], capture_output=True, text=True, env=env, timeout=timeout)
-
+    run = cli_runner(env, tmp_path / "home")
     assert run("init").returncode == 0
     assert run("base", "add", str(tiny_base), "--id", "tiny-llama").returncode == 0
+    return run
+
+
+def cli_runner(env: dict, home: Path):
+    """Runs the installed ``loragate`` with ``env``, presenting a token of the role each
+    command needs; the tokens are made once the registry exists."""
+    command = str(Path(sys.executable).parent / "loragate")
+    tokens: dict[str, str] = {}
+
+    def run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+        if role_for(args) and not tokens:
+            try:
+                with Registry.open(Settings(home=home), principal=IN_PROCESS) as registry:
+                    tokens.update(role_tokens(registry))
+            except InvalidInput:  # not initialised: the command under test says so itself
+                pass
+        return subprocess.run(
+            [command, *args], capture_output=True, text=True, env=with_token(env, tokens, args), timeout=timeout
+        )
+
     return run
 
 
@@ -244,8 +317,19 @@ def seeded_bundles(kit, tiny_base) -> list[Path]:
     return [random_adapter(tiny_base, kit / f"seeded-{seed}", seed=seed + 1) for seed in range(4)]
 
 
-def mark_validated(registry, version_id: str, passed: bool = True):
-    """Record a validation outcome directly: for lifecycle tests that are not about the gate."""
+SIGNING_KEY = generate_key_pair()
+
+
+def sign(registry, version_id: str):
+    """Sign a validated version with the tests' signing key (registered on first use), as
+    the pipeline's validate gate does."""
+    registry.add_signing_key(SIGNING_KEY.public_pem, "signing", "tests")
+    return registry.sign_version(version_id, SIGNING_KEY.private_pem)[0]
+
+
+def mark_validated(registry, version_id: str, passed: bool = True, signed: bool = True):
+    """Record a validation outcome directly, and sign what passed: for lifecycle tests that
+    are not about the gate."""
     from registry.domain import utcnow
     from registry.reports import BaseUnderTest, CheckVerdict, ValidationReport
 
@@ -260,7 +344,10 @@ def mark_validated(registry, version_id: str, passed: bool = True):
         verdicts=[verdict],
     )
     now = utcnow()
-    return registry.record_validation(version_id, report, now, now)
+    run = registry.record_validation(version_id, report, now, now)
+    if passed and signed:
+        sign(registry, version_id)
+    return run
 
 
 def sql_engine(registry):

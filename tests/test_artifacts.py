@@ -11,7 +11,7 @@ from registry.artifacts import LocalArtifactStore, S3ArtifactStore, blob_key
 from registry.digests import digest_of_hex, sha256_bytes, sha256_file
 from registry.errors import AlreadyExists, ErrorCode, IntegrityFailure
 from registry.service import Registry
-from tests.conftest import artifact_store
+from tests.conftest import IN_PROCESS, artifact_store
 
 NAME = "acme/tiny-llama/support"
 
@@ -102,7 +102,7 @@ def s3_registry(tmp_path, s3_endpoint, s3_location, tiny_base):
         s3_endpoint_url=s3_endpoint,
         actor="tester",
     )
-    reg = Registry.open(settings, check_schema=False)
+    reg = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
     reg.init()
     reg.add_base(str(tiny_base), "tiny-llama")
     return reg

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from cli.main import main
 from registry.errors import ErrorCode
-from tests.conftest import registry_snapshot
+from tests.conftest import IN_PROCESS, registry_snapshot
 
 NAME = "acme/tiny-llama/support"
 WEIGHTS = "adapter_model.safetensors"
@@ -594,12 +594,18 @@ def populated(request, tmp_path_factory, tiny_base, random_bundle, seeded_bundle
     root = tmp_path_factory.mktemp(f"bad-input-{request.param}")
     url = f"sqlite:///{root / 'registry.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_template")()
     settings = Settings(home=root, database_url=url, artifacts=str(root / "artifacts"), actor="tester")
-    registry = Registry.open(settings, check_schema=False)
+    registry = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
     registry.init()
     registry.add_base(str(tiny_base), "tiny-llama")
     registry.register_adapter(seeded_bundles[0], NAME)
+    trainer = registry.create_token("training", "trainer")[1]
     registry.close()
-    env = {"LORAGATE_DATABASE_URL": url, "LORAGATE_ARTIFACTS": str(root / "artifacts"), "LORAGATE_ACTOR": "tester"}
+    env = {
+        "LORAGATE_DATABASE_URL": url,
+        "LORAGATE_ARTIFACTS": str(root / "artifacts"),
+        "LORAGATE_ACTOR": "tester",
+        "LORAGATE_TOKEN": trainer,
+    }
     return settings, env
 
 

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from infra.modelkit import write_golden_set
+from registry.service import Registry
+from registry.settings import Settings
+from tests.conftest import IN_PROCESS, cli_runner
 
 LORAGATE = str(Path(sys.executable).parent / "loragate")
 NAME = "acme/tiny-llama/support"
@@ -21,11 +24,7 @@ def cli(tmp_path):
     env = {**os.environ, "LORAGATE_HOME": str(tmp_path / "home"), "LORAGATE_ACTOR": "cli-test"}
     env.pop("LORAGATE_DATABASE_URL", None)
     env.pop("LORAGATE_ARTIFACTS", None)
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([LORAGATE, *args], capture_output=True, text=True, env=env, timeout=120)
-
-    return run
+    return cli_runner(env, tmp_path / "home")
 
 
 def test_register_resolve_and_promote_through_the_console_script(cli, tiny_base, random_bundle):
@@ -98,15 +97,14 @@ def populated_cli(tmp_path_factory, tiny_base, random_bundle):
     env = {**os.environ, "LORAGATE_HOME": str(home / "home"), "LORAGATE_ACTOR": "cli-test"}
     env.pop("LORAGATE_DATABASE_URL", None)
     env.pop("LORAGATE_ARTIFACTS", None)
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([LORAGATE, *args], capture_output=True, text=True, env=env, timeout=120)
-
+    run = cli_runner(env, home / "home")
     assert run("init").returncode == 0
     assert run("base", "add", str(tiny_base), "--id", "tiny-llama").returncode == 0
     version = run("register", str(random_bundle), "--name", NAME).stdout.strip()
     assert run("golden", "set", NAME, str(write_golden_set("support", home / "golden.jsonl"))).returncode == 0
-    return env, version
+    with Registry.open(Settings(home=home / "home"), principal=IN_PROCESS) as registry:
+        signing = registry.create_token("signing", "validator")[1]
+    return {**env, "LORAGATE_TOKEN": signing}, version
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from registry.settings import Settings
 from tasks.fleet import fleet_status, promote_and_switch, reconcile_fleet, rollback_and_switch, switch_replica
 from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions
+from tests.conftest import IN_PROCESS
 from tests.faults import Fault, FaultProxy
 
 pytestmark = pytest.mark.slow
@@ -76,7 +77,7 @@ def make_fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, 
         actor="fleet-test",
         **overrides,
     )
-    registry = Registry.open(settings, check_schema=False)
+    registry = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
     registry.init()
     registry.add_base(str(tiny_base), "tiny-llama")
     for replica in replicas.values():

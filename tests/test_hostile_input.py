@@ -20,13 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli.main import main
 from registry.digests import canonical_json
 from registry.errors import InvalidInput
 from registry.golden import match_case, parse_golden_set
 from registry.jsonio import loads_strict
 from registry.weights import read_lora_structure
-from tests.conftest import registry_snapshot
+from tests.conftest import IN_PROCESS, main_with_tokens, registry_snapshot, role_tokens
 
 NAME = "acme/tiny-llama/support"
 PROPERTY = settings(
@@ -191,17 +190,18 @@ def populated(request, tmp_path_factory, tiny_base, seeded_bundles):
     root = tmp_path_factory.mktemp(f"hostile-{request.param}")
     url = f"sqlite:///{root / 'registry.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_template")()
     cfg = Settings(home=root, database_url=url, artifacts=str(root / "artifacts"), actor="fuzz")
-    with Registry.open(cfg, check_schema=False) as registry:
+    with Registry.open(cfg, check_schema=False, principal=IN_PROCESS) as registry:
         registry.init()
         registry.add_base(str(tiny_base), "tiny-llama")
         registry.register_adapter(seeded_bundles[0], NAME)
-    return cfg, {"LORAGATE_DATABASE_URL": url, "LORAGATE_ARTIFACTS": cfg.artifacts, "LORAGATE_ACTOR": "fuzz"}
+        tokens = role_tokens(registry)
+    return cfg, {"LORAGATE_DATABASE_URL": url, "LORAGATE_ARTIFACTS": cfg.artifacts, "LORAGATE_ACTOR": "fuzz"}, tokens
 
 
-def run_cli(monkeypatch, capsys, env: dict, *argv: str) -> tuple[int, list[str]]:
+def run_cli(monkeypatch, capsys, env: dict, tokens: dict, *argv: str) -> tuple[int, list[str]]:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    rc = main([*argv, "--json"])
+    rc = main_with_tokens(tokens, [*argv, "--json"])
     out, err = capsys.readouterr()
     if rc == 2:
         assert json.loads(out)["error"]["code"]
@@ -209,9 +209,9 @@ def run_cli(monkeypatch, capsys, env: dict, *argv: str) -> tuple[int, list[str]]
 
 
 def register_outcome(populated, monkeypatch, capsys, bundle: Path) -> None:
-    cfg, env = populated
+    cfg, env, tokens = populated
     before = registry_snapshot(cfg)
-    rc, err = run_cli(monkeypatch, capsys, env, "register", str(bundle), "--name", NAME)
+    rc, err = run_cli(monkeypatch, capsys, env, tokens, "register", str(bundle), "--name", NAME)
     assert rc in (0, 2)
     if rc == 2:
         assert len(err) == 1 and err[0].startswith("error: ")
@@ -244,11 +244,11 @@ def test_register_with_a_generated_safetensors_header_exits_0_or_2(
 @PROPERTY
 @given(raw=golden_files())
 def test_golden_set_with_generated_lines_exits_0_or_2(populated, tmp_path_factory, monkeypatch, capsys, raw):
-    cfg, env = populated
+    cfg, env, tokens = populated
     path = tmp_path_factory.mktemp("golden") / "g.jsonl"
     path.write_bytes(raw)
     before = registry_snapshot(cfg)
-    rc, err = run_cli(monkeypatch, capsys, env, "golden", "set", NAME, str(path))
+    rc, err = run_cli(monkeypatch, capsys, env, tokens, "golden", "set", NAME, str(path))
     assert rc in (0, 2)
     if rc == 2:
         assert len(err) == 1 and registry_snapshot(cfg) == before

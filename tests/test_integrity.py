@@ -19,7 +19,7 @@ from registry.digests import digest_of_hex, sha256_bytes
 from registry.errors import ErrorCode, IntegrityFailure
 from registry.service import Registry
 from registry.settings import Settings
-from tests.conftest import artifact_store, audit_count, mark_validated
+from tests.conftest import IN_PROCESS, artifact_store, audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"
 
@@ -34,7 +34,7 @@ def stored(request, tmp_path, db_url, tiny_base):
         s3_endpoint_url=request.getfixturevalue("s3_endpoint") if s3 else None,
         actor="tester",
     )
-    registry = Registry.open(settings, check_schema=False)
+    registry = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
     registry.init()
     registry.add_base(str(tiny_base), "tiny-llama")
     yield registry

@@ -59,9 +59,24 @@ def s3_cli(tmp_path, s3_location, s3_endpoint, tiny_base):
         "TMPDIR": str(scratch),
     }
     env.pop("LORAGATE_DATABASE_URL", None)
-    for args in (["init"], ["base", "add", str(tiny_base), "--id", "tiny-llama"]):
-        subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, check=True, capture_output=True, timeout=120)
-    return env, scratch
+    subprocess.run([sys.executable, "-m", "cli.main", "init"], env=env, check=True, capture_output=True, timeout=120)
+    admin = (tmp_path / "home" / "admin.token").read_text().strip()
+    subprocess.run(
+        [sys.executable, "-m", "cli.main", "base", "add", str(tiny_base), "--id", "tiny-llama"],
+        env={**env, "LORAGATE_TOKEN": admin},
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    trainer = subprocess.run(
+        [sys.executable, "-m", "cli.main", "token", "create", "--role", "training", "--holder", "trainer"],
+        env={**env, "LORAGATE_TOKEN": admin},
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.strip()
+    return {**env, "LORAGATE_TOKEN": trainer}, scratch
 
 
 def start_stuck_register(env: dict, bundle: Path, endpoint: str, scratch: Path) -> subprocess.Popen:
@@ -155,6 +170,7 @@ def test_gc_reports_then_removes_litter_and_old_orphans_only(litter, capsys, mon
     for key in ("LORAGATE_DATABASE_URL", "LORAGATE_ARTIFACTS"):
         monkeypatch.setenv(key, getattr(registry.settings, key.removeprefix("LORAGATE_").lower()))
     store = artifact_store(registry)
+    monkeypatch.setenv("LORAGATE_TOKEN", registry.create_token("admin", "janitor")[1])
 
     assert main(["gc", "--dry-run", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from cli.main import main
-from tests.conftest import registry_snapshot
+from tests.conftest import main_with_tokens, registry_snapshot, role_tokens
 from tests.faults import silent_endpoint
 
 NAME = "acme/tiny-llama/support"
@@ -33,8 +33,11 @@ def stalled_endpoint():
         yield url
 
 
+TOKENS: dict[str, str] = {}
+
+
 def run(capsys, *argv: str) -> tuple[int, dict | None, list[str]]:
-    rc = main([*argv, "--json"])
+    rc = main_with_tokens(TOKENS, [*argv, "--json"])
     out, err = capsys.readouterr()
     return rc, (json.loads(out) if out.strip() else None), err.strip().splitlines()
 
@@ -50,6 +53,8 @@ def on_s3(cataloged, monkeypatch, s3_location, s3_endpoint):
     monkeypatch.setenv("LORAGATE_S3_READ_TIMEOUT_S", "1")
     monkeypatch.setenv("LORAGATE_S3_MAX_ATTEMPTS", "1")
     assert main(["init"]) == 0
+    TOKENS.clear()
+    TOKENS.update(role_tokens(registry))
     return registry
 
 

@@ -27,16 +27,19 @@ import httpx
 import pytest
 
 from infra.modelkit import golden_cases
-from infra.pipeline import LocalPipeline, start_pipeline
+from infra.pipeline import LocalPipeline, save_pipeline_secrets, start_pipeline
+from registry.access import Role
 from registry.canary import ACTIVE, WindowStatus
 from registry.errors import NotFound
 from registry.fleet import version_path
 from registry.service import Registry
 from registry.settings import Settings
+from registry.signing import key_id
 from tasks.fleet import switch_replica
 from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions
 from tests.browser import approve_in_ui
+from tests.conftest import IN_PROCESS, SIGNING_KEY
 from tests.faults import Fault, FaultProxy
 from tests.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401
 from tests.slack import RecordingSlack
@@ -62,13 +65,22 @@ def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 240.0, ev
 class Stack:
     """What the scenario runs against, and how it looks at it."""
 
-    def __init__(self, pipeline: LocalPipeline, settings: Settings, slack: RecordingSlack, replicas, tmp: Path):
+    def __init__(
+        self,
+        pipeline: LocalPipeline,
+        settings: Settings,
+        slack: RecordingSlack,
+        replicas,
+        tmp: Path,
+        people: dict[str, str],
+    ):
         self.pipeline = pipeline
+        self.people = people  # activation tokens of the people who sign off
         self.settings = settings
         self.slack = slack
         self.replicas = replicas
         self.tmp = tmp
-        self.registry = Registry.open(settings)
+        self.registry = Registry.open(settings, principal=IN_PROCESS)
 
     def emit_training(self, bundle: str, name: str, golden: Path | None = None) -> None:
         from flows.events import announce_training_completed
@@ -98,12 +110,12 @@ class Stack:
         with ReplicaClient(self.replicas[key].url) as client:
             return client.served_adapters()
 
-    def loragate(self, *args: str) -> subprocess.CompletedProcess:
+    def loragate(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
             [str(Path(sys.executable).parent / "loragate"), *args],
             capture_output=True,
             text=True,
-            env={**os.environ, **self.pipeline.env},
+            env={**os.environ, **self.pipeline.env, **({"LORAGATE_TOKEN": token} if token else {})},
             timeout=120,
         )
 
@@ -151,7 +163,6 @@ def stack(prefect_server, pg_template, replicas, replica_adapters, tiny_base, s3
         "LORAGATE_CANARY_P95_SLACK_MS": "400",
         "LORAGATE_APPROVAL_POLL_S": "1",
         "LORAGATE_UI_URL": prefect_server.ui_url,
-        "LORAGATE_SLACK_TOKEN": "xoxb-test-token",
         "LORAGATE_SLACK_CHANNEL": "#adapters",
         "LORAGATE_SLACK_BASE_URL": slack.base_url,
         "HF_HUB_OFFLINE": "1",
@@ -162,12 +173,19 @@ def stack(prefect_server, pg_template, replicas, replica_adapters, tiny_base, s3
     settings = Settings(
         database_url=env["LORAGATE_DATABASE_URL"], artifacts=env["LORAGATE_ARTIFACTS"], home=tmp / "home"
     )
-    with Registry.open(settings) as registry:
+    with Registry.open(settings, principal=IN_PROCESS) as registry:
         registry.add_base(str(tiny_base), "tiny-llama")
         for replica in replicas.values():
             registry.add_replica(replica.url, "tiny-llama", replica.role, str(replica_adapters))
+        # each gate acts with its own role's token, from a Secret block; people sign off
+        # with their own activation tokens
+        tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}")[1] for role in Role}
+        people = {who: registry.create_token("activation", who)[1] for who in ("alice", "bob")}
+        registry.add_signing_key(SIGNING_KEY.public_pem, "signing", "pipeline")
+    # the Slack token too comes from a Secret block: the workers' environment has none
+    save_pipeline_secrets(prefect_server, tokens, SIGNING_KEY.private_pem, "xoxb-test-token")
     pipeline = start_pipeline(tmp / "prefect", env, evaluate_every_s=5, server=prefect_server)
-    made = Stack(pipeline, settings, slack, replicas, tmp)
+    made = Stack(pipeline, settings, slack, replicas, tmp, people)
     try:
         yield made
     finally:
@@ -239,7 +257,17 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
     # v1 from S3 through validation and canary; signed off from the CLI
     v1, run1 = through_canary(stack, name, support_bundle, upload_bundle(s3_endpoint, support_bundle), golden)
     assert name not in stack.served("prod-a"), "production has no version of this adapter yet"
-    approved = stack.loragate("approve", v1, "--reviewer", "alice", "--comment", "canary clean")
+    # a trainer cannot sign off, nor name someone who holds no activation token
+    with Registry.open(stack.settings, principal=IN_PROCESS) as registry:
+        trainer = registry.create_token("training", "trainer")[1]
+    denied = stack.loragate("approve", v1, "--reviewer", "alice", token=trainer)
+    assert denied.returncode == 3 and denied.stderr.startswith("error: permission denied: "), denied.stderr
+    nobody = stack.loragate("approve", v1, "--reviewer", "trainer", token=stack.people["alice"])
+    assert nobody.returncode == 3 and "holds no active activation token" in nobody.stderr, nobody.stderr
+    assert stack.flow_run_state(run1) == "PAUSED", "a refused sign-off resumes nothing"
+    approved = stack.loragate(
+        "approve", v1, "--reviewer", "alice", "--comment", "canary clean", token=stack.people["alice"]
+    )
     assert approved.returncode == 0, approved.stderr
     wait_until("v1 in production", lambda: stack.stage(v1) == "production")
     wait_for_state(stack.pipeline.server, uuid.UUID(run1), "COMPLETED", timeout_s=120)
@@ -261,6 +289,8 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
     wait_for_state(stack.pipeline.server, uuid.UUID(run2), "COMPLETED", timeout_s=120)
     adapter = stack.registry.get_adapter(name)
     assert (adapter.production, adapter.previous, adapter.canary) == (v2, v1, None)
+    # the validate gate signed both with the pipeline's key; production verified it
+    assert [s.key_id for s in stack.registry.signatures(v2)] == [key_id(SIGNING_KEY.public_pem)]
     path_v2 = version_path(str(stack.registry.list_replicas()[0].adapter_dir), name, v2)
     assert all(stack.served(k)[name] == path_v2 for k in ("prod-a", "prod-b", "canary"))
 
@@ -327,6 +357,11 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
     ]:
         assert any(headline in t and (version is None or version in t) for t in texts), (headline, version, texts)
     assert all(m.authorized for m in stack.slack.messages)
+    # the gates acted as the pipeline's role tokens, and no secret reached the record
+    actors = {e.action: e.actor for e in stack.registry.history(name)}
+    assert actors["register"].startswith("pipeline-training (training token ")
+    assert actors["validate"].startswith("pipeline-signing (signing token ")
+    assert actors["approval"].startswith("pipeline-activation (activation token ")
     assert any(f"/runs/flow-run/{run1}" in t for t in texts), "the approval message links to the paused run"
 
 

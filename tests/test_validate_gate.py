@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
 from infra import corpus
 from infra.modelkit import write_golden_set
 from registry.errors import NotFound
+from tests.conftest import main_with_tokens, role_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +24,16 @@ def env(cataloged, monkeypatch, tmp_path):
     monkeypatch.setenv("LORAGATE_DATABASE_URL", registry.settings.database_url)
     monkeypatch.setenv("LORAGATE_ARTIFACTS", registry.settings.artifacts)
     monkeypatch.setenv("LORAGATE_ACTOR", "ci")
+    TOKENS.clear()
+    TOKENS.update(role_tokens(registry))
     return registry
 
 
+TOKENS: dict[str, str] = {}
+
+
 def run(capsys, *argv) -> tuple[int, dict | None, str]:
-    rc = main([*argv, "--json"])
+    rc = main_with_tokens(TOKENS, [*argv, "--json"])
     out, err = capsys.readouterr()
     return rc, (json.loads(out) if out.strip() else None), err
 
@@ -149,11 +154,15 @@ def test_shadow_validate_task_runs_in_a_prefect_flow_with_only_ids_as_parameters
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    from registry.access import Role
+    from tasks.credentials import store_pipeline_secrets
     from tasks.validation.prefect_tasks import shadow_validate
 
     registry = env
     vid = registry.register_adapter(support_bundle, SUPPORT).version.version_id
     attach(registry, SUPPORT, "support", tmp_path)
+    # the gate acts with the signing role's token from a Secret block, not the environment
+    store_pipeline_secrets({Role.SIGNING: TOKENS["signing"]}, None, None)
 
     @flow
     def validate_flow(ids: list[str]):
@@ -174,6 +183,8 @@ def test_shadow_validate_task_runs_in_a_prefect_flow_with_only_ids_as_parameters
     assert run.parameters == {"ids": [vid]}
     stored = run.model_dump_json() + "".join(t.model_dump_json() for t in task_runs)
     assert task_runs and registry.settings.database_url not in stored and "database_url" not in stored
+    assert TOKENS["signing"] not in stored
+    assert registry.history(SUPPORT)[-1].actor.startswith("signing-tests (signing token ")
 
 
 def test_a_bad_golden_set_exits_2_and_attaches_nothing(env, capsys, tmp_path, random_bundle):

@@ -2,7 +2,7 @@
 
 Parameters are version ids only: Prefect stores task and flow parameters and shows them
 in its UI, so settings (with the database URL) are read inside the run, from the
-worker's environment.
+worker's environment, and the token from the signing role's Secret block.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.logging import get_run_logger
 
+from registry.access import Role
 from registry.reports import ValidationReport
 from registry.service import Registry
-from registry.settings import Settings
+from tasks.credentials import settings_for
 from tasks.validation.policy import ValidationPolicy
 from tasks.validation.runner import validate_versions
 
@@ -23,7 +24,7 @@ def shadow_validate(version_ids: list[str]) -> list[ValidationReport]:
     """Validate versions, record the runs and publish a summary table as a Prefect
     artifact; a failed adapter is rejected, never raised."""
     logger = get_run_logger()
-    settings = Settings()
+    settings = settings_for(Role.SIGNING)
     with Registry.open(settings) as registry:
         reports = validate_versions(
             registry, version_ids, ValidationPolicy.from_settings(settings), progress=logger.info

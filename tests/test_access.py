@@ -1,0 +1,311 @@
+"""Who may do what, in the application: every mutating operation × every role, on a real
+registry; a denial is ``PermissionDenied`` (exit 3 from the CLI) and changes nothing.
+
+The same separation at the database is tests/test_db_roles.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from infra.modelkit import write_golden_set
+from registry.access import PERMISSIONS, Action, Principal, Role, issue_token, split_token
+from registry.errors import PermissionDenied
+from registry.service import Registry
+from registry.signing import generate_key_pair
+from tests.conftest import IN_PROCESS, SIGNING_KEY, mark_validated, registry_snapshot, sign
+
+NAME = "acme/tiny-llama/support"
+ALL = frozenset(Role)
+
+
+@dataclass
+class World:
+    """A registry with something to act on: v2 in production (v1 before it), v3 the canary,
+    v4 validated and signed in staging; a replica in the fleet."""
+
+    registry: Registry
+    versions: list[str]
+    tmp: Path
+    base: str
+    victim: str  # a token to revoke
+
+
+@pytest.fixture(params=["sqlite"])
+def world(request, tmp_path, tiny_base, seeded_bundles) -> World:
+    from registry.settings import Settings
+
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url=f"sqlite:///{tmp_path / 'registry.db'}",
+        artifacts=str(tmp_path / "artifacts"),
+        actor="tester",
+    )
+    registry = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
+    registry.init()
+    registry.add_base(str(tiny_base), "tiny-llama")
+    versions = [registry.register_adapter(b, NAME).version.version_id for b in seeded_bundles]
+    for v in versions:
+        mark_validated(registry, v)
+    for v in versions[:2]:
+        registry.promote(v, "canary")
+        registry.promote(v, "production")
+    registry.promote(versions[2], "canary")
+    registry.add_replica("http://127.0.0.1:9", "tiny-llama", "canary", str(tmp_path / "adapters"))
+    victim = registry.create_token("training", "victim")[0].token_id
+    yield World(registry, versions, tmp_path, str(tiny_base), victim)
+    registry.close()
+
+
+# operation -> (what it does, given the world and a registry acting as one role)
+OPERATIONS: dict[str, tuple[Action, Callable[[World, Registry], object]]] = {
+    "register": (Action.REGISTER, lambda w, r: r.register_adapter(w.tmp / "fresh", NAME)),
+    "attach golden set": (
+        Action.REGISTER,
+        lambda w, r: r.attach_golden_set(NAME, write_golden_set("support", w.tmp / "golden.jsonl")),
+    ),
+    "record validation": (Action.VALIDATE, lambda w, r: mark_validated(r, w.versions[3], signed=False)),
+    "sign": (Action.SIGN, lambda w, r: r.sign_version(w.versions[3], SIGNING_KEY.private_pem)),
+    "promote to canary": (Action.PROMOTE_CANARY, lambda w, r: r.promote(w.versions[3], "canary")),
+    "promote to production": (Action.PROMOTE_PRODUCTION, lambda w, r: r.promote(w.versions[2], "production")),
+    "roll back production": (Action.ROLLBACK_PRODUCTION, lambda w, r: r.rollback(NAME, "production")),
+    "withdraw the canary": (Action.WITHDRAW_CANARY, lambda w, r: r.rollback(NAME, "canary")),
+    "open a canary window": (Action.WATCH_CANARY, lambda w, r: r.open_canary_window(w.versions[2])),
+    "pin a base": (Action.MANAGE_BASES, lambda w, r: r.add_base(w.base, "tiny-llama-2")),
+    "add a replica": (
+        Action.MANAGE_FLEET,
+        lambda w, r: r.add_replica("http://127.0.0.1:8", "tiny-llama", "production", str(w.tmp / "a")),
+    ),
+    "remove a replica": (Action.MANAGE_FLEET, lambda w, r: r.remove_replica("http://127.0.0.1:9")),
+    "create a token": (Action.MANAGE_TOKENS, lambda w, r: r.create_token("training", "someone")),
+    "list tokens": (Action.MANAGE_TOKENS, lambda w, r: r.list_tokens()),
+    "revoke a token": (Action.MANAGE_TOKENS, lambda w, r: r.revoke_token(w.victim)),
+    "add a signing key": (
+        Action.MANAGE_KEYS,
+        lambda w, r: r.add_signing_key(generate_key_pair().public_pem, "signing", "carol"),
+    ),
+    "collect garbage": (Action.COLLECT_GARBAGE, lambda w, r: r.gc(dry_run=True)),
+}
+# what the issue specifies, written out: the table in registry/access.py must say the same
+ALLOWED = {
+    "register": {Role.TRAINING},
+    "attach golden set": {Role.TRAINING},
+    "record validation": {Role.SIGNING},
+    "sign": {Role.SIGNING},
+    "promote to canary": {Role.SIGNING},
+    "promote to production": {Role.ACTIVATION},
+    "roll back production": {Role.ACTIVATION},
+    "withdraw the canary": {Role.SIGNING, Role.ACTIVATION},
+    "open a canary window": {Role.SIGNING, Role.ACTIVATION},
+    "pin a base": {Role.ADMIN},
+    "add a replica": {Role.ADMIN},
+    "remove a replica": {Role.ADMIN},
+    "create a token": {Role.ADMIN},
+    "list tokens": {Role.ADMIN},
+    "revoke a token": {Role.ADMIN},
+    "add a signing key": {Role.ADMIN},
+    "collect garbage": {Role.ADMIN},
+}
+
+
+def acting_as(world: World, role: Role, namespace: str | None = None) -> Registry:
+    _, token = world.registry.create_token(role.value, f"{role.value}-holder", namespace)
+    return Registry.open(world.registry.settings.model_copy(update={"token": token}))
+
+
+def test_the_permission_table_says_what_the_issue_specifies():
+    for operation, (action, _) in OPERATIONS.items():
+        assert {role for role in Role if action in PERMISSIONS[role]} == ALLOWED[operation], operation
+
+
+@pytest.mark.parametrize("role", list(Role), ids=lambda r: r.value)
+@pytest.mark.parametrize("operation", list(OPERATIONS))
+def test_every_operation_is_allowed_to_its_roles_and_denied_to_the_others_changing_nothing(
+    world, random_bundle, operation, role
+):
+    import shutil
+
+    shutil.copytree(random_bundle, world.tmp / "fresh")
+    _, run = OPERATIONS[operation]
+    registry = acting_as(world, role)
+    try:
+        if role in ALLOWED[operation]:
+            run(world, registry)
+            return
+        before = registry_snapshot(world.registry.settings)
+        with pytest.raises(PermissionDenied) as denied:
+            run(world, registry)
+        assert denied.value.one_line().startswith("permission denied: ")
+        assert registry_snapshot(world.registry.settings) == before
+    finally:
+        registry.close()
+
+
+def test_a_namespace_bound_token_acts_inside_its_namespace_only(world, random_bundle):
+    import shutil
+
+    shutil.copytree(random_bundle, world.tmp / "fresh")
+    registry = acting_as(world, Role.TRAINING, "acme/*")
+    try:
+        registry.register_adapter(world.tmp / "fresh", NAME)
+        before = registry_snapshot(world.registry.settings)
+        with pytest.raises(PermissionDenied, match="limited to acme/"):
+            registry.register_adapter(world.tmp / "fresh", "other/tiny-llama/support")
+        assert registry_snapshot(world.registry.settings) == before
+    finally:
+        registry.close()
+    admin = acting_as(world, Role.ADMIN, "acme/*")
+    try:
+        with pytest.raises(PermissionDenied, match="fleet-wide"):
+            admin.remove_replica("http://127.0.0.1:9")
+    finally:
+        admin.close()
+
+
+@pytest.mark.parametrize(
+    "token, why",
+    [
+        (None, "needs a token"),
+        ("not-a-token", "not a loragate token"),
+        (issue_token().token, "not known"),
+        ("revoked", "was revoked"),
+        ("wrong secret", "not known"),
+    ],
+    ids=["none", "malformed", "unknown", "revoked", "wrong-secret"],
+)
+def test_no_usable_token_is_denied_and_the_message_never_repeats_it(world, token, why):
+    if token == "revoked":
+        record, token = world.registry.create_token("activation", "gone")
+        world.registry.revoke_token(record.token_id)
+    elif token == "wrong secret":
+        _, real = world.registry.create_token("activation", "someone")
+        token = real[:-4] + ("AAAA" if not real.endswith("AAAA") else "BBBB")
+    registry = Registry.open(world.registry.settings.model_copy(update={"token": token}))
+    try:
+        with pytest.raises(PermissionDenied, match=why) as denied:
+            registry.rollback(NAME, "production")
+        if token:
+            assert token not in denied.value.one_line()
+            if token.startswith("lgt_"):
+                assert split_token(token)[1] not in denied.value.one_line()
+    finally:
+        registry.close()
+    assert world.registry.get_adapter(NAME).production == world.versions[1]
+
+
+def test_a_sign_off_needs_a_reviewer_who_holds_an_activation_token(world):
+    world.registry.create_token("activation", "alice")
+    world.registry.create_token("training", "mallory")
+    _, revoked = world.registry.create_token("activation", "ex-employee")
+    world.registry.revoke_token(split_token(revoked)[0])
+    assert world.registry.check_reviewer("alice", NAME).holder == "alice"
+    for who in ("mallory", "ex-employee", "nobody"):
+        with pytest.raises(PermissionDenied, match="holds no active activation token"):
+            world.registry.check_reviewer(who, NAME)
+    world.registry.create_token("activation", "scoped", "other/*")
+    with pytest.raises(PermissionDenied):
+        world.registry.check_reviewer("scoped", NAME)
+
+
+def test_the_audit_log_names_the_token_holder_and_never_a_secret(world):
+    registry = acting_as(world, Role.ACTIVATION)
+    try:
+        registry.rollback(NAME, "production")
+    finally:
+        registry.close()
+    event = world.registry.history(NAME)[-1]
+    assert event.action == "rollback" and event.actor.startswith("activation-holder (activation token ")
+    listed = json.dumps([t.as_dict() for t in world.registry.list_tokens()])
+    assert "secret" not in listed and "lgt_" not in listed
+
+
+def test_in_process_principal_is_never_used_by_the_cli_flows_or_tasks():
+    """Every face a user reaches authenticates a token; only tests and benchmarks hold the
+    database and act in process."""
+    root = Path(__file__).resolve().parents[1]
+    offenders = [
+        str(p.relative_to(root))
+        for folder in ("cli", "flows", "tasks", "infra", "registry")
+        for p in (root / folder).rglob("*.py")
+        if "in_process(" in p.read_text() and p.name != "access.py"
+    ]
+    assert offenders == []
+    assert Principal.in_process("x").roles == ALL
+
+
+# -- the CLI: exit 3, one line, nothing changed; the first admin token --------------------
+
+
+def test_init_writes_the_first_admin_token_owner_only_and_never_prints_it(catalogued_cli, tmp_path):
+    token_file = tmp_path / "home" / "admin.token"
+    mode = stat.S_IMODE(os.stat(token_file).st_mode)
+    assert mode == 0o600
+    token = token_file.read_text().strip()
+    again = catalogued_cli("init", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["admin_token_file"] is None  # only the first
+    assert token_file.read_text().strip() == token and token not in again.stdout + again.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["promote", "{version}", "--to", "canary"],
+        ["rollback", "acme/tiny-llama/support"],
+        ["token", "create", "--role", "admin", "--holder", "me"],
+        ["fleet", "add", "http://127.0.0.1:9", "--base", "tiny-llama", "--role", "canary", "--adapter-dir", "/tmp/x"],
+        ["base", "add", "{base}", "--id", "tiny-llama-2"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_a_denied_command_exits_3_with_one_line_and_changes_nothing(
+    catalogued_cli, tmp_path, tiny_base, seeded_bundles, argv
+):
+    from registry.settings import Settings
+
+    settings = Settings(home=tmp_path / "home")
+    registered = catalogued_cli("register", str(seeded_bundles[0]), "--name", NAME)
+    version = registered.stdout.strip()
+    with Registry.open(settings, principal=IN_PROCESS) as registry:
+        _, trainer = registry.create_token("training", "trainer")
+    before = registry_snapshot(settings)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "loragate"), *[a.format(version=version, base=tiny_base) for a in argv]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LORAGATE_HOME": str(tmp_path / "home"), "LORAGATE_TOKEN": trainer},
+        timeout=120,
+    )
+    assert result.returncode == 3, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: permission denied: "), lines
+    assert trainer not in result.stderr + result.stdout
+    assert registry_snapshot(settings) == before
+
+
+def test_signing_only_moves_a_validated_version_to_canary(world, random_bundle):
+    from registry.errors import IllegalTransition
+
+    fresh = world.registry.register_adapter(random_bundle, NAME).version.version_id
+    registry = acting_as(world, Role.SIGNING)
+    try:
+        with pytest.raises(IllegalTransition):
+            registry.promote(fresh, "canary")  # registered, never validated
+        registry.promote(world.versions[3], "canary")
+    finally:
+        registry.close()
+    assert world.registry.get_adapter(NAME).canary == world.versions[3]
+
+
+def test_a_signature_is_recorded_once_per_key_and_run(world):
+    first = sign(world.registry, world.versions[3])
+    again = sign(world.registry, world.versions[3])
+    assert first.id == again.id and len(world.registry.signatures(world.versions[3])) == 1

@@ -1,0 +1,459 @@
+"""The Postgres roles of migration 0006: a process holding one loragate role's database
+credentials can do that role's writes and nothing else.
+
+The matrix runs one statement per case as each role's database user against a real
+populated registry, each in its own transaction that is rolled back: an allowed statement
+must succeed outright (its values are real, so no CHECK or foreign key stands in for a
+grant), a denied one must fail with insufficient privilege (SQLSTATE 42501), whatever
+triggers would say afterwards. Then the application itself runs as each database user:
+the grants must cover every write the role's real code paths make, and a write beyond
+them must surface as PermissionDenied and change nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg.errors
+import pytest
+from sqlalchemy import create_engine, func, inspect, select, text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError
+
+from infra.modelkit import write_golden_set
+from registry import migrate
+from registry.canary import Observation, SideStats, Verdict, WindowStatus
+from registry.errors import PermissionDenied
+from registry.schema import adapters, metadata
+from registry.service import Registry
+from registry.settings import Settings
+from registry.signing import generate_key_pair, key_id
+from registry.store import make_engine
+from tests.conftest import IN_PROCESS, mark_validated, registry_snapshot
+
+pytestmark = pytest.mark.postgres
+
+NAME = "acme/tiny-llama/support"
+ROLES = ("training", "signing", "activation", "admin")
+EVERYONE = frozenset(ROLES)
+NOBODY: frozenset[str] = frozenset()
+LIFECYCLE = frozenset({"signing", "activation"})
+# registered but never used to sign: the signature case inserts one with it
+SPARE_KEY = generate_key_pair()
+ZEROS = "0" * 64
+REVIEWER = "reviewer"  # holds an activation token: a production sign-off needs one
+SIDE = SideStats(20, 0, 50.0, 100.0)
+
+
+def db_user_url(url: str, role: str) -> str:
+    """``url`` with the database user of ``role`` (no password: the test server trusts local users)."""
+    return make_url(url).set(username=f"loragate_{role}").render_as_string(hide_password=False)
+
+
+@dataclass(frozen=True)
+class Populated:
+    """A registry on Postgres written through the application as the database owner: the
+    tiny base pinned, ``v1`` validated, signed, in canary with an open window and one
+    observation, a golden set, a replica, a token and a spare signing key."""
+
+    root: Path
+    url: str  # as the owner
+    v1: str
+    adapter_id: int
+    run_id: int
+    window_id: int
+    token_id: str
+    base_commit: str
+
+    def settings(self, role: str | None = None) -> Settings:
+        url = self.url if role is None else db_user_url(self.url, role)
+        return Settings(
+            home=self.root / "home", database_url=url, artifacts=str(self.root / "artifacts"), actor=role or "owner"
+        )
+
+    def open(self, role: str | None = None) -> Registry:
+        """The application connected as ``role``'s database user (the owner when None),
+        holding every application role: only the database says no."""
+        return Registry.open(self.settings(role), principal=IN_PROCESS)
+
+    def params(self) -> dict:
+        return {
+            "v": self.v1,
+            "name": NAME,
+            "adapter_id": self.adapter_id,
+            "run_id": self.run_id,
+            "window_id": self.window_id,
+            "token_id": self.token_id,
+            "spare_key": key_id(SPARE_KEY.public_pem),
+            "base_commit": self.base_commit,
+        }
+
+
+def observation(window_id: int, verdict: Verdict) -> Observation:
+    return Observation(window_id, datetime.now(UTC), SIDE, SIDE, 0.0, [], verdict, [], ["roles test"])
+
+
+def populate(url: str, root: Path, tiny_base: Path, bundle: Path) -> Populated:
+    settings = Settings(home=root / "home", database_url=url, artifacts=str(root / "artifacts"), actor="owner")
+    with Registry.open(settings, principal=IN_PROCESS) as registry:
+        base, _ = registry.add_base(str(tiny_base), "tiny-llama")
+        v1 = registry.register_adapter(bundle, NAME).version.version_id
+        registry.attach_golden_set(NAME, write_golden_set("support", root / "golden.jsonl"))
+        run = mark_validated(registry, v1)
+        registry.add_signing_key(SPARE_KEY.public_pem, "signing", "spare")
+        registry.promote(v1, "canary")
+        window, _ = registry.open_canary_window(v1)
+        registry.record_canary_observation(observation(window.id, Verdict.CONTINUE))
+        registry.add_replica("http://127.0.0.1:9", "tiny-llama", "canary", str(root / "replica-adapters"))
+        token, _ = registry.create_token("activation", REVIEWER)
+    engine = make_engine(settings.database)
+    try:
+        with engine.connect() as conn:
+            adapter_id = conn.execute(select(adapters.c.id).where(adapters.c.name == NAME)).scalar_one()
+            empty = [
+                t.name for t in metadata.sorted_tables if not conn.execute(select(func.count()).select_from(t)).scalar()
+            ]
+    finally:
+        engine.dispose()
+    assert empty == [], f"the fixture leaves tables without rows: {empty}"
+    return Populated(root, url, v1, adapter_id, run.id, window.id, token.token_id, base.base_model_commit)
+
+
+@pytest.fixture(scope="module")
+def shared(pg_template, tiny_base, seeded_bundles, tmp_path_factory) -> Populated:
+    """One populated registry for the matrix: every probe there is rolled back."""
+    return populate(pg_template(), tmp_path_factory.mktemp("roles"), tiny_base, seeded_bundles[0])
+
+
+@pytest.fixture(scope="module")
+def engines(shared) -> dict[str, Engine]:
+    made = {role: create_engine(db_user_url(shared.url, role)) for role in ROLES}
+    yield made
+    for engine in made.values():
+        engine.dispose()
+
+
+@pytest.fixture
+def fresh(pg_template, tiny_base, seeded_bundles, tmp_path) -> Populated:
+    """A populated registry of the test's own, for the application's real writes."""
+    return populate(pg_template(), tmp_path, tiny_base, seeded_bundles[0])
+
+
+def insufficient_privilege(error: BaseException) -> bool:
+    cause = error.orig if isinstance(error, DBAPIError) else error.__cause__
+    return isinstance(cause, psycopg.errors.InsufficientPrivilege) or getattr(cause, "sqlstate", None) == "42501"
+
+
+def attempt(engine: Engine, statement: str, params: dict) -> int:
+    """Run ``statement`` in a transaction of its own and roll it back; returns the rows it
+    touched."""
+    with engine.connect() as conn:
+        try:
+            return conn.execute(text(statement), params).rowcount
+        finally:
+            conn.rollback()
+
+
+VERSION_COLUMNS = (
+    "adapter_id, identity_sha256, manifest_sha256, weights_sha256, weights_size, "
+    "adapter_config_sha256, base_model_id, base_model_commit, lora_rank"
+)
+BASE_COLUMNS = (
+    "source_kind, source, content_digest, config_sha256, config_raw_sha256, rope_scaling, tokenizer_revision, "
+    "transformers_version, architecture, module_shapes"
+)
+
+# (case, statement with :params from Populated.params, the roles it is allowed to)
+MATRIX = [
+    # everyone reads everything and appends to the audit log
+    ("read-versions", "SELECT * FROM adapter_versions", EVERYONE),
+    ("read-the-audit-log", "SELECT * FROM audit_events", EVERYONE),
+    (
+        "append-to-the-audit-log",
+        "INSERT INTO audit_events (at, actor, action, details) VALUES (now(), 'probe', 'probe', '{}')",
+        EVERYONE,
+    ),
+    # history: nobody by grant (and the owner by trigger)
+    ("rewrite-the-audit-log", "UPDATE audit_events SET actor = 'mallory'", NOBODY),
+    ("erase-the-audit-log", "DELETE FROM audit_events", NOBODY),
+    ("truncate-the-audit-log", "TRUNCATE audit_events", NOBODY),
+    ("rewrite-a-manifest", "UPDATE adapter_versions SET manifest = '{}' WHERE version_id = :v", NOBODY),
+    (
+        "rewrite-a-weights-digest",
+        f"UPDATE adapter_versions SET weights_sha256 = '{ZEROS}' WHERE version_id = :v",
+        NOBODY,
+    ),
+    ("cut-the-lineage", "UPDATE adapter_versions SET previous_version = NULL WHERE version_id = :v", NOBODY),
+    ("delete-a-version", "DELETE FROM adapter_versions WHERE version_id = :v", NOBODY),
+    ("truncate-versions", "TRUNCATE adapter_versions CASCADE", NOBODY),
+    ("rename-an-adapter", "UPDATE adapters SET name = 'mallory/tiny-llama/support'", NOBODY),
+    ("rewrite-a-validation-run", "UPDATE validation_runs SET status = 'failed'", NOBODY),
+    ("swap-a-golden-set", f"UPDATE golden_sets SET digest = 'sha256:{ZEROS}'", NOBODY),
+    ("repin-a-base", f"UPDATE base_models SET config_sha256 = '{ZEROS}'", NOBODY),
+    ("forge-a-signature", "UPDATE version_signatures SET signature = 'forged'", NOBODY),
+    ("erase-a-signature", "DELETE FROM version_signatures", NOBODY),
+    ("rewrite-a-token-secret", f"UPDATE api_tokens SET secret_sha256 = '{ZEROS}'", NOBODY),
+    ("delete-a-token", "DELETE FROM api_tokens", NOBODY),
+    ("delete-a-signing-key", "DELETE FROM signing_keys WHERE key_id = :spare_key", NOBODY),
+    ("move-the-schema-version", "UPDATE alembic_version SET version_num = '0005'", NOBODY),
+    ("drop-a-table", "DROP TABLE replicas", NOBODY),
+    # training: versions, adapters, golden sets; the revision bump is its row lock
+    (
+        "create-an-adapter",
+        "INSERT INTO adapters (name, namespace, base, task, revision, created_at) "
+        "VALUES ('acme/tiny-llama/probe', 'acme', 'tiny-llama', 'probe', 0, now())",
+        frozenset({"training"}),
+    ),
+    (
+        "register-a-version",
+        "INSERT INTO adapter_versions (version_id, content_address, "
+        f"{VERSION_COLUMNS}, stage, validation_status, previous_version, manifest, created_at, created_by) "
+        f"SELECT 'probe', 'sha256:{ZEROS}', {VERSION_COLUMNS}, 'staging', 'pending', version_id, manifest, now(), "
+        "'probe' FROM adapter_versions WHERE version_id = :v",
+        frozenset({"training"}),
+    ),
+    (
+        "attach-a-golden-set",
+        "INSERT INTO golden_sets (adapter_id, digest, case_count, attached_at, attached_by) "
+        f"VALUES (:adapter_id, 'sha256:{ZEROS}', 5, now(), 'probe')",
+        frozenset({"training"}),
+    ),
+    (
+        "lock-an-adapter",
+        "SELECT id FROM adapters WHERE id = :adapter_id FOR UPDATE",
+        frozenset({"training", "signing", "activation"}),
+    ),
+    (
+        "bump-an-adapter-revision",
+        "UPDATE adapters SET revision = revision + 1 WHERE id = :adapter_id",
+        frozenset({"training", "signing", "activation"}),
+    ),
+    # signing and activation: stages, pointers, canary windows
+    # grants are per column: triggers keep production to activation and the canary to signing
+    (
+        "move-a-version-to-production",
+        "UPDATE adapter_versions SET stage = 'production' WHERE version_id = :v",
+        frozenset({"activation"}),
+    ),
+    (
+        "move-the-canary-pointer",
+        "UPDATE stage_pointers SET version_id = :v, moved_at = now() WHERE adapter_id = :adapter_id",
+        frozenset({"signing"}),
+    ),
+    (
+        "create-the-production-pointer",
+        "INSERT INTO stage_pointers (adapter_id, stage, version_id, moved_at) "
+        "VALUES (:adapter_id, 'production', :v, now())",
+        frozenset({"activation"}),
+    ),
+    (
+        "create-a-previous-pointer",
+        "INSERT INTO stage_pointers (adapter_id, stage, version_id, moved_at) "
+        "VALUES (:adapter_id, 'previous', :v, now())",
+        frozenset({"activation"}),
+    ),
+    ("remove-a-pointer", "DELETE FROM stage_pointers WHERE adapter_id = :adapter_id", LIFECYCLE),
+    (
+        "open-a-canary-window",
+        "INSERT INTO canary_windows (adapter_name, version_id, status, opened_at, thresholds) "
+        "VALUES (:name, :v, 'open', now(), '{}')",
+        LIFECYCLE,
+    ),
+    (
+        "close-a-canary-window",
+        "UPDATE canary_windows SET status = 'superseded', closed_at = now(), reason = 'probe' WHERE id = :window_id",
+        LIFECYCLE,
+    ),
+    (
+        "await-a-sign-off",
+        "UPDATE canary_windows SET approval_flow_run_id = 'probe' WHERE id = :window_id",
+        LIFECYCLE,
+    ),
+    ("reopen-a-window-for-another-version", "UPDATE canary_windows SET version_id = :v", NOBODY),
+    (
+        "observe-a-canary",
+        "INSERT INTO canary_observations (window_id, at, verdict, observation) "
+        "VALUES (:window_id, now(), 'continue', '{}')",
+        LIFECYCLE,
+    ),
+    # signing alone: validation results and signatures
+    (
+        "set-a-validation-status",
+        "UPDATE adapter_versions SET validation_status = 'passed' WHERE version_id = :v",
+        frozenset({"signing"}),
+    ),
+    (
+        "record-a-validation-run",
+        "INSERT INTO validation_runs (version_id, status, report, started_at, finished_at, actor) "
+        "VALUES (:v, 'passed', '{}', now(), now(), 'probe')",
+        frozenset({"signing"}),
+    ),
+    (
+        "record-a-signature",
+        "INSERT INTO version_signatures (version_id, key_id, validation_run_id, report_sha256, signature, "
+        f"signed_at, signed_by) VALUES (:v, :spare_key, :run_id, '{ZEROS}', 'probe', now(), 'probe')",
+        frozenset({"signing"}),
+    ),
+    # admin: tokens, keys, bases, the fleet
+    (
+        "issue-a-token",
+        "INSERT INTO api_tokens (token_id, secret_sha256, role, holder, created_at, created_by) "
+        f"VALUES ('0123456789ab', '{ZEROS}', 'activation', 'probe', now(), 'probe')",
+        frozenset({"admin"}),
+    ),
+    (
+        "revoke-a-token",
+        "UPDATE api_tokens SET revoked_at = now(), revoked_by = 'probe' WHERE token_id = :token_id",
+        frozenset({"admin"}),
+    ),
+    (
+        "add-a-signing-key",
+        "INSERT INTO signing_keys (key_id, role, public_pem, holder, created_at, created_by) "
+        "VALUES ('probe-key', 'activation', 'probe', 'probe', now(), 'probe')",
+        frozenset({"admin"}),
+    ),
+    (
+        "revoke-a-signing-key",
+        "UPDATE signing_keys SET revoked_at = now(), revoked_by = 'probe' WHERE key_id = :spare_key",
+        frozenset({"admin"}),
+    ),
+    (
+        "pin-a-base",
+        f"INSERT INTO base_models (base_model_id, base_model_commit, {BASE_COLUMNS}, created_at, created_by) "
+        f"SELECT 'probe-base', base_model_commit, {BASE_COLUMNS}, now(), 'probe' FROM base_models",
+        frozenset({"admin"}),
+    ),
+    (
+        "add-a-replica",
+        "INSERT INTO replicas (url, base_model_id, base_model_commit, role, adapter_dir, max_lora_rank, max_loras, "
+        "served_model_name, created_at, created_by) VALUES ('http://127.0.0.1:10', 'tiny-llama', :base_commit, "
+        "'production', '/srv/adapters', 16, 4, 'tiny-llama', now(), 'probe')",
+        frozenset({"admin"}),
+    ),
+    ("remove-a-replica", "DELETE FROM replicas", frozenset({"admin"})),
+]
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize(("case", "statement", "allowed"), MATRIX, ids=[m[0] for m in MATRIX])
+def test_each_database_role_may_make_exactly_its_own_writes(shared, engines, case, statement, allowed, role):
+    if role in allowed:
+        # a row really read or written: an UPDATE matching nothing would prove no grant
+        assert attempt(engines[role], statement, shared.params()) > 0, f"{case} as {role} touched no row"
+        return
+    with pytest.raises(DBAPIError) as refused:
+        attempt(engines[role], statement, shared.params())
+    assert insufficient_privilege(refused.value), f"{case} as {role} failed for another reason: {refused.value}"
+
+
+def test_every_database_role_reads_every_table(shared, engines):
+    for role, engine in engines.items():
+        with engine.connect() as conn:
+            for table in metadata.sorted_tables:
+                assert conn.execute(select(func.count()).select_from(table)).scalar() > 0, (role, table.name)
+
+
+# refused by a trigger even for the owner, who holds every grant
+OWNER_REFUSED = ["rewrite-the-audit-log", "erase-the-audit-log", "rewrite-a-manifest", "delete-a-version"]
+
+
+@pytest.mark.parametrize("case", OWNER_REFUSED)
+def test_history_is_refused_to_the_owner_by_triggers(shared, case):
+    statement = next(s for c, s, _ in MATRIX if c == case)
+    owner = create_engine(shared.url)
+    try:
+        with pytest.raises(DBAPIError, match="immutable") as refused:
+            attempt(owner, statement, shared.params())
+        assert not insufficient_privilege(refused.value)
+    finally:
+        owner.dispose()
+
+
+def test_training_registers_through_the_application_but_cannot_promote(fresh, seeded_bundles, tmp_path):
+    with fresh.open("training") as training:
+        result = training.register_adapter(seeded_bundles[1], NAME)
+        v2 = result.version.version_id
+        assert result.created and result.version.previous_version == fresh.v1
+        training.attach_golden_set(NAME, write_golden_set("tickets", tmp_path / "tickets.jsonl"))
+    with fresh.open() as owner:
+        mark_validated(owner, v2)
+        before = registry_snapshot(fresh.settings(), artifacts=False)
+    with fresh.open("training") as training, pytest.raises(PermissionDenied, match="loragate_training"):
+        training.promote(v2, "canary")
+    assert registry_snapshot(fresh.settings(), artifacts=False) == before
+
+
+def test_signing_validates_signs_watches_and_withdraws_a_canary_but_cannot_register(fresh, seeded_bundles):
+    with fresh.open() as owner:
+        v2 = owner.register_adapter(seeded_bundles[1], NAME).version.version_id
+    with fresh.open("signing") as signing:
+        mark_validated(signing, v2)  # records the run, then signs it with the registered key
+        assert [s.validation_run_id for s in signing.signatures(v2)] == [signing.validation_runs(v2)[-1].id]
+        signing.promote(v2, "canary")  # the pointer exists: its upsert takes the UPDATE branch
+        assert signing.resolve_stage(NAME, "canary") == v2
+        window, created = signing.open_canary_window(v2)  # supersedes v1's window
+        assert created and signing.canary_window(fresh.window_id).status == WindowStatus.SUPERSEDED
+        signing.record_canary_observation(observation(window.id, Verdict.ROLLBACK))
+        signing.rollback(NAME, "canary")  # deletes the pointer
+        signing.close_canary_window(window.id, WindowStatus.ROLLED_BACK, "roles test")
+        assert signing.get_version(v2).stage == "rolled_back" and signing.get_adapter(NAME).canary is None
+        before = registry_snapshot(fresh.settings(), artifacts=False)
+        with pytest.raises(PermissionDenied):
+            signing.register_adapter(seeded_bundles[2], NAME)
+    assert registry_snapshot(fresh.settings(), artifacts=False) == before
+
+
+def test_activation_signs_off_and_promotes_to_production_but_cannot_record_a_validation(fresh):
+    with fresh.open("activation") as activation:
+        activation.record_canary_observation(observation(fresh.window_id, Verdict.READY))
+        activation.request_approval(fresh.window_id, "flow-run-1")
+        activation.record_approval(fresh.window_id, approve=True, reviewer=REVIEWER, flow_run_id="flow-run-1")
+        activation.promote(fresh.v1, "production")
+        activation.close_canary_window(fresh.window_id, WindowStatus.PROMOTED, "signed off")
+        assert activation.resolve_stage(NAME, "production") == fresh.v1
+        before = registry_snapshot(fresh.settings(), artifacts=False)
+        with pytest.raises(PermissionDenied):
+            mark_validated(activation, fresh.v1, signed=False)
+    assert registry_snapshot(fresh.settings(), artifacts=False) == before
+
+
+def test_admin_manages_bases_fleet_tokens_and_keys_but_cannot_promote(fresh, tiny_base, tmp_path):
+    with fresh.open("admin") as admin:
+        _, pinned = admin.add_base(str(tiny_base), "tiny-llama-copy")
+        assert pinned
+        admin.add_replica("http://127.0.0.1:11", "tiny-llama", "production", str(tmp_path / "replica"))
+        admin.remove_replica("http://127.0.0.1:9")
+        token, _ = admin.create_token("training", "admin-tests")
+        admin.revoke_token(token.token_id)
+        key = generate_key_pair()
+        admin.add_signing_key(key.public_pem, "activation", "admin-tests")
+        admin.revoke_signing_key(key_id(key.public_pem))
+        before = registry_snapshot(fresh.settings(), artifacts=False)
+        with pytest.raises(PermissionDenied):
+            admin.promote(fresh.v1, "production")
+    assert registry_snapshot(fresh.settings(), artifacts=False) == before
+
+
+def test_downgrade_revokes_the_grants_and_upgrade_restores_them(pg_template, tiny_base, seeded_bundles, tmp_path):
+    url = pg_template()
+    owner = make_engine(make_url(url))
+    training = create_engine(db_user_url(url, "training"))
+    try:
+        migrate.downgrade(owner, "0005")
+        assert "api_tokens" not in inspect(owner).get_table_names()
+        with pytest.raises(DBAPIError) as refused:
+            attempt(training, "SELECT * FROM adapter_versions", {})
+        assert insufficient_privilege(refused.value)
+        migrate.upgrade(owner)
+        assert migrate.current_revision(owner) == migrate.HEAD
+    finally:
+        owner.dispose()
+        training.dispose()
+    # the roles work again, end to end: populated as the owner, then written as training
+    populated = populate(url, tmp_path, tiny_base, seeded_bundles[0])
+    with populated.open("training") as registry:
+        assert registry.register_adapter(seeded_bundles[1], NAME).created
+        with pytest.raises(PermissionDenied):
+            registry.promote(populated.v1, "production")
