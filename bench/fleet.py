@@ -52,10 +52,12 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 from bench.timing import summarize  # noqa: E402
 from infra.modelkit import build_base, golden_cases, train_adapter  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
+from registry.access import Principal  # noqa: E402
 from registry.errors import ReplicaError  # noqa: E402
 from registry.fleet import read_index, version_path, write_index  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
+from registry.signing import generate_key_pair  # noqa: E402
 from tasks.fleet import promote_and_switch, reconcile_fleet, rollback_and_switch, switch_replica  # noqa: E402
 from tasks.replicas import ReplicaClient  # noqa: E402
 from tasks.validation import ValidationPolicy, validate_versions  # noqa: E402
@@ -119,7 +121,7 @@ def build_setup(work: Path, base: Path | None) -> Setup:
         artifacts=str(work / "artifacts"),
         actor="bench",
     )
-    registry = Registry.open(settings, check_schema=False)
+    registry = Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
     registry.init()
     registry.add_base(str(base), BASE_ID)
     name = f"bench{uuid.uuid4().hex[:6]}/{BASE_ID}/support"
@@ -134,8 +136,12 @@ def build_setup(work: Path, base: Path | None) -> Setup:
     reports = validate_versions(registry, [v1, v2], ValidationPolicy.from_settings(settings, pass_threshold=0.5))
     if [r.status for r in reports] != ["passed", "passed"]:
         raise SystemExit(f"bench: the two versions did not pass validation: {[r.failures for r in reports]}")
+    # production takes a signing key's signature
+    key = generate_key_pair()
+    registry.add_signing_key(key.public_pem, "signing", "bench")
     answers = {}
     for version in (v1, v2):
+        registry.sign_version(version, key.private_pem)
         expected = registry.expected_outputs(version)
         assert expected is not None
         answers[version] = expected[1]["support-0"].strip()
@@ -329,6 +335,7 @@ def bench_cli_rollback(setup: Setup) -> float:
         "LORAGATE_DATABASE_URL": setup.settings.database_url,
         "LORAGATE_ARTIFACTS": setup.settings.artifacts,
         "LORAGATE_ACTOR": "bench",
+        "LORAGATE_TOKEN": setup.registry.create_token("activation", "bench")[1],
     }
     command = [str(Path(sys.executable).parent / "loragate"), "rollback", setup.name, "--json"]
     started = time.perf_counter()

@@ -42,12 +42,14 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 import httpx  # noqa: E402
 
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
-from infra.pipeline import start_pipeline  # noqa: E402
+from infra.pipeline import save_pipeline_secrets, start_pipeline  # noqa: E402
 from infra.prefect_local import start_prefect_server  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
+from registry.access import Principal, Role  # noqa: E402
 from registry.fleet import version_path  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
+from registry.signing import generate_key_pair  # noqa: E402
 
 TARGET_S = 15.0
 # Prefect 3.8's own defaults, set explicitly so the worker does not inherit the lowered ones
@@ -173,14 +175,18 @@ def run_configuration(label, polls, trials, bundles, golden, base_dir, canary, r
     settings = Settings(
         home=home, database_url=settings_env["LORAGATE_DATABASE_URL"], artifacts=settings_env["LORAGATE_ARTIFACTS"]
     )
-    registry = Registry.open(settings, check_schema=False)
+    registry = Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
     registry.init()
     registry.add_base(str(base_dir), "tiny-llama")
     for r in replicas:
         registry.add_replica(r.url, "tiny-llama", r.role, str(r.adapter_dir))
+    tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}")[1] for role in Role}
+    key = generate_key_pair()
+    registry.add_signing_key(key.public_pem, "signing", "pipeline")
     log(f"{label}: starting a Prefect server, deploying, starting workers")
     t0 = time.monotonic()
     server = start_prefect_server(home / "prefect")
+    save_pipeline_secrets(server, tokens, key.private_pem)
     pipeline = start_pipeline(home / "prefect", settings_env, evaluate_every_s=3600, server=server)
     pipeline.owns_server = True
     setup_s = time.monotonic() - t0

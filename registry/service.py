@@ -567,13 +567,20 @@ class Registry:
     # -- lifecycle ------------------------------------------------------------
 
     def promote(
-        self, version_id: str, to: str, reason: str | None = None, on_planned: Callable[[Plan], None] | None = None
+        self,
+        version_id: str,
+        to: str,
+        reason: str | None = None,
+        on_planned: Callable[[Plan], None] | None = None,
+        fleet_report: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> Plan:
         """Move the canary or production pointer to ``version_id``; already there is a no-op.
 
         The version's stored bytes are verified first: a pointer never moves to a version
         whose blobs are missing or damaged. ``on_planned`` (the fleet switch) gets the plan
         under the adapter's lock before anything is written; if it raises, nothing moves.
+        What the switch did (``fleet_report``) is audited in the move's own transaction, so
+        the log never shows a move without its replicas, nor the reverse.
 
         Raises:
             InvalidInput: ILLEGAL_TRANSITION for a target that is not canary or production.
@@ -597,6 +604,7 @@ class Registry:
             reason=reason,
             verify_target=self._verify_target,
             on_planned=on_planned,
+            before_commit=self._fleet_audit(actor, reason, fleet_report),
         )
 
     def rollback(
@@ -605,6 +613,7 @@ class Registry:
         stage: str = "production",
         reason: str | None = None,
         on_planned: Callable[[Plan], None] | None = None,
+        fleet_report: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> Plan:
         """Production back to ``previous`` in one pointer move, or withdraw the canary.
 
@@ -635,7 +644,15 @@ class Registry:
             reason=reason,
             verify_target=self._verify_target,
             on_planned=on_planned,
+            before_commit=self._fleet_audit(actor, reason, fleet_report),
         )
+
+    def _fleet_audit(
+        self, actor: str, reason: str | None, fleet_report: Callable[[], list[dict[str, Any]]] | None
+    ) -> Callable[[Any], None] | None:
+        if fleet_report is None:
+            return None
+        return lambda conn: self._store.audit_fleet_actions(conn, actor, "deploy", fleet_report(), reason)
 
     def _verify_target(self, pointer: Pointer, version_id: str, blobs: tuple[str, str, str]) -> None:
         for hexdigest in blobs:

@@ -682,8 +682,6 @@ class SqlStore:
                             verify_target(pointer, target, blobs[target])
                 if on_planned is not None and plan.pointer_changes:
                     on_planned(plan)
-                if before_commit is not None:
-                    before_commit(conn)
                 if plan.empty and plan.action != "validate":
                     raise _NothingToDo(plan)  # roll back the revision bump
                 now = utcnow()
@@ -720,6 +718,8 @@ class SqlStore:
                             "stage_changes": [[v, a.value, b.value] for v, a, b in plan.stage_changes],
                         },
                     )
+                if before_commit is not None:
+                    before_commit(conn)
                 return plan
 
         try:
@@ -806,6 +806,13 @@ class SqlStore:
         if not entries:
             return
         with self._write() as conn:
+            self.audit_fleet_actions(conn, actor, action, entries, reason)
+
+    def audit_fleet_actions(
+        self, conn: Connection, actor: str, action: str, entries: list[dict[str, Any]], reason: str | None
+    ) -> None:
+        """``record_fleet_actions`` inside a transaction already open (a pointer move's)."""
+        if entries:
             for entry in entries:
                 self._audit(
                     conn,

@@ -331,14 +331,13 @@ def _in_parallel(moves: list[ReplicaMove], work: Callable[[ReplicaMove], None]) 
 def move_pointer(
     registry: Registry,
     name: str,
-    move: Callable[[Callable[[Plan], None]], Plan],
+    move: Callable[[Callable[[Plan], None], Callable[[], list[dict[str, Any]]]], Plan],
     *,
     progress: Progress = _quiet,
-    action: str = "deploy",
-    reason: str | None = None,
 ) -> tuple[Plan, list[dict[str, Any]]]:
-    """Run a pointer move (``registry.promote``/``rollback`` given ``on_planned``) together
-    with its fleet switch: both happen or neither does.
+    """Run a pointer move (``registry.promote``/``rollback`` given ``on_planned`` and
+    ``fleet_report``) together with its fleet switch: both happen or neither does, and the
+    switch is audited in the move's transaction.
 
     Raises:
         InvalidInput: the move is illegal, or a version's rank is above a replica's limit.
@@ -346,13 +345,11 @@ def move_pointer(
     """
     switch = FleetSwitch(registry, name, progress=progress)
     try:
-        plan = move(switch.apply)
+        plan = move(switch.apply, switch.report)
     except BaseException:
         switch.revert()  # also when the move itself failed after the switch (the commit)
         raise
-    report = switch.report()
-    registry.record_fleet_actions(action, report, reason)
-    return plan, report
+    return plan, switch.report()
 
 
 def promote_and_switch(
@@ -369,9 +366,10 @@ def promote_and_switch(
     return move_pointer(
         registry,
         name,
-        lambda on_planned: registry.promote(version_id, to, reason=reason, on_planned=on_planned),
+        lambda on_planned, report: registry.promote(
+            version_id, to, reason=reason, on_planned=on_planned, fleet_report=report
+        ),
         progress=progress,
-        reason=reason,
     )
 
 
@@ -388,9 +386,10 @@ def rollback_and_switch(
     return move_pointer(
         registry,
         name,
-        lambda on_planned: registry.rollback(name, stage, reason=reason, on_planned=on_planned),
+        lambda on_planned, report: registry.rollback(
+            name, stage, reason=reason, on_planned=on_planned, fleet_report=report
+        ),
         progress=progress,
-        reason=reason,
     )
 
 

@@ -108,7 +108,11 @@ def canaried(cataloged, seeded_bundles):
     for v in (v1, v2):
         mark_validated(registry, v)
     registry.promote(v1, "canary")
+    ALICE.append(registry.create_token("activation", "alice")[1])  # who signs off
     return registry, name, v1, v2
+
+
+ALICE: list[str] = []
 
 
 def observe(registry, window_id: int, verdict: Verdict) -> Observation:
@@ -228,6 +232,7 @@ def run_cli(registry, monkeypatch, *argv: str) -> int:
 
     monkeypatch.setenv("LORAGATE_DATABASE_URL", registry.settings.database_url)
     monkeypatch.setenv("LORAGATE_ARTIFACTS", registry.settings.artifacts)
+    monkeypatch.setenv("LORAGATE_TOKEN", ALICE[-1])
     return main(list(argv))
 
 

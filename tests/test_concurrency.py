@@ -100,6 +100,7 @@ def test_concurrent_cli_registers_all_succeed_in_one_chain(cataloged, distinct_b
         "LORAGATE_DATABASE_URL": registry.settings.database_url,
         "LORAGATE_ARTIFACTS": registry.settings.artifacts,
         "LORAGATE_ACTOR": "ci",
+        "LORAGATE_TOKEN": registry.create_token("training", "trainer")[1],
     }
     procs = [
         subprocess.Popen(

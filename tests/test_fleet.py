@@ -26,7 +26,7 @@ from registry.settings import Settings
 from tasks.fleet import fleet_status, promote_and_switch, reconcile_fleet, rollback_and_switch, switch_replica
 from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions
-from tests.conftest import IN_PROCESS
+from tests.conftest import IN_PROCESS, sign
 from tests.faults import Fault, FaultProxy
 
 pytestmark = pytest.mark.slow
@@ -88,6 +88,8 @@ def make_fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, 
     registry.attach_golden_set(name, mixed_golden_set(tmp_path / "golden.jsonl"))
     reports = validate_versions(registry, [v1, v2], ValidationPolicy.from_settings(settings, pass_threshold=0.5))
     assert [r.status for r in reports] == ["passed", "passed"], [r.failures for r in reports]
+    for version in (v1, v2):
+        sign(registry, version)
     return Fleet(registry, name, v1, v2, replicas)
 
 
@@ -309,6 +311,7 @@ def test_a_restarted_replica_serves_production_on_its_first_request_and_reconcil
     v = fleet.registry.register_adapter(support_bundle, second).version.version_id
     fleet.registry.attach_golden_set(second, mixed_golden_set(tmp_path / "second.jsonl"))
     validate_versions(fleet.registry, [v], ValidationPolicy.from_settings(fleet.registry.settings, pass_threshold=0.5))
+    sign(fleet.registry, v)
     for version in (fleet.v1, v):
         promote_and_switch(fleet.registry, version, "canary")
         promote_and_switch(fleet.registry, version, "production")

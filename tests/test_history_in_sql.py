@@ -68,7 +68,8 @@ REWRITES = [
 # SQLite has no TRUNCATE (its DELETE cases above cover the same ground)
 POSTGRES_ONLY = [
     ("truncate-versions", "TRUNCATE adapter_versions CASCADE"),
-    ("truncate-runs", "TRUNCATE validation_runs"),
+    ("truncate-runs", "TRUNCATE validation_runs CASCADE"),
+    ("truncate-signatures", "TRUNCATE version_signatures"),
     ("truncate-bases", "TRUNCATE base_models CASCADE"),
     ("truncate-golden-sets", "TRUNCATE golden_sets"),
 ]

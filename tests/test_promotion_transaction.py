@@ -10,7 +10,9 @@ import pytest
 from prefect import flow, task
 from prefect.transactions import transaction
 
+from registry.access import Role
 from registry.canary import Monitor, Observation, SideStats, Verdict, WindowStatus
+from tasks.credentials import store_pipeline_secrets
 from tasks.gates import promote_production
 from tests.test_fleet import make_fleet, served
 
@@ -61,6 +63,8 @@ def test_a_failure_after_the_production_move_rolls_it_back_in_place(
         monkeypatch.setenv("LORAGATE_DATABASE_URL", registry.settings.database_url)
         monkeypatch.setenv("LORAGATE_ARTIFACTS", registry.settings.artifacts)
         monkeypatch.setenv("LORAGATE_ACTOR", "pipeline-test")
+        # and act with the activation role's token from its Secret block
+        store_pipeline_secrets({Role.ACTIVATION: registry.create_token("activation", "pipeline")[1]}, None, None)
 
         with pytest.raises(VerificationFailed):
             promote_then_fail(fleet.v2)

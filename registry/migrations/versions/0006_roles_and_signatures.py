@@ -131,6 +131,10 @@ def _upgrade_postgres() -> None:
             f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
             f"FOR EACH ROW EXECUTE FUNCTION loragate_refuse_change('{table} (append-only)')"
         )
+        op.execute(
+            f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION loragate_refuse_change('{table} (append-only)')"
+        )
     op.execute(
         "CREATE TRIGGER signing_keys_never_deleted BEFORE DELETE ON signing_keys "
         "FOR EACH ROW EXECUTE FUNCTION loragate_refuse_change('a signing key (revoked, never deleted)')"
@@ -196,6 +200,7 @@ def downgrade() -> None:
         op.execute("DROP FUNCTION loragate_pointer_needs_role()")
         op.execute("DROP TRIGGER signing_keys_never_deleted ON signing_keys")
         for table in APPEND_ONLY:
+            op.execute(f"DROP TRIGGER {table}_no_truncate ON {table}")
             op.execute(f"DROP TRIGGER {table}_append_only ON {table}")
     else:
         op.execute("DROP TRIGGER signing_keys_no_delete")

@@ -1,0 +1,267 @@
+"""Each gate keeps its promise when a real component fails in the middle of it, and a
+re-run converges once the failure is gone: Postgres stopped while a promotion is switching
+the replicas, a replica process killed during the switch, the S3 server stopped under a
+promotion. At no moment after a failure do the production replicas serve two versions.
+
+(A flow process killed mid-switch is tests/test_pipeline.py; a replica answering 500,
+hanging or refusing connections mid-switch is tests/test_fleet.py; S3 down or stalled
+under register and materialize is tests/test_outages.py.)
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from registry.errors import DeployFailed, Unavailable
+from registry.fleet import version_path
+from registry.service import Registry
+from registry.settings import Settings
+from tasks.fleet import FleetSwitch, promote_and_switch
+from tasks.validation import ValidationPolicy, validate_versions
+from tests.conftest import IN_PROCESS, sign
+from tests.test_fleet import answer, mixed_golden_set, served
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class PrivatePostgres:
+    """A Postgres cluster of the test's own, so stopping it touches nobody else."""
+
+    data: Path
+    port: int
+    bindir: Path
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", str(self.bindir / "pg_ctl"), "-D", str(self.data / "db"), *args],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._ctl("-o", options, "-l", str(self.data / "log"), "-w", "start")
+
+    def stop(self) -> None:
+        self._ctl("-m", "immediate", "-w", "stop")  # as a crash: no checkpoint, clients cut off
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    bindir = max(Path("/usr/lib/postgresql").glob("*/bin"))
+    data = Path(tempfile.mkdtemp(prefix="loragate-pg-"))
+    shutil.chown(data, "postgres", "postgres")
+    subprocess.run(
+        ["runuser", "-u", "postgres", "--", str(bindir / "initdb"), "-D", str(data / "db"), "-A", "trust"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    pg = PrivatePostgres(data, _free_port(), bindir)
+    pg.start()
+    try:
+        yield pg
+    finally:
+        subprocess.run(
+            [
+                "runuser",
+                "-u",
+                "postgres",
+                "--",
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(data / "db"),
+                "-m",
+                "immediate",
+                "stop",
+            ],
+            capture_output=True,
+            timeout=60,
+        )
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@dataclass
+class Canaried:
+    registry: Registry
+    name: str
+    v1: str  # production
+    v2: str  # the canary, signed, about to be promoted
+    adapter_dir: str
+
+    def path(self, version: str) -> str:
+        return version_path(self.adapter_dir, self.name, version)
+
+
+def canaried_fleet(settings: Settings, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle):
+    registry = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
+    registry.init()
+    registry.add_base(str(tiny_base), "tiny-llama")
+    for replica in replicas.values():
+        registry.add_replica(replica.url, "tiny-llama", replica.role, str(replica_adapters))
+    name = f"f{uuid.uuid4().hex[:8]}/tiny-llama/support"
+    v1 = registry.register_adapter(support_bundle, name).version.version_id
+    v2 = registry.register_adapter(tickets_bundle, name).version.version_id
+    Path(settings.home).mkdir(parents=True, exist_ok=True)
+    registry.attach_golden_set(name, mixed_golden_set(Path(settings.home) / "golden.jsonl"))
+    reports = validate_versions(registry, [v1, v2], ValidationPolicy.from_settings(settings, pass_threshold=0.5))
+    assert [r.status.value for r in reports] == ["passed", "passed"]
+    for v in (v1, v2):
+        sign(registry, v)
+    promote_and_switch(registry, v1, "canary")
+    promote_and_switch(registry, v1, "production")
+    promote_and_switch(registry, v2, "canary")
+    return Canaried(registry, name, v1, v2, str(replica_adapters))
+
+
+def production_serves(replicas, fleet: Canaried) -> set[str]:
+    """The paths the production replicas serve the adapter from: one, when all agree."""
+    return {served(r).get(fleet.name, "") for r in replicas.values() if r.role == "production"}
+
+
+def test_postgres_stopped_mid_promotion_leaves_the_previous_production_serving_and_a_rerun_converges(
+    private_postgres, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, tmp_path, monkeypatch
+):
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url=private_postgres.url,
+        artifacts=str(tmp_path / "artifacts"),
+        actor="faults",
+        database_connect_timeout_s=2,
+    )
+    fleet = canaried_fleet(settings, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle)
+    try:
+        switch = FleetSwitch.apply
+
+        def switch_then_lose_the_database(self, plan):
+            switch(self, plan)  # every production replica now serves v2 ...
+            assert production_serves(replicas, fleet) == {fleet.path(fleet.v2)}
+            private_postgres.stop()  # ... and the database dies before the pointer move commits
+
+        monkeypatch.setattr(FleetSwitch, "apply", switch_then_lose_the_database)
+        with pytest.raises(Unavailable):
+            promote_and_switch(fleet.registry, fleet.v2, "production")
+        monkeypatch.undo()
+        # the switch was put back at once: production serves the one version the database says
+        assert production_serves(replicas, fleet) == {fleet.path(fleet.v1)}
+
+        private_postgres.start()
+        assert fleet.registry.get_adapter(fleet.name).production == fleet.v1  # never committed
+        promote_and_switch(fleet.registry, fleet.v2, "production")  # the re-run, from the top
+        assert fleet.registry.get_adapter(fleet.name).production == fleet.v2
+        assert production_serves(replicas, fleet) == {fleet.path(fleet.v2)}
+    finally:
+        fleet.registry.close()
+
+
+def test_a_replica_killed_mid_promotion_moves_nothing_and_serves_production_when_it_is_back(
+    replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, tmp_path, monkeypatch
+):
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url=f"sqlite:///{tmp_path / 'registry.db'}",
+        artifacts=str(tmp_path / "artifacts"),
+        actor="faults",
+        replica_connect_timeout_s=1,
+    )
+    fleet = canaried_fleet(settings, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle)
+    victim = replicas["prod-b"]
+    try:
+        move = FleetSwitch._move
+
+        def kill_one_replica_then_move(self, m, expected):
+            if m.replica.url == victim.url:
+                victim.kill()  # the process dies as its switch begins
+            return move(self, m, expected)
+
+        monkeypatch.setattr(FleetSwitch, "_move", kill_one_replica_then_move)
+        with pytest.raises(DeployFailed) as failed:
+            promote_and_switch(fleet.registry, fleet.v2, "production")
+        monkeypatch.undo()
+        assert victim.url in failed.value.message
+        assert fleet.registry.get_adapter(fleet.name).production == fleet.v1
+        assert served(replicas["prod-a"])[fleet.name] == fleet.path(fleet.v1)  # put back at once
+    finally:
+        victim.start()  # in this thread: a replica dies with the thread that started it
+    try:
+        # back up empty, it answers the adapter with production from its first request
+        expected = fleet.registry.expected_outputs(fleet.v1)
+        assert expected is not None
+        assert answer(victim.url, fleet.name) == expected[1]["support-0"].strip()
+        assert production_serves(replicas, fleet) == {fleet.path(fleet.v1)}
+        promote_and_switch(fleet.registry, fleet.v2, "production")  # the re-run converges
+        assert production_serves(replicas, fleet) == {fleet.path(fleet.v2)}
+    finally:
+        fleet.registry.close()
+
+
+def test_the_s3_server_stopped_under_a_promotion_refuses_it_and_a_rerun_after_it_is_back_converges(
+    cataloged, seeded_bundles, s3_endpoint
+):
+    """Production is verified against the stored bytes: with the store gone, nothing moves."""
+    from moto.server import ThreadedMotoServer
+
+    from tests.conftest import mark_validated
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    registry, _ = cataloged
+    settings = registry.settings.model_copy(
+        update={
+            "artifacts": f"s3://faults-{uuid.uuid4().hex[:8]}/artifacts",
+            "s3_endpoint_url": f"http://127.0.0.1:{port}",
+            "s3_connect_timeout_s": 1.0,
+            "s3_read_timeout_s": 2.0,
+            "s3_max_attempts": 1,
+        }
+    )
+    import boto3
+
+    boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name="us-east-1").create_bucket(
+        Bucket=settings.artifacts.split("/")[2]
+    )
+    on_s3 = Registry.open(settings, principal=IN_PROCESS)
+    on_s3.init()
+    try:
+        name = "acme/tiny-llama/support"
+        v1, v2 = (on_s3.register_adapter(b, name).version.version_id for b in seeded_bundles[:2])
+        for v in (v1, v2):
+            mark_validated(on_s3, v)
+        on_s3.promote(v1, "canary")
+        on_s3.promote(v1, "production")
+        on_s3.promote(v2, "canary")
+        server.stop()
+        with pytest.raises(Unavailable):
+            on_s3.promote(v2, "production")
+        assert on_s3.get_adapter(name).production == v1
+        server = ThreadedMotoServer(
+            ip_address="127.0.0.1", port=port, verbose=False
+        )  # the same data: moto keeps it in process
+        server.start()
+        on_s3.promote(v2, "production")
+        assert on_s3.get_adapter(name).production == v2
+    finally:
+        on_s3.close()
+        server.stop()
