@@ -309,3 +309,42 @@ def test_a_signature_is_recorded_once_per_key_and_run(world):
     first = sign(world.registry, world.versions[3])
     again = sign(world.registry, world.versions[3])
     assert first.id == again.id and len(world.registry.signatures(world.versions[3])) == 1
+
+
+# -- the flows: each gate acts with its role's token from a Secret block -------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role", list(Role), ids=lambda r: r.value)
+def test_the_register_gate_acts_only_with_a_training_token_from_its_secret_block(
+    world, random_bundle, prefect_harness, role
+):
+    """Whatever token the training role's Secret block holds is what the gate acts as: a
+    token of another role is refused and nothing is written."""
+    from prefect import flow
+
+    from tasks.credentials import store_pipeline_secrets
+    from tasks.gates import register_bundle
+
+    _, token = world.registry.create_token(role.value, f"pipeline-{role.value}")
+    store_pipeline_secrets({Role.TRAINING: token}, None, None)
+    os.environ["LORAGATE_DATABASE_URL"] = world.registry.settings.database_url
+    os.environ["LORAGATE_ARTIFACTS"] = world.registry.settings.artifacts
+
+    @flow
+    def register_once() -> dict:
+        return register_bundle.fn(str(random_bundle), NAME)
+
+    try:
+        before = registry_snapshot(world.registry.settings)
+        state = register_once(return_state=True)
+        if role == Role.TRAINING:
+            assert state.is_completed(), state
+            assert state.result()["created"] is True
+        else:
+            assert state.is_failed() and "PermissionDenied" in (state.message or ""), state
+            assert "takes training" in (state.message or "")
+            assert registry_snapshot(world.registry.settings) == before
+    finally:
+        os.environ.pop("LORAGATE_DATABASE_URL", None)
+        os.environ.pop("LORAGATE_ARTIFACTS", None)

@@ -12,6 +12,7 @@ a canary that drifts, and a flow run killed mid-switch and re-run from the top.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -73,9 +74,11 @@ class Stack:
         replicas,
         tmp: Path,
         people: dict[str, str],
+        tokens: dict[Role, str],
     ):
         self.pipeline = pipeline
         self.people = people  # activation tokens of the people who sign off
+        self.tokens = tokens  # the gates', in Secret blocks
         self.settings = settings
         self.slack = slack
         self.replicas = replicas
@@ -133,6 +136,28 @@ class Stack:
             found += page["events"]
         return found
 
+    def everything_prefect_holds(self) -> str:
+        """Flow-run parameters, artifacts and logs as Prefect stores and shows them."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import LogFilter
+
+        with client_env(self.pipeline.server), get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(limit=200)
+            artifacts = client.read_artifacts(limit=200)
+            logs = []
+            offset = 0
+            while True:
+                page = client.read_logs(log_filter=LogFilter(), limit=200, offset=offset)
+                logs += page
+                if len(page) < 200:
+                    break
+                offset += 200
+        return "\n".join(
+            [r.model_dump_json(include={"parameters"}) for r in runs]
+            + [a.model_dump_json(include={"data", "description"}) for a in artifacts]
+            + [entry.message for entry in logs]
+        )
+
     def artifact_keys(self) -> set[str]:
         from prefect.client.orchestration import get_client
 
@@ -185,7 +210,7 @@ def stack(prefect_server, pg_template, replicas, replica_adapters, tiny_base, s3
     # the Slack token too comes from a Secret block: the workers' environment has none
     save_pipeline_secrets(prefect_server, tokens, SIGNING_KEY.private_pem, "xoxb-test-token")
     pipeline = start_pipeline(tmp / "prefect", env, evaluate_every_s=5, server=prefect_server)
-    made = Stack(pipeline, settings, slack, replicas, tmp, people)
+    made = Stack(pipeline, settings, slack, replicas, tmp, people, tokens)
     try:
         yield made
     finally:
@@ -198,8 +223,6 @@ def stack(prefect_server, pg_template, replicas, replica_adapters, tiny_base, s3
 
 
 def golden_file(tmp: Path) -> Path:
-    import json
-
     path = tmp / "golden-support.jsonl"
     path.write_text("".join(json.dumps(c) + "\n" for c in golden_cases("support")))
     return path
@@ -362,6 +385,12 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
     assert actors["register"].startswith("pipeline-training (training token ")
     assert actors["validate"].startswith("pipeline-signing (signing token ")
     assert actors["approval"].startswith("pipeline-activation (activation token ")
+    held = stack.everything_prefect_holds()
+    record = json.dumps([e.as_dict() for e in stack.registry.history(name)], default=str)
+    secrets = [*stack.tokens.values(), *stack.people.values(), "xoxb-test-token"]
+    secrets.append(SIGNING_KEY.private_pem.decode().splitlines()[1])  # a line of the key's body
+    for secret in secrets:
+        assert secret not in held and secret not in record
     assert any(f"/runs/flow-run/{run1}" in t for t in texts), "the approval message links to the paused run"
 
 
