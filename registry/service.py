@@ -91,6 +91,8 @@ from registry.store import SqlStore
 from registry.weights import inspect_lora_weights
 
 Progress = Callable[[str], None]
+# the audit log records "<holder> (<role> token <id>)" in 128 characters
+MAX_HOLDER = 64
 # a switch records what it did to the replicas under whichever of these moved the pointer
 FLEET_MOVES = (
     Action.MANAGE_FLEET,
@@ -718,8 +720,8 @@ class Registry:
         parsed = parse_role(role)
         pattern = check_namespace(namespace)
         holder = holder.strip()
-        if not holder or len(holder) > 128:
-            raise InvalidInput("holder must name who holds the token (1-128 characters)", field="holder")
+        if not holder or len(holder) > MAX_HOLDER:
+            raise InvalidInput(f"holder must name who holds the token (1-{MAX_HOLDER} characters)", field="holder")
         issued = issue_token()
         return self._store.create_token(issued, parsed, pattern, holder, actor), issued.token
 
@@ -750,8 +752,10 @@ class Registry:
         """
         actor = self._authorize(Action.MANAGE_KEYS)
         parsed = parse_role(role)
-        if not holder.strip():
-            raise InvalidInput("holder must name who holds the private key", field="holder")
+        if not holder.strip() or len(holder.strip()) > MAX_HOLDER:
+            raise InvalidInput(
+                f"holder must name who holds the private key (1-{MAX_HOLDER} characters)", field="holder"
+            )
         key = SigningKey(key_id(public_pem), parsed, public_pem, holder.strip(), utcnow(), actor)
         return self._store.add_signing_key(key, actor)
 
