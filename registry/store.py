@@ -887,19 +887,32 @@ class SqlStore:
             rows = conn.execute(select(api_tokens).order_by(api_tokens.c.created_at, api_tokens.c.token_id))
             return [_token_from_row(r) for r in rows]
 
+    def _revoke(self, key_column: Any, value: str, actor: str, action: str) -> None:
+        """Mark a token or a key revoked, once (revoking again changes nothing)."""
+        table = key_column.table
+        now = utcnow()
+        with self._write() as conn:
+            changed = conn.execute(
+                update(table)
+                .where(key_column == value, table.c.revoked_at.is_(None))
+                .values(revoked_at=now, revoked_by=actor)
+            ).rowcount
+            if changed:
+                self._audit(
+                    conn,
+                    actor=actor,
+                    action=action,
+                    adapter_name=None,
+                    to_value=value[:64],
+                    details={"id": value},
+                    at=now,
+                )
+
     def revoke_token(self, token_id: str, actor: str) -> TokenRecord:
         """Raises:
         NotFound: no such token.
         """
-        now = utcnow()
-        with self._write() as conn:
-            changed = conn.execute(
-                update(api_tokens)
-                .where(api_tokens.c.token_id == token_id, api_tokens.c.revoked_at.is_(None))
-                .values(revoked_at=now, revoked_by=actor)
-            ).rowcount
-            if changed:
-                self._audit(conn, actor=actor, action="token_revoked", adapter_name=None, to_value=token_id, at=now)
+        self._revoke(api_tokens.c.token_id, token_id, actor, "token_revoked")
         found = self.token(token_id)
         if found is None:
             raise NotFound(f"no token {token_id!r}", field="token_id")
@@ -958,23 +971,7 @@ class SqlStore:
         """Raises:
         NotFound: no such key.
         """
-        now = utcnow()
-        with self._write() as conn:
-            changed = conn.execute(
-                update(signing_keys)
-                .where(signing_keys.c.key_id == key_id, signing_keys.c.revoked_at.is_(None))
-                .values(revoked_at=now, revoked_by=actor)
-            ).rowcount
-            if changed:
-                self._audit(
-                    conn,
-                    actor=actor,
-                    action="key_revoked",
-                    adapter_name=None,
-                    to_value=key_id[:64],
-                    details={"key_id": key_id},
-                    at=now,
-                )
+        self._revoke(signing_keys.c.key_id, key_id, actor, "key_revoked")
         key = self.signing_key(key_id)
         if key is None:
             raise NotFound(f"no signing key {key_id!r}", field="key_id")

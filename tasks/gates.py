@@ -25,7 +25,6 @@ from registry.access import Role
 from registry.canary import CanaryWindow, Observation, WindowStatus
 from registry.errors import DeployFailed, ErrorCode, NotFound, ReplicaError, Unavailable
 from registry.lifecycle import Stage, ValidationStatus
-from registry.service import Registry
 from registry.settings import Settings
 from tasks import canary, fleet, notify
 from tasks.credentials import registry_as, signing_key
@@ -44,10 +43,6 @@ def outage_only(task: Any, task_run: Any, state: Any) -> bool:
     except BaseException:
         return False
     return False
-
-
-def _registry(role: Role) -> Registry:
-    return registry_as(role)
 
 
 def _log(message: str) -> None:
@@ -70,7 +65,7 @@ def _progress() -> Callable[[str], None]:
 def register_bundle(bundle: str, name: str, golden_set: str | None = None) -> dict[str, Any]:
     """Register the bundle; a golden set that came with it is attached to the adapter (the
     same set again changes nothing)."""
-    with _registry(Role.TRAINING) as registry:
+    with registry_as(Role.TRAINING) as registry:
         result = registry.register_from(bundle, name, progress=_progress())
         if golden_set:
             registry.attach_golden_set(name, Path(golden_set))
@@ -88,7 +83,7 @@ def register_bundle(bundle: str, name: str, golden_set: str | None = None) -> di
 def versions_to_validate(base: str) -> tuple[list[str], list[dict[str, str]]]:
     """(pending versions of the base, versions that passed but never entered canary): the
     second list lets a re-run announce what a crashed run validated but did not announce."""
-    with _registry(Role.SIGNING) as registry:
+    with registry_as(Role.SIGNING) as registry:
         versions = [v for v in registry.list_versions() if v.base_model_id == base and v.stage == Stage.STAGING]
         without_golden = set()
         for name in {v.name for v in versions if v.validation_status == ValidationStatus.PENDING}:
@@ -116,7 +111,7 @@ def versions_to_validate(base: str) -> tuple[list[str], list[dict[str, str]]]:
     retry_condition_fn=outage_only,
 )
 def deploy_canary(version_id: str) -> dict[str, Any]:
-    with _registry(Role.SIGNING) as registry:
+    with registry_as(Role.SIGNING) as registry:
         deployment = canary.deploy_canary(registry, version_id, progress=_progress())
     return {
         "window": deployment.window.as_dict(),
@@ -133,7 +128,7 @@ def deploy_canary(version_id: str) -> dict[str, Any]:
     retry_condition_fn=outage_only,
 )
 def open_canary_windows() -> list[CanaryWindow]:
-    with _registry(Role.ACTIVATION) as registry:
+    with registry_as(Role.ACTIVATION) as registry:
         return registry.canary_windows((WindowStatus.OPEN,))
 
 
@@ -141,7 +136,7 @@ def open_canary_windows() -> list[CanaryWindow]:
 def observe_canary(window_id: int) -> tuple[Observation, list[Observation]] | None:
     """One observation (recorded: not retried), and the window's observations so far; None
     when the version is no longer the canary (moved by hand): its window is superseded."""
-    with _registry(Role.ACTIVATION) as registry:
+    with registry_as(Role.ACTIVATION) as registry:
         window = registry.canary_window(window_id)
         if registry.get_adapter(window.adapter_name).canary != window.version_id:
             registry.close_canary_window(window_id, WindowStatus.SUPERSEDED, "no longer the canary")
@@ -159,7 +154,7 @@ def observe_canary(window_id: int) -> tuple[Observation, list[Observation]] | No
     retry_condition_fn=outage_only,
 )
 def withdraw_canary(window_id: int, reason: str) -> dict[str, Any]:
-    with _registry(Role.ACTIVATION) as registry:
+    with registry_as(Role.ACTIVATION) as registry:
         window = canary.withdraw_canary(registry, registry.canary_window(window_id), reason, progress=_progress())
         production = registry.get_adapter(window.adapter_name).production
     return {"window": window.as_dict(), "back_to": production}
@@ -174,7 +169,7 @@ def withdraw_canary(window_id: int, reason: str) -> dict[str, Any]:
 )
 def canary_window_of(version_id: str) -> tuple[CanaryWindow, list[Observation], dict[str, Any]]:
     """The version's newest window, its observations, and the adapter's pointers."""
-    with _registry(Role.ACTIVATION) as registry:
+    with registry_as(Role.ACTIVATION) as registry:
         window = registry.latest_canary_window(version_id)
         adapter = registry.get_adapter(window.adapter_name)
         return window, registry.canary_observations(window.id), adapter.as_dict()
@@ -182,13 +177,13 @@ def canary_window_of(version_id: str) -> tuple[CanaryWindow, list[Observation], 
 
 @task(cache_policy=NO_CACHE, name="claim-approval")
 def claim_approval(window_id: int, flow_run_id: str, replacing: str | None) -> CanaryWindow:
-    with _registry(Role.ACTIVATION) as registry:
+    with registry_as(Role.ACTIVATION) as registry:
         return registry.request_approval(window_id, flow_run_id, replacing)
 
 
 @task(cache_policy=NO_CACHE, name="record-approval")
 def record_approval(window_id: int, approve: bool, reviewer: str, comment: str, flow_run_id: str) -> CanaryWindow:
-    with _registry(Role.ACTIVATION) as registry:
+    with registry_as(Role.ACTIVATION) as registry:
         return registry.record_approval(
             window_id, approve=approve, reviewer=reviewer, comment=comment, flow_run_id=flow_run_id
         )
@@ -197,7 +192,7 @@ def record_approval(window_id: int, approve: bool, reviewer: str, comment: str, 
 @task(cache_policy=NO_CACHE, name="withdraw-rejected-canary")
 def withdraw_rejected_canary(version_id: str, reason: str) -> None:
     """A canary a person rejected leaves the canary replicas (its window is already closed)."""
-    with _registry(Role.ACTIVATION) as registry:
+    with registry_as(Role.ACTIVATION) as registry:
         name = registry.get_version(version_id).name
         canary.withdraw_from_canary(registry, name, version_id, reason, progress=_progress())
 
@@ -206,7 +201,7 @@ def withdraw_rejected_canary(version_id: str, reason: str) -> None:
 def promote_production(version_id: str, reason: str) -> dict[str, Any]:
     """Inside the promotion's transaction: what it changed is kept on the transaction, so
     the rollback hook can restore it."""
-    with _registry(Role.ACTIVATION) as registry:
+    with registry_as(Role.ACTIVATION) as registry:
         window, previous, report = canary.promote_canary(registry, version_id, reason, progress=_progress())
     name = window.adapter_name
     transaction = get_transaction()
@@ -225,7 +220,7 @@ def _restore_previous_production(transaction: Any) -> None:
     if not promoted or not promoted.get("previous"):
         return
     reason = "promotion rolled back: its verification failed"
-    with _registry(Role.ACTIVATION) as registry:
+    with registry_as(Role.ACTIVATION) as registry:
         if registry.get_adapter(promoted["name"]).production == promoted["version_id"]:
             fleet.rollback_and_switch(registry, promoted["name"], "production", reason=reason)
         registry.close_canary_window(promoted["window_id"], WindowStatus.ROLLED_BACK, reason)
@@ -244,7 +239,7 @@ def verify_stage(name: str, version_id: str) -> list[dict[str, Any]]:
     Raises:
         DeployFailed: a replica is unreachable or serves something else.
     """
-    with _registry(Role.ACTIVATION) as registry:
+    with registry_as(Role.ACTIVATION) as registry:
         states = fleet.fleet_status(registry)
     base = name.split("/")[1]
     mine = [s for s in states if s.replica.base_model_id == base]
@@ -265,7 +260,7 @@ def verify_stage(name: str, version_id: str) -> list[dict[str, Any]]:
 def rollback_stage(name: str, stage: str, expected_version: str | None, reason: str) -> dict[str, Any]:
     """Roll ``stage`` back, unless it no longer names ``expected_version`` (a re-run of a
     rollback that already happened changes nothing)."""
-    with _registry(Role.ACTIVATION) as registry:
+    with registry_as(Role.ACTIVATION) as registry:
         adapter = registry.get_adapter(name)
         current = adapter.production if stage == "production" else adapter.canary
         if expected_version is not None and current != expected_version:
@@ -283,7 +278,7 @@ def rollback_stage(name: str, stage: str, expected_version: str | None, reason: 
     retry_condition_fn=outage_only,
 )
 def reconcile_fleet() -> list[dict[str, Any]]:
-    with _registry(Role.ADMIN) as registry:
+    with registry_as(Role.ADMIN) as registry:
         return [s.as_dict() for s in fleet.reconcile_fleet(registry, progress=_progress())]
 
 
@@ -301,7 +296,7 @@ def sign_validated(version_id: str) -> bool:
     if key is None:
         get_run_logger().warning(f"{version_id} not signed: no Secret block loragate-signing-key")
         return False
-    with _registry(Role.SIGNING) as registry:
+    with registry_as(Role.SIGNING) as registry:
         signature, created = registry.sign_version(version_id, key)
     _log(f"{version_id} {'signed' if created else 'already signed'} by {signature.key_id}")
     return True

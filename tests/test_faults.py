@@ -22,13 +22,10 @@ from pathlib import Path
 import pytest
 
 from registry.errors import DeployFailed, Unavailable
-from registry.fleet import version_path
 from registry.service import Registry
-from registry.settings import Settings
 from tasks.fleet import FleetSwitch, promote_and_switch
-from tasks.validation import ValidationPolicy, validate_versions
-from tests.conftest import IN_PROCESS, sign
-from tests.test_fleet import answer, mixed_golden_set, served
+from tests.conftest import IN_PROCESS
+from tests.test_fleet import Fleet, answer, make_fleet, served
 
 pytestmark = pytest.mark.slow
 
@@ -102,40 +99,16 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         shutil.rmtree(data, ignore_errors=True)
 
 
-@dataclass
-class Canaried:
-    registry: Registry
-    name: str
-    v1: str  # production
-    v2: str  # the canary, signed, about to be promoted
-    adapter_dir: str
-
-    def path(self, version: str) -> str:
-        return version_path(self.adapter_dir, self.name, version)
+def canaried_fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, **settings):
+    """v1 in production on every replica, v2 the canary, both validated and signed."""
+    fleet = make_fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, **settings)
+    fleet.promote(fleet.v1, "canary")
+    fleet.promote(fleet.v1, "production")
+    fleet.promote(fleet.v2, "canary")
+    return fleet
 
 
-def canaried_fleet(settings: Settings, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle):
-    registry = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
-    registry.init()
-    registry.add_base(str(tiny_base), "tiny-llama")
-    for replica in replicas.values():
-        registry.add_replica(replica.url, "tiny-llama", replica.role, str(replica_adapters))
-    name = f"f{uuid.uuid4().hex[:8]}/tiny-llama/support"
-    v1 = registry.register_adapter(support_bundle, name).version.version_id
-    v2 = registry.register_adapter(tickets_bundle, name).version.version_id
-    Path(settings.home).mkdir(parents=True, exist_ok=True)
-    registry.attach_golden_set(name, mixed_golden_set(Path(settings.home) / "golden.jsonl"))
-    reports = validate_versions(registry, [v1, v2], ValidationPolicy.from_settings(settings, pass_threshold=0.5))
-    assert [r.status.value for r in reports] == ["passed", "passed"]
-    for v in (v1, v2):
-        sign(registry, v)
-    promote_and_switch(registry, v1, "canary")
-    promote_and_switch(registry, v1, "production")
-    promote_and_switch(registry, v2, "canary")
-    return Canaried(registry, name, v1, v2, str(replica_adapters))
-
-
-def production_serves(replicas, fleet: Canaried) -> set[str]:
+def production_serves(replicas, fleet: Fleet) -> set[str]:
     """The paths the production replicas serve the adapter from: one, when all agree."""
     return {served(r).get(fleet.name, "") for r in replicas.values() if r.role == "production"}
 
@@ -143,20 +116,23 @@ def production_serves(replicas, fleet: Canaried) -> set[str]:
 def test_postgres_stopped_mid_promotion_leaves_the_previous_production_serving_and_a_rerun_converges(
     private_postgres, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, tmp_path, monkeypatch
 ):
-    settings = Settings(
-        home=tmp_path / "home",
+    fleet = canaried_fleet(
+        tmp_path,
+        replicas,
+        replica_adapters,
+        tiny_base,
+        support_bundle,
+        tickets_bundle,
         database_url=private_postgres.url,
-        artifacts=str(tmp_path / "artifacts"),
-        actor="faults",
         database_connect_timeout_s=2,
     )
-    fleet = canaried_fleet(settings, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle)
+    v1_path, v2_path = fleet.path(fleet.v1), fleet.path(fleet.v2)  # read while the database is up
     try:
         switch = FleetSwitch.apply
 
         def switch_then_lose_the_database(self, plan):
             switch(self, plan)  # every production replica now serves v2 ...
-            assert production_serves(replicas, fleet) == {fleet.path(fleet.v2)}
+            assert production_serves(replicas, fleet) == {v2_path}
             private_postgres.stop()  # ... and the database dies before the pointer move commits
 
         monkeypatch.setattr(FleetSwitch, "apply", switch_then_lose_the_database)
@@ -164,7 +140,7 @@ def test_postgres_stopped_mid_promotion_leaves_the_previous_production_serving_a
             promote_and_switch(fleet.registry, fleet.v2, "production")
         monkeypatch.undo()
         # the switch was put back at once: production serves the one version the database says
-        assert production_serves(replicas, fleet) == {fleet.path(fleet.v1)}
+        assert production_serves(replicas, fleet) == {v1_path}
 
         private_postgres.start()
         assert fleet.registry.get_adapter(fleet.name).production == fleet.v1  # never committed
@@ -178,14 +154,9 @@ def test_postgres_stopped_mid_promotion_leaves_the_previous_production_serving_a
 def test_a_replica_killed_mid_promotion_moves_nothing_and_serves_production_when_it_is_back(
     replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, tmp_path, monkeypatch
 ):
-    settings = Settings(
-        home=tmp_path / "home",
-        database_url=f"sqlite:///{tmp_path / 'registry.db'}",
-        artifacts=str(tmp_path / "artifacts"),
-        actor="faults",
-        replica_connect_timeout_s=1,
+    fleet = canaried_fleet(
+        tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, replica_connect_timeout_s=1
     )
-    fleet = canaried_fleet(settings, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle)
     victim = replicas["prod-b"]
     try:
         move = FleetSwitch._move

@@ -71,11 +71,13 @@ def mixed_golden_set(path):
 
 def make_fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, **overrides) -> Fleet:
     settings = Settings(
-        home=tmp_path / "home",
-        database_url=f"sqlite:///{tmp_path / 'registry.db'}",
-        artifacts=str(tmp_path / "artifacts"),
-        actor="fleet-test",
-        **overrides,
+        **{
+            "home": tmp_path / "home",
+            "database_url": f"sqlite:///{tmp_path / 'registry.db'}",
+            "artifacts": str(tmp_path / "artifacts"),
+            "actor": "fleet-test",
+            **overrides,
+        }
     )
     registry = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
     registry.init()
