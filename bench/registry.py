@@ -48,6 +48,7 @@ import argparse
 import contextlib
 import gc
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -378,10 +379,10 @@ def measure_loragate_at_size(
 def _open_in_process(settings: Settings) -> Registry:
     """The registry with every role, like any caller holding the database; the baseline side
     of a comparison may run code from before roles existed."""
-    try:
-        from registry.access import Principal
-    except ImportError:
+    if "principal" not in inspect.signature(Registry.open).parameters:
         return Registry.open(settings, check_schema=False)
+    from registry.access import Principal
+
     return Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
 
 

@@ -598,15 +598,16 @@ class Registry:
                 f"--to must be canary or production, not {to!r}", code=ErrorCode.ILLEGAL_TRANSITION, field="to"
             ) from e
         action = Action.PROMOTE_PRODUCTION if target == Pointer.PRODUCTION else Action.PROMOTE_CANARY
-        actor = self._authorize(action, self._store.get_version(version_id).name)
+        principal = self.principal
         return self._store.apply_plan(
             lambda pointers, states: plan_promotion(pointers, states[version_id], target, states),
             subject=version_id,
-            actor=actor,
+            actor=principal.actor,
             reason=reason,
             verify_target=self._verify_target,
             on_planned=on_planned,
-            before_commit=self._fleet_audit(actor, reason, fleet_report),
+            before_commit=self._fleet_audit(principal.actor, reason, fleet_report),
+            authorize=partial(principal.require, action),
         )
 
     def rollback(

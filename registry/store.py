@@ -653,8 +653,12 @@ class SqlStore:
         before_commit: Callable[[Connection], None] | None = None,
         verify_target: Callable[[Pointer, str, tuple[str, str, str]], None] | None = None,
         on_planned: Callable[[Plan], None] | None = None,
+        authorize: Callable[[str], None] | None = None,
     ) -> Plan:
         """Plan under the adapter's row lock and apply atomically; retried on a lost race.
+
+        ``authorize`` gets the adapter's name as soon as its row is claimed (the name of a
+        version costs no extra round trip there) and raises to refuse.
 
         The adapter is named by ``name`` or found from the ``subject`` version. Every version
         the plan points a pointer at is passed to ``verify_target`` with the pointer and its blob digests
@@ -672,6 +676,8 @@ class SqlStore:
                         if name
                         else NotFound(f"no adapter version {subject!r}", field="version")
                     )
+                if authorize is not None:
+                    authorize(row.name)  # a denial rolls the claim back: nothing changed
                 pointers, states, blobs = self._pointers_and_states(conn, row.id, subject)
                 if subject is not None and subject not in states:
                     raise NotFound(f"no adapter version {subject!r}", field="version")
