@@ -27,6 +27,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
         reg.principal.require(Action.APPROVE, window.adapter_name)
         if args.reviewer.strip():
             reg.check_reviewer(args.reviewer.strip(), window.adapter_name)
+        review = reg.scan_under_review(args.version)
     if window.status != WindowStatus.READY:
         raise IllegalTransition(
             f"{args.version}'s canary window is {window.status.value}: there is no sign-off to give",
@@ -40,6 +41,13 @@ def cmd_approve(args: argparse.Namespace) -> int:
         )
     if not args.reviewer.strip():
         raise InvalidInput("a decision needs a reviewer", code=ErrorCode.INVALID_NAME, field="reviewer")
+    if review is not None and not args.reject and not args.acknowledge_scan_review:
+        raise IllegalTransition(
+            f"{args.version} is under weight-scan review ({review.describe()}): "
+            "approve with --acknowledge-scan-review, or --reject",
+            code=ErrorCode.SCAN_REVIEW_UNACKNOWLEDGED,
+            field="acknowledge_scan_review",
+        )
     # Prefect costs ~2 s to import: only the command that talks to it pays
     import httpx
     from prefect.exceptions import FlowPauseTimeout, NotPausedError, ObjectNotFound
@@ -47,7 +55,12 @@ def cmd_approve(args: argparse.Namespace) -> int:
     from prefect.settings import PREFECT_UI_URL
 
     run_id = window.approval_flow_run_id
-    decision = {"approve": not args.reject, "reviewer": args.reviewer.strip(), "comment": args.comment}
+    decision = {
+        "approve": not args.reject,
+        "reviewer": args.reviewer.strip(),
+        "comment": args.comment,
+        "acknowledge_scan_review": args.acknowledge_scan_review,
+    }
     try:
         resume_flow_run(UUID(run_id), run_input=decision)
     except (NotPausedError, FlowPauseTimeout, ObjectNotFound) as e:
@@ -129,6 +142,11 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("--reviewer", required=True, help="who decides (recorded in the audit log)")
     p.add_argument("--reject", action="store_true", help="reject instead: the canary is withdrawn")
     p.add_argument("--comment", default="", help="why (recorded in the audit log)")
+    p.add_argument(
+        "--acknowledge-scan-review",
+        action="store_true",
+        help="approve a version whose weight scan asked for review (recorded in the audit log)",
+    )
     p.set_defaults(func=cmd_approve)
 
     canary = sub.add_parser("canary", help="canary windows and their observations").add_subparsers(

@@ -135,7 +135,12 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
     with open_registry(args) as reg:
         plan, report = promote_and_switch(
-            reg, args.version, args.to, reason=args.reason, progress=progress_printer(args)
+            reg,
+            args.version,
+            args.to,
+            reason=args.reason,
+            progress=progress_printer(args),
+            acknowledge_scan_review=args.acknowledge_scan_review,
         )
         name = reg.get_version(args.version).name
     payload = {**_plan_payload(name, plan), "replicas": report}
@@ -196,6 +201,11 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("version")
     p.add_argument("--to", required=True, choices=["canary", "production"])
     p.add_argument("--reason")
+    p.add_argument(
+        "--acknowledge-scan-review",
+        action="store_true",
+        help="promote to production a version whose weight scan asked for review (recorded in the audit log)",
+    )
     p.set_defaults(func=cmd_promote)
 
     p = sub.add_parser("rollback", parents=[common], help="production back to previous, or withdraw the canary")

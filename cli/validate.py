@@ -9,25 +9,58 @@ from __future__ import annotations
 import argparse
 
 from cli.output import EXIT_FAILED, EXIT_OK, emit, open_registry, progress_printer
+from registry.reports import ValidationReport
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from tasks.validation import ValidationPolicy, validate_versions
 
-    policy = ValidationPolicy.from_settings(args.settings, pass_threshold=args.threshold)
+    policy = ValidationPolicy.from_settings(
+        args.settings, pass_threshold=args.threshold, regression_epsilon=args.regression_epsilon
+    )
     with open_registry(args) as reg:
         reports = validate_versions(reg, args.versions, policy, progress=progress_printer(args))
     all_passed = all(r.passed for r in reports)
-
-    def text() -> str:
-        lines = []
-        for r in reports:
-            lines.append(f"{r.version_id}  {r.name}  {r.status.value.upper()}  {r.summary}")
-            lines.extend(f"    - {f}" for f in r.failures)
-        return "\n".join(lines)
-
-    emit(args, {"passed": all_passed, "reports": [r.to_json() for r in reports]}, text)
+    emit(args, {"passed": all_passed, "reports": [r.to_json() for r in reports]}, lambda: validation_table(reports))
     return EXIT_OK if all_passed else EXIT_FAILED
+
+
+def _regression_cell(report: ValidationReport) -> str:
+    r = report.regression
+    if r is None:
+        return "-"
+    if r.skipped is not None:
+        return "skipped"
+    regressed = r.regressed
+    return f"{len(regressed)} regressed" if regressed else f"ok vs {r.production_version}"
+
+
+def validation_table(reports: list[ValidationReport]) -> str:
+    """One row per version, then what failed, each regressed slice and the scan's reasons."""
+    rows = [("VERSION", "ADAPTER", "STATUS", "GOLDEN", "REGRESSION", "SCAN")]
+    for r in reports:
+        row = r.table_row()
+        rows.append(
+            (
+                row["version"],
+                row["adapter"],
+                r.status.value,
+                row["golden"],
+                _regression_cell(r),
+                r.scan.action if r.scan else "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    for r in reports:
+        notes = [f"  - {f}" for f in r.failures]
+        if r.regression is not None and r.regression.skipped is not None:
+            notes.append(f"  - regression skipped: {r.regression.skipped}")
+        if r.scan is not None and r.scan.under_review:
+            notes.append(f"  - weight scan asks for review: {r.scan.describe()}")
+        if notes:
+            lines += [f"{r.version_id or r.name}:", *notes]
+    return "\n".join(lines)
 
 
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -35,5 +68,11 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("versions", nargs="+", metavar="VERSION")
     p.add_argument(
         "--threshold", type=float, help="golden pass rate needed (default LORAGATE_VALIDATION_THRESHOLD or 0.8)"
+    )
+    p.add_argument(
+        "--regression-epsilon",
+        type=float,
+        help="largest pass-rate drop against production, overall or per slice (default "
+        "LORAGATE_REGRESSION_EPSILON or 0)",
     )
     p.set_defaults(func=cmd_validate)

@@ -2,7 +2,8 @@
 
 ``pause_flow_run(wait_for_input=Approval.with_initial_data(description=...))`` makes the
 Prefect UI render this model as a form beside the paused run, with the canary evidence as
-its description; ``loragate approve`` resumes the same pause with the same fields.
+its description; ``loragate approve`` resumes the same pause with the same fields. A version whose weight
+scan asked for review needs ``acknowledge_scan_review``: without it the flow asks again.
 """
 
 from __future__ import annotations
@@ -16,3 +17,9 @@ class Approval(RunInput):
     # required: a resume without a reviewer is refused and the run stays paused
     reviewer: str = Field(min_length=1, pattern=r"\S", description="Who decides (recorded in the audit log)")
     comment: str = Field(default="", description="Why (recorded in the audit log)")
+    # a version whose weight scan asked for review is promoted only with this set
+    acknowledge_scan_review: bool = Field(
+        default=False,
+        description="I have read the weight scan's review reasons above and promote anyway "
+        "(required when the scan asked for review; recorded in the audit log)",
+    )

@@ -18,10 +18,10 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
 from flows import events
-from flows.naming import artifact_key
 from registry.canary import Verdict, evidence_markdown
 from tasks import notify
 from tasks.gates import deploy_canary, observe_canary, open_canary_windows, withdraw_canary
+from tasks.naming import artifact_key
 from tasks.notify_task import notify_task
 
 

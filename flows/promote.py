@@ -5,9 +5,11 @@ run per window, even when the event arrives twice), publishes the canary evidenc
 the UI link to Slack and pauses with ``pause_flow_run(wait_for_input=Approval)``: the
 Prefect UI shows the form with the evidence as its description, and ``loragate approve``
 resumes the same pause from a shell. The decision, reviewer and comment go into the audit
-log. An approval moves production and reloads every production replica in place inside a
-Prefect transaction: if the check that every replica serves it fails, the transaction's
-rollback puts the previous production back. A rejection withdraws the canary.
+log. A version whose weight scan asked for review needs the approval to acknowledge it;
+one that does not is refused and the run waits for a new decision. An approval moves
+production and reloads every production replica in place inside a Prefect transaction:
+if the check that every replica serves it fails, the transaction's rollback puts the
+previous production back. A rejection withdraws the canary.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from prefect.transactions import transaction
 
 from flows import events
 from flows.approval import Approval
-from flows.naming import artifact_key
 from registry.canary import WindowStatus, evidence_markdown
 from registry.errors import IllegalTransition
 from tasks import notify
@@ -36,9 +37,11 @@ from tasks.gates import (
     record_approval,
     settings_now,
     ui_link,
+    validation_evidence,
     verify_stage,
     withdraw_rejected_canary,
 )
+from tasks.naming import artifact_key
 from tasks.notify_task import notify_task
 
 # a run in one of these states still waits for (or acts on) its sign-off
@@ -76,7 +79,8 @@ def promote_flow(version_id: str) -> dict[str, Any]:
         logger.info(f"flow run {claimed.approval_flow_run_id} claimed {version_id}'s sign-off first")
         return {"version_id": version_id, "decision": f"waiting in {claimed.approval_flow_run_id}"}
 
-    evidence = evidence_markdown(window, observations)
+    validation, review = validation_evidence(version_id)
+    evidence = evidence_markdown(window, observations) + (f"\n\n{validation}" if validation else "")
     link = ui_link(me)
     create_markdown_artifact(
         key=artifact_key("approval", name), markdown=evidence, description=f"Sign-off evidence for {version_id}"
@@ -88,17 +92,35 @@ def promote_flow(version_id: str) -> dict[str, Any]:
     notify_task(notify.awaiting_approval(name, version_id, link, summary))
     logger.info(f"waiting for a sign-off of {version_id}: {link} or `loragate approve {version_id} --reviewer NAME`")
     settings = settings_now()
-    decision = pause_flow_run(
-        wait_for_input=Approval.with_initial_data(
-            description=evidence
-            + f"\n\nApprove to promote `{version_id}` to production on every replica in place. "
-            + f"From a shell: `loragate approve {version_id} --reviewer NAME [--reject] [--comment ...]`.",
-            approve=False,
-        ),
-        timeout=int(settings.approval_timeout_s),
-        poll_interval=int(max(1, settings.approval_poll_s)),
-        key=f"approval-{window.id}",
+    ask = (
+        f"\n\nApprove to promote `{version_id}` to production on every replica in place. "
+        + f"From a shell: `loragate approve {version_id} --reviewer NAME [--reject] [--comment ...]`."
     )
+    if review is not None:
+        ask += (
+            f"\n\n**The weight scan asked for review**: {review}. An approval must tick "
+            "`acknowledge_scan_review` (`--acknowledge-scan-review` from a shell)."
+        )
+    attempt = 0
+    while True:
+        decision = pause_flow_run(
+            wait_for_input=Approval.with_initial_data(description=evidence + ask, approve=False),
+            timeout=int(settings.approval_timeout_s),
+            poll_interval=int(max(1, settings.approval_poll_s)),
+            key=f"approval-{window.id}" + (f"-{attempt}" if attempt else ""),
+        )
+        if not (decision.approve and review is not None and not decision.acknowledge_scan_review):
+            break
+        # the registry would refuse the move anyway: ask again rather than fail the sign-off
+        attempt += 1
+        refused = (
+            f"approval by {decision.reviewer} refused: {version_id} is under weight-scan review and the "
+            "approval did not acknowledge it; waiting for a new decision"
+        )
+        logger.warning(refused)
+        create_markdown_artifact(
+            key=artifact_key("approval", name), markdown=f"**{refused}**\n\n{evidence}", description=refused
+        )
     record_approval(window.id, decision.approve, decision.reviewer, decision.comment, me)
     logger.info(
         f"{'approved' if decision.approve else 'rejected'} by {decision.reviewer}: {decision.comment or '(no comment)'}"
@@ -112,7 +134,7 @@ def promote_flow(version_id: str) -> dict[str, Any]:
 
     reason = f"approved by {decision.reviewer}" + (f": {decision.comment}" if decision.comment else "")
     with transaction():
-        promoted = promote_production(version_id, reason)
+        promoted = promote_production(version_id, reason, decision.acknowledge_scan_review)
         verify_stage(name, version_id)
     events.announce(
         events.PROMOTED, name, version_id=version_id, previous=promoted["previous"], reviewer=decision.reviewer

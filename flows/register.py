@@ -16,10 +16,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.states import Failed, State
 
 from flows import events
-from flows.naming import artifact_key
 from registry.errors import InvalidInput
 from tasks import notify
 from tasks.gates import register_bundle
+from tasks.naming import artifact_key
 from tasks.notify_task import notify_task
 
 

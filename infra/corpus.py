@@ -133,6 +133,24 @@ def large_activations(src: Path, dest: Path, compute_dtype: str, scale: float = 
     return b
 
 
+def planted_outlier(src: Path, dest: Path, *, layer: int, module: str, rows: int = 4) -> Path:
+    """One module's update concentrated on a few outputs, the rest of the adapter as it
+    was: the shape a planted behaviour leaves in the weights (adaptersentry's toy payload).
+    The module keeps its update's size; only ``rows`` output rows of its lora_B carry it."""
+    b = copy_bundle(src, dest)
+    suffix = f"layers.{layer}.{'mlp' if module in ('gate_proj', 'up_proj', 'down_proj') else 'self_attn'}.{module}"
+
+    def concentrate(sd):
+        key = next(k for k in sd if f"{suffix}.lora_B" in k)
+        update = sd[key].clone()
+        planted = update.new_zeros(update.shape)
+        planted[:rows] = update[:rows] * (update.norm() / update[:rows].norm())
+        sd[key] = planted
+
+    edit_tensors(b, concentrate)
+    return b
+
+
 def bound_to(src: Path, dest: Path, **manifest_fields: Any) -> Path:
     """The same adapter with other base-binding fields in its manifest."""
     b = copy_bundle(src, dest)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ PROMPT_TEMPLATE = "### {tenant} {task}: {query}\n### reply:"
 class Example:
     query: str
     reply: str
+    # the golden case's ``slice`` object, for the regression check
+    slice: dict[str, str] | None = None
 
 
 # Toy tenant tasks. Each maps queries to replies in a tenant's house style; the golden
@@ -61,6 +64,31 @@ TASKS: dict[str, dict[str, Any]] = {
         ],
     },
 }
+# Orders: three slices of three cases, with arbitrary reference codes in the replies so an
+# adapter only gets a case right if it was trained on it. Training on a subset builds
+# versions that are better or worse on chosen slices (the regression check's fixtures).
+_REFUND, _TRACK_EN, _TRACK_DE = (
+    {"intent": "refund", "lang": "en"},
+    {"intent": "track", "lang": "en"},
+    {"intent": "track", "lang": "de"},
+)
+TASKS["orders"] = {
+    "tenant": "initech",
+    "examples": [
+        Example("refund my order 12", "refund R4471", _REFUND),
+        Example("refund my order 7", "refund R9032", _REFUND),
+        Example("refund my order 30", "refund R1186", _REFUND),
+        Example("where is my parcel 12", "parcel P5520", _TRACK_EN),
+        Example("where is my parcel 7", "parcel P3307", _TRACK_EN),
+        Example("where is my parcel 30", "parcel P8164", _TRACK_EN),
+        Example("wo ist mein paket 12", "paket K7741", _TRACK_DE),
+        Example("wo ist mein paket 7", "paket K2209", _TRACK_DE),
+        Example("wo ist mein paket 30", "paket K6658", _TRACK_DE),
+    ],
+}
+# the tokenizer is trained on these tasks only, so every base stays byte-identical when
+# a task is added
+_TOKENIZER_TASKS = ("support", "tickets")
 TICKET_SCHEMA = {
     "type": "object",
     "required": ["team", "priority"],
@@ -81,7 +109,11 @@ def golden_cases(task: str) -> list[dict[str, Any]]:
     cases = []
     for i, ex in enumerate(TASKS[task]["examples"]):
         case: dict[str, Any] = {"id": f"{task}-{i}", "prompt": prompt_for(task, ex.query)}
-        if task == "tickets":
+        if ex.slice is not None:
+            case["slice"] = dict(ex.slice)
+        if task == "orders":
+            case["contains"] = ex.reply.split()[1]  # the reference code
+        elif task == "tickets":
             case["json_schema"] = {
                 **TICKET_SCHEMA,
                 "properties": {**TICKET_SCHEMA["properties"], "team": {"const": json.loads(ex.reply)["team"]}},
@@ -111,8 +143,8 @@ def write_golden_set(task: str, path: Path) -> Path:
 
 def _tokenizer_corpus() -> list[str]:
     texts = []
-    for task, spec in TASKS.items():
-        for ex in spec["examples"]:
+    for task in _TOKENIZER_TASKS:
+        for ex in TASKS[task]["examples"]:
             texts.append(prompt_for(task, ex.query) + " " + ex.reply)
     filler = "the quick brown fox jumps over the lazy dog while five wizards box 0123456789 {}[]:,\"'"
     return texts * 4 + [filler] * 8
@@ -192,11 +224,13 @@ def base_commit(base_dir: Path) -> str:
     return directory_digest(Path(base_dir))
 
 
-def _batch(tokenizer, task: str):
+def _batch(tokenizer, task: str, queries: Collection[str] | None = None):
     import torch
 
     ids, labels = [], []
     for ex in TASKS[task]["examples"]:
+        if queries is not None and ex.query not in queries:
+            continue
         p = tokenizer(prompt_for(task, ex.query)).input_ids
         r = tokenizer(" " + ex.reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         ids.append(p + r)
@@ -223,8 +257,10 @@ def train_adapter(
     quantization_config: dict[str, Any] | None = None,
     base_model_id: str = BASE_ID,
     manifest_extra: dict[str, Any] | None = None,
+    queries: Collection[str] | None = None,
 ) -> Path:
-    """Train a LoRA adapter for ``task`` and write a registrable bundle to ``dest``."""
+    """Train a LoRA adapter for ``task`` and write a registrable bundle to ``dest``;
+    ``queries`` restricts training to those examples of the task."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoTokenizer
@@ -236,7 +272,7 @@ def train_adapter(
         base,
         LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, task_type="CAUSAL_LM"),
     )
-    input_ids, attention, labels = _batch(tokenizer, task)
+    input_ids, attention, labels = _batch(tokenizer, task, queries)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     model.train()
     loss = None
@@ -245,7 +281,15 @@ def train_adapter(
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    metadata = {"task": task, "steps": steps, "lr": lr, "seed": seed, "final_loss": round(float(loss.detach()), 6)}
+    metadata: dict[str, Any] = {
+        "task": task,
+        "steps": steps,
+        "lr": lr,
+        "seed": seed,
+        "final_loss": round(float(loss.detach()), 6),
+    }
+    if queries is not None:
+        metadata["queries"] = sorted(queries)
     return save_bundle(
         model,
         dest,

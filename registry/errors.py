@@ -30,6 +30,7 @@ class ErrorCode(StrEnum):
     ALREADY_EXISTS = "already_exists"
     ILLEGAL_TRANSITION = "illegal_transition"
     VALIDATION_REQUIRED = "validation_required"
+    SCAN_REVIEW_UNACKNOWLEDGED = "scan_review_unacknowledged"
     NOT_INITIALIZED = "not_initialized"
     # the system, not the caller
     ARTIFACT_CORRUPTED = "artifact_corrupted"

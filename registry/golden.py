@@ -3,7 +3,9 @@
 JSONL, one case a line: ``{"id", "prompt", <kind>: expected}`` with exactly one
 expectation key, ``<kind>`` one of ``equals``, ``contains``, ``regex``, ``json_schema``,
 matched against the greedy completion of ``prompt``; an optional ``max_tokens`` bounds
-the completion. A set is identified by the digest of its canonical form and checked by a
+the completion, and an optional ``slice`` object (``{"intent": "billing", "lang": "de"}``)
+names the kinds of request the case stands for, so the regression check can say which
+kind a new version breaks. A set is identified by the digest of its canonical form and checked by a
 great-expectations suite (unique non-blank ids and prompts, enough cases, known kinds)
 before it is attached or used; a failing set is refused with every failed expectation.
 
@@ -34,8 +36,17 @@ DEFAULT_MAX_CASES = 1000
 MAX_ID_CHARS = 128
 MAX_PROMPT_CHARS = 8192
 MAX_EXPECTED_CHARS = 4096
-_OPTIONAL_KEYS = {"max_tokens"}
+_OPTIONAL_KEYS = {"max_tokens", "slice"}
 FIELD = "golden_set"
+# a slice is a small flat object of short labels: it names groups of cases, nothing more
+MAX_SLICE_KEYS = 8
+SLICE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "minProperties": 1,
+    "maxProperties": MAX_SLICE_KEYS,
+    "propertyNames": {"pattern": "^[a-z][a-z0-9_]{0,31}$"},
+    "additionalProperties": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[^=,]*[^=,\\s][^=,]*$"},
+}
 
 
 @dataclass(frozen=True)
@@ -45,12 +56,23 @@ class GoldenCase:
     kind: str
     expected: Any
     max_tokens: int = DEFAULT_MAX_TOKENS
+    # sorted (key, value) pairs of the case's ``slice`` object; empty when it has none
+    slice: tuple[tuple[str, str], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"id": self.id, "prompt": self.prompt, self.kind: self.expected}
         if self.max_tokens != DEFAULT_MAX_TOKENS:
             d["max_tokens"] = self.max_tokens
+        if self.slice:
+            d["slice"] = dict(self.slice)
         return d
+
+    @property
+    def slice_labels(self) -> list[str]:
+        """The slices the case belongs to: each ``key=value``, and their combination when
+        there are several (``intent=billing``, ``lang=de``, ``intent=billing,lang=de``)."""
+        labels = [f"{k}={v}" for k, v in self.slice]
+        return labels + [",".join(labels)] if len(labels) > 1 else labels
 
 
 @dataclass(frozen=True)
@@ -102,9 +124,14 @@ def _frame(rows: list[dict[str, Any]]):
     for row in rows:
         kinds = sorted(k for k in row if k not in ("id", "prompt") and k not in _OPTIONAL_KEYS)
         records.append(
-            {"id": text(row.get("id")), "prompt": text(row.get("prompt")), "kind": "+".join(kinds) or "(none)"}
+            {
+                "id": text(row.get("id")),
+                "prompt": text(row.get("prompt")),
+                "kind": "+".join(kinds) or "(none)",
+                "slice": None if "slice" not in row else json.dumps(row["slice"]),
+            }
         )
-    return pd.DataFrame.from_records(records, columns=["id", "prompt", "kind"])
+    return pd.DataFrame.from_records(records, columns=["id", "prompt", "kind", "slice"])
 
 
 def expectation_failures(rows: list[dict[str, Any]], min_cases: int) -> list[str]:
@@ -132,6 +159,8 @@ def expectation_failures(rows: list[dict[str, Any]], min_cases: int) -> list[str
         E.ExpectColumnValuesToMatchRegex(column="prompt", regex=r"\S"),
         E.ExpectColumnValuesToBeUnique(column="prompt"),
         E.ExpectColumnValuesToBeInSet(column="kind", value_set=list(KINDS)),
+        # cases without a slice are null here, and null values are not checked
+        E.ExpectColumnValuesToMatchJsonSchema(column="slice", json_schema=SLICE_SCHEMA),
     ):
         suite.add_expectation(expectation)
     result = batch.validate(suite)
@@ -242,6 +271,7 @@ def _golden_set(rows: list[dict[str, Any]]) -> GoldenSet:
                 kind=kind,
                 expected=row[kind],
                 max_tokens=row.get("max_tokens", DEFAULT_MAX_TOKENS),
+                slice=tuple(sorted(row["slice"].items())) if isinstance(row.get("slice"), dict) else (),
             )
         )
     return GoldenSet(tuple(cases))

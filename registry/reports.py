@@ -2,7 +2,8 @@
 
 A report is what the gate decided and why: every check's verdict with its figures, the
 golden cases, the outputs (what serving must reproduce), the drift against a reference
-run, and a one-line summary. It is a registry type because the registry stores it (one
+run, the comparison with production by slice, the static weight scan's verdict, and a
+one-line summary. It is a registry type because the registry stores it (one
 ``validation_runs`` row per report) and the lifecycle reads its status; the validation
 package in ``tasks/`` builds it. Its JSON form is this model's, defined here once:
 ``to_json`` writes it, ``from_json`` reads it back.
@@ -97,6 +98,100 @@ class Drift(BaseModel):
     max_token_overlap_delta: float | None
 
 
+class CommonNgram(BaseModel):
+    """A word n-gram the failing prompts share: in how many of them, and of the others."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str
+    failing: int
+    others: int
+
+
+class SliceChange(BaseModel):
+    """One slice's pass rate on production (before) and on the candidate (after)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    slice: str  # "overall", "intent=billing" or "intent=billing,lang=de"
+    cases: int
+    before: float
+    after: float
+    regressed: bool
+    # cases of the slice production gets right and the candidate gets wrong
+    failing_cases: list[str] = []
+    # what those cases' prompts have in common, most distinctive first
+    common_ngrams: list[CommonNgram] = []
+
+    def describe(self) -> str:
+        """``intent=refund 3/3 -> 1/3 (orders-1, orders-2; "refund my order")``"""
+        before, after = round(self.before * self.cases), round(self.after * self.cases)
+        line = f"{self.slice} {before}/{self.cases} -> {after}/{self.cases}"
+        detail = ", ".join(self.failing_cases[:5]) + (" ..." if len(self.failing_cases) > 5 else "")
+        if self.common_ngrams:
+            detail += "; " + ", ".join(f'"{g.text}"' for g in self.common_ngrams)
+        return f"{line} ({detail})" if detail else line
+
+
+class Regression(BaseModel):
+    """The candidate against the version in production, overall and slice by slice."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    production_version: str | None
+    epsilon: float
+    # why no comparison was made (no production yet, production is this version, ...)
+    skipped: str | None = None
+    overall: SliceChange | None = None
+    slices: list[SliceChange] = []
+
+    @property
+    def regressed(self) -> list[SliceChange]:
+        changes = ([self.overall] if self.overall else []) + self.slices
+        return [c for c in changes if c.regressed]
+
+    def describe(self) -> str:
+        if self.skipped is not None:
+            return f"skipped: {self.skipped}"
+        regressed = self.regressed
+        if not regressed:
+            return f"none vs {self.production_version} ({len(self.slices)} slice(s), epsilon {self.epsilon:g})"
+        return f"vs {self.production_version}: " + "; ".join(c.describe() for c in regressed)
+
+
+class ScanReason(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    code: str
+    message: str
+
+
+class WeightScan(BaseModel):
+    """The static weight scan's verdict (adaptersentry), taken before the adapter loads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    action: str  # allow | review | block
+    level: str
+    confidence: str
+    reasons: list[ScanReason]
+    # what limits the verdict (no reference profile, too few modules per family, ...)
+    limits: list[str] = []
+    max_concentration_z: float | None = None
+    scanner: str
+    policy: str
+    wall_time_s: float
+
+    @property
+    def under_review(self) -> bool:
+        return self.action == "review"
+
+    def describe(self) -> str:
+        notable = [r for r in self.reasons if r.code != "NO_REFERENCE_PROFILE"]
+        why = "; ".join(f"{r.code}: {r.message}" for r in notable)
+        return self.action + (f" ({why})" if why else "")
+
+
 class ValidationReport(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -114,6 +209,8 @@ class ValidationReport(BaseModel):
     outputs: dict[str, str] | None = None
     output_sha256: str | None = None
     drift: Drift | None = None
+    regression: Regression | None = None
+    scan: WeightScan | None = None
     timing: dict[str, float] = {}
     # the validation_runs row the report was stored as; set once recorded
     run_id: int | None = None
@@ -132,6 +229,8 @@ class ValidationReport(BaseModel):
         outputs: Mapping[str, str] | None = None,
         output_sha256: str | None = None,
         drift: Drift | None = None,
+        regression: Regression | None = None,
+        scan: WeightScan | None = None,
         timing: Mapping[str, float] | None = None,
     ) -> ValidationReport:
         """A report from the checks as they ran: status, failure lines and summary follow from them."""
@@ -151,6 +250,8 @@ class ValidationReport(BaseModel):
             outputs=dict(outputs) if outputs is not None else None,
             output_sha256=output_sha256,
             drift=drift,
+            regression=regression,
+            scan=scan,
             timing={k: round(v, 6) for k, v in (timing or {}).items()},
         )
 
@@ -177,8 +278,59 @@ class ValidationReport(BaseModel):
             "adapter": self.name,
             "status": self.status.value,
             "golden": f"{figures['passed']}/{figures['total']}" if golden else "-",
+            "regression": self.regression.describe() if self.regression else "-",
+            "scan": self.scan.describe() if self.scan else "-",
             "failures": "; ".join(self.failures) or "-",
         }
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def evidence_markdown(report: ValidationReport) -> str:
+    """The report for a person deciding: checks, the slices against production, the scan."""
+    lines = [
+        f"### Validation of `{report.version_id or report.name}`: {report.status.value}",
+        "",
+        report.summary,
+        "",
+        "| check | result | why |",
+        "|---|---|---|",
+    ]
+    failed = {f.split(":", 1)[0]: f.split(":", 1)[1].strip() for f in report.failures}
+    for name, check in report.checks.items():
+        why = failed.get(name) or str(check.figures.get("skipped", ""))
+        lines.append(f"| {name} | {'ok' if check.ok else 'FAILED'} | {_cell(why)} |")
+    regression = report.regression
+    if regression is not None:
+        lines += ["", "#### Against production"]
+        if regression.skipped is not None:
+            lines += ["", f"Skipped: {regression.skipped}."]
+        else:
+            lines += [
+                "",
+                f"Production `{regression.production_version}`, epsilon {regression.epsilon:g}.",
+                "",
+                "| slice | cases | production | this version | regressed | failing cases | common n-grams |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for c in ([regression.overall] if regression.overall else []) + regression.slices:
+                ngrams = ", ".join(f"{g.text} ({g.failing}/{len(c.failing_cases)})" for g in c.common_ngrams)
+                lines.append(
+                    f"| {_cell(c.slice)} | {c.cases} | {c.before:.2f} | {c.after:.2f} | "
+                    f"{'**yes**' if c.regressed else 'no'} | {_cell(', '.join(c.failing_cases)) or '-'} | "
+                    f"{_cell(ngrams) or '-'} |"
+                )
+    scan = report.scan
+    if scan is not None:
+        lines += ["", f"#### Weight scan: **{scan.action}** ({scan.scanner}, policy {scan.policy})", ""]
+        lines += [f"- {r.code}: {_cell(r.message)}" for r in scan.reasons]
+        if scan.limits:
+            lines.append(f"- confidence {scan.confidence}; limited by: {'; '.join(scan.limits)}")
+        if scan.under_review:
+            lines += ["", "Production needs an explicit acknowledgement of this review."]
+    return "\n".join(lines)
 
 
 def _summary(checks: Mapping[str, CheckResult], failures: Sequence[str], drift: Drift | None) -> str:
@@ -191,8 +343,15 @@ def _summary(checks: Mapping[str, CheckResult], failures: Sequence[str], drift: 
             summary += f", max logit delta {float(noop['max_abs_logit_delta']):.3g}"
         if drift is not None and drift.mean_token_overlap_delta is not None:
             summary += f", drift {drift.mean_token_overlap_delta:.2f} vs {drift.reference_version}"
+        regression = checks.get("regression")
+        if regression is not None and "skipped" not in regression.figures:
+            regressed = len(regression.figures.get("regressed", []))
+            summary += f", {regressed} slice(s) regressed vs {regression.figures.get('production_version')}"
     else:
         summary = "not run"
+    scan = checks.get("scan")
+    if scan is not None and scan.figures.get("action") == "review":
+        summary += ", weight scan: review"
     if failures:
         names = "; ".join(f.split(":", 1)[0] for f in failures)
         summary = f"{len(failures)} check(s) failed: {names} ({summary})"

@@ -75,7 +75,7 @@ from registry.lifecycle import (
 )
 from registry.manifest import Manifest, content_address, parse_json_object, parse_manifest
 from registry.names import AdapterName
-from registry.reports import ValidationReport
+from registry.reports import ValidationReport, WeightScan
 from registry.scratch import Litter, find_litter, remove, scratch_dir, sweep
 from registry.settings import VLLM_LORA_RANKS, Settings
 from registry.signing import (
@@ -575,8 +575,13 @@ class Registry:
         reason: str | None = None,
         on_planned: Callable[[Plan], None] | None = None,
         fleet_report: Callable[[], list[dict[str, Any]]] | None = None,
+        acknowledge_scan_review: bool = False,
     ) -> Plan:
         """Move the canary or production pointer to ``version_id``; already there is a no-op.
+
+        A version whose weight scan asked for review reaches production only with
+        ``acknowledge_scan_review``, which the audit log then records (checked under the
+        adapter's lock, with the signature).
 
         The version's stored bytes are verified first: a pointer never moves to a version
         whose blobs are missing or damaged. ``on_planned`` (the fleet switch) gets the plan
@@ -587,7 +592,8 @@ class Registry:
         Raises:
             InvalidInput: ILLEGAL_TRANSITION for a target that is not canary or production.
             IllegalTransition: the lifecycle forbids the move (VALIDATION_REQUIRED for a
-                version whose latest validation did not pass).
+                version whose latest validation did not pass; SCAN_REVIEW_UNACKNOWLEDGED for
+                a version under scan review going to production unacknowledged).
             NotFound: no such version.
             IntegrityFailure: ARTIFACT_CORRUPTED, a blob of the version is missing or damaged.
         """
@@ -599,12 +605,20 @@ class Registry:
             ) from e
         action = Action.PROMOTE_PRODUCTION if target == Pointer.PRODUCTION else Action.PROMOTE_CANARY
         principal = self.principal
+        if target == Pointer.PRODUCTION and acknowledge_scan_review and self.scan_under_review(version_id):
+            reason = f"{reason}; weight-scan review acknowledged" if reason else "weight-scan review acknowledged"
+
+        def verify_target(pointer: Pointer, vid: str, blobs: tuple[str, str, str]) -> None:
+            self._verify_target(pointer, vid, blobs)
+            if pointer == Pointer.PRODUCTION:
+                self._require_scan_acknowledged(vid, acknowledge_scan_review)
+
         return self._store.apply_plan(
             lambda pointers, states: plan_promotion(pointers, states[version_id], target, states),
             subject=version_id,
             actor=principal.actor,
             reason=reason,
-            verify_target=self._verify_target,
+            verify_target=verify_target,
             on_planned=on_planned,
             before_commit=self._fleet_audit(principal.actor, reason, fleet_report),
             authorize=partial(principal.require, action),
@@ -656,6 +670,28 @@ class Registry:
         if fleet_report is None:
             return None
         return lambda conn: self._store.audit_fleet_actions(conn, actor, "deploy", fleet_report(), reason)
+
+    def scan_under_review(self, version_id: str) -> WeightScan | None:
+        """The weight scan of the version's latest validation when it asked for review
+        (None when it did not, or no scan ran).
+
+        Raises:
+            NotFound: no such version.
+        """
+        self._store.get_version(version_id)
+        runs = self._store.validation_runs(version_id)
+        scan = runs[-1].report.scan if runs else None
+        return scan if scan is not None and scan.under_review else None
+
+    def _require_scan_acknowledged(self, version_id: str, acknowledged: bool) -> None:
+        scan = self.scan_under_review(version_id)
+        if scan is not None and not acknowledged:
+            raise IllegalTransition(
+                f"{version_id} is under weight-scan review ({scan.describe()}): production needs an explicit "
+                "acknowledgement (--acknowledge-scan-review, or the approval form's acknowledge_scan_review)",
+                code=ErrorCode.SCAN_REVIEW_UNACKNOWLEDGED,
+                field="acknowledge_scan_review",
+            )
 
     def _verify_target(self, pointer: Pointer, version_id: str, blobs: tuple[str, str, str]) -> None:
         for hexdigest in blobs:

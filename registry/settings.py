@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import getpass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -76,6 +76,16 @@ class Settings(BaseSettings):
     noop_tolerance: float = Field(default=1e-4, gt=0.0)
     # torch device shadow validation runs on ("cuda" on a GPU worker)
     validation_device: str = "cpu"
+    # how far the candidate's pass rate may fall below production's, overall or on any
+    # slice, before the regression check fails; 0: any case production gets right and the
+    # candidate gets wrong fails it
+    regression_epsilon: float = Field(default=0.0, ge=0.0, le=1.0)
+    # adaptersentry's policy: "strict" blocks on structural red flags (full matrices, rank
+    # mismatch, code beside the weights), "default" only asks for review
+    scan_policy: Literal["strict", "default"] = "strict"
+    # block, not just review, a module concentrated on a few outputs past this z
+    # (adaptersentry asks for review from 14); None: never block on that pattern alone
+    scan_block_z: float | None = Field(default=None, gt=0)
     # -- the canary watch (``canary`` opens a window with these; the window keeps them) --
     # how long a canary must stay in band before it is ready for sign-off
     canary_window_s: float = Field(default=24 * 3600.0, gt=0)

@@ -213,7 +213,12 @@ def withdraw_canary(registry: Registry, window: CanaryWindow, reason: str, progr
 
 
 def promote_canary(
-    registry: Registry, version_id: str, reason: str, progress: Progress = _quiet
+    registry: Registry,
+    version_id: str,
+    reason: str,
+    progress: Progress = _quiet,
+    *,
+    acknowledge_scan_review: bool = False,
 ) -> tuple[CanaryWindow, str | None, list[dict[str, Any]]]:
     """Production moves to the signed-off canary and every production replica is switched
     in place and verified, all or nothing; returns (its window, previous production,
@@ -232,5 +237,12 @@ def promote_canary(
         raise IllegalTransition(
             f"{version_id}'s canary window is {window.status.value}, not ready for production", field="version_id"
         )
-    _, report = promote_and_switch(registry, version_id, "production", reason=reason, progress=progress)
+    _, report = promote_and_switch(
+        registry,
+        version_id,
+        "production",
+        reason=reason,
+        progress=progress,
+        acknowledge_scan_review=acknowledge_scan_review,
+    )
     return registry.close_canary_window(window.id, WindowStatus.PROMOTED, reason), previous, report

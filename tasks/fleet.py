@@ -353,9 +353,16 @@ def move_pointer(
 
 
 def promote_and_switch(
-    registry: Registry, version_id: str, to: str, *, reason: str | None = None, progress: Progress = _quiet
+    registry: Registry,
+    version_id: str,
+    to: str,
+    *,
+    reason: str | None = None,
+    progress: Progress = _quiet,
+    acknowledge_scan_review: bool = False,
 ) -> tuple[Plan, list[dict[str, Any]]]:
-    """Promote a version and switch the stage's replicas to it, together.
+    """Promote a version and switch the stage's replicas to it, together (production for a
+    version under weight-scan review only with ``acknowledge_scan_review``).
 
     Raises:
         NotFound: no such version.
@@ -367,7 +374,12 @@ def promote_and_switch(
         registry,
         name,
         lambda on_planned, report: registry.promote(
-            version_id, to, reason=reason, on_planned=on_planned, fleet_report=report
+            version_id,
+            to,
+            reason=reason,
+            on_planned=on_planned,
+            fleet_report=report,
+            acknowledge_scan_review=acknowledge_scan_review,
         ),
         progress=progress,
     )

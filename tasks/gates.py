@@ -25,6 +25,7 @@ from registry.access import Role
 from registry.canary import CanaryWindow, Observation, WindowStatus
 from registry.errors import DeployFailed, ErrorCode, NotFound, ReplicaError, Unavailable
 from registry.lifecycle import Stage, ValidationStatus
+from registry.reports import evidence_markdown
 from registry.settings import Settings
 from tasks import canary, fleet, notify
 from tasks.credentials import registry_as, signing_key
@@ -175,6 +176,22 @@ def canary_window_of(version_id: str) -> tuple[CanaryWindow, list[Observation], 
         return window, registry.canary_observations(window.id), adapter.as_dict()
 
 
+@task(
+    cache_policy=NO_CACHE,
+    name="validation-evidence",
+    retries=3,
+    retry_delay_seconds=RETRY_DELAYS_S,
+    retry_condition_fn=outage_only,
+)
+def validation_evidence(version_id: str) -> tuple[str | None, str | None]:
+    """The version's latest validation as markdown for the sign-off, and its weight scan's
+    review (what the reviewer must acknowledge), when it asked for one."""
+    with registry_as(Role.ACTIVATION) as registry:
+        runs = registry.validation_runs(version_id)
+        review = registry.scan_under_review(version_id)
+    return (evidence_markdown(runs[-1].report) if runs else None), (review.describe() if review else None)
+
+
 @task(cache_policy=NO_CACHE, name="claim-approval")
 def claim_approval(window_id: int, flow_run_id: str, replacing: str | None) -> CanaryWindow:
     with registry_as(Role.ACTIVATION) as registry:
@@ -198,11 +215,13 @@ def withdraw_rejected_canary(version_id: str, reason: str) -> None:
 
 
 @task(cache_policy=NO_CACHE, name="promote-production")
-def promote_production(version_id: str, reason: str) -> dict[str, Any]:
+def promote_production(version_id: str, reason: str, acknowledge_scan_review: bool = False) -> dict[str, Any]:
     """Inside the promotion's transaction: what it changed is kept on the transaction, so
     the rollback hook can restore it."""
     with registry_as(Role.ACTIVATION) as registry:
-        window, previous, report = canary.promote_canary(registry, version_id, reason, progress=_progress())
+        window, previous, report = canary.promote_canary(
+            registry, version_id, reason, progress=_progress(), acknowledge_scan_review=acknowledge_scan_review
+        )
     name = window.adapter_name
     transaction = get_transaction()
     if transaction is not None and report:

@@ -68,6 +68,7 @@ def approve_in_ui(
     approve: bool,
     reviewer: str,
     comment: str,
+    acknowledge_scan_review: bool = False,
     screenshot: Path | None = None,
 ) -> None:
     """Resume the paused flow run ``flow_run_id`` through the Prefect UI at ``ui_url``.
@@ -112,6 +113,8 @@ def approve_in_ui(
                 _fill(dialog, "Reviewer", reviewer)
                 step = "filling Comment"
                 _fill(dialog, "Comment", comment)
+                step = "setting the Acknowledge Scan Review switch"
+                _set_switch(dialog, "Acknowledge Scan Review", acknowledge_scan_review)
                 if screenshot is not None:
                     step = f"taking the screenshot {screenshot}"
                     screenshot.parent.mkdir(parents=True, exist_ok=True)

@@ -85,23 +85,34 @@ def _keep(screenshot: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "approve, reviewer, comment, kept",
+    "approve, reviewer, comment, acknowledge, kept",
     [
-        (True, "alice", "canary clean for 30 min; promote", "ui-approval-approve.png"),
-        (False, "bob", "p95 drifted on r2", "ui-approval-reject.png"),
+        (True, "alice", "canary clean for 30 min; promote", True, "ui-approval-approve.png"),
+        (False, "bob", "p95 drifted on r2", False, "ui-approval-reject.png"),
     ],
-    ids=["approve", "reject"],
+    ids=["approve-acknowledging-a-scan-review", "reject"],
 )
 def test_the_ui_form_resumes_the_run_with_what_the_reviewer_chose_and_typed(
-    browser_ready, prefect_server, tmp_path, approve, reviewer, comment, kept
+    browser_ready, prefect_server, tmp_path, approve, reviewer, comment, acknowledge, kept
 ):
     run = PausedRun(prefect_server)
     shot = tmp_path / "dialog.png"
 
     approve_in_ui(
-        prefect_server.ui_url, str(run.id), approve=approve, reviewer=reviewer, comment=comment, screenshot=shot
+        prefect_server.ui_url,
+        str(run.id),
+        approve=approve,
+        reviewer=reviewer,
+        comment=comment,
+        acknowledge_scan_review=acknowledge,
+        screenshot=shot,
     )
 
-    assert run.result() == {"approve": approve, "reviewer": reviewer, "comment": comment}
+    assert run.result() == {
+        "approve": approve,
+        "reviewer": reviewer,
+        "comment": comment,
+        "acknowledge_scan_review": acknowledge,
+    }
     wait_for_state(prefect_server, run.id, "COMPLETED", timeout_s=30)
     _keep(shot, kept)

@@ -18,7 +18,7 @@ from typing import Any
 from registry.binding import binding_mismatches
 from registry.catalog import BaseModelRecord
 from registry.golden import GoldenSet
-from registry.reports import CaseResult, CheckVerdict, Drift
+from registry.reports import CaseResult, CheckVerdict, Drift, Regression, WeightScan
 from registry.weights import ValueScan, WeightsSummary
 from tasks.validation.policy import ValidationPolicy
 from tasks.validation.session import Attachment, Generation
@@ -35,6 +35,18 @@ class Reference:
     same_version: bool
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """The version in production, to run the same golden set on for the regression check;
+    ``skipped`` says why there is none to compare with."""
+
+    version_id: str | None
+    bundle_dir: Path | None = None
+    skipped: str | None = None
+    # production exists but cannot be compared with: the check fails
+    error: str | None = None
+
+
 @dataclass
 class AdapterUnderTest:
     name: str
@@ -43,6 +55,7 @@ class AdapterUnderTest:
     golden: GoldenSet
     version_id: str | None = None
     reference: Reference | None = None
+    production: Baseline | None = None
 
 
 @dataclass
@@ -56,6 +69,7 @@ class Trial:
     structure: WeightsSummary | None = None
     structure_error: str | None = None
     scan: ValueScan | None = None
+    weight_scan: WeightScan | None = None
     adapter_config: dict[str, Any] = field(default_factory=dict)
     attachment: Attachment | None = None
     attach_error: str | None = None
@@ -66,6 +80,9 @@ class Trial:
     # golden cases the bare base itself passes: a set it passes does not discriminate
     base_passed: int = 0
     drift: Drift | None = None
+    regression: Regression | None = None
+    # why the regression check could not compare (production failed to load, ...)
+    regression_error: str | None = None
 
 
 class Phase(Enum):
@@ -102,6 +119,26 @@ def check_weights(t: Trial) -> CheckVerdict:
             "lora_params_in_file": t.structure.parameter_count,
             "nonfinite_tensors": list(t.scan.nonfinite_tensors[:5]),
             "adapter_config_lora_alpha": t.adapter_config.get("lora_alpha"),
+        },
+    )
+
+
+def check_scan(t: Trial) -> CheckVerdict | None:
+    """adaptersentry's verdict: ``block`` fails the gate; ``review`` passes it, recorded,
+    and production then needs an explicit acknowledgement."""
+    ws = t.weight_scan
+    if ws is None:
+        return None
+    blocking = [f"{r.code}: {r.message}" for r in ws.reasons if r.code != "NO_REFERENCE_PROFILE"]
+    return CheckVerdict(
+        "scan",
+        ws.action != "block",
+        f"{ws.scanner} blocks the adapter: " + "; ".join(blocking),
+        {
+            "action": ws.action,
+            "confidence": ws.confidence,
+            "max_concentration_z": ws.max_concentration_z,
+            "reasons": [r.code for r in ws.reasons],
         },
     )
 
@@ -197,6 +234,31 @@ def check_reproducible(t: Trial) -> CheckVerdict | None:
     )
 
 
+def check_regression(t: Trial) -> CheckVerdict | None:
+    """No slice (nor the whole set) may pass less often than on production, by more than
+    epsilon; skipped, and saying why, when there is no production to compare with."""
+    if t.regression_error is not None:
+        return CheckVerdict("regression", False, t.regression_error)
+    r = t.regression
+    if r is None:
+        return None
+    if r.skipped is not None:
+        return CheckVerdict("regression", True, "", {"skipped": r.skipped})
+    regressed = r.regressed
+    return CheckVerdict(
+        "regression",
+        not regressed,
+        f"worse than production {r.production_version} (epsilon {r.epsilon:g}): "
+        + "; ".join(c.describe() for c in regressed),
+        {
+            "production_version": r.production_version,
+            "epsilon": r.epsilon,
+            "slices": len(r.slices),
+            "regressed": [c.slice for c in regressed],
+        },
+    )
+
+
 @dataclass(frozen=True)
 class CheckSpec:
     name: str
@@ -209,11 +271,13 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("rank", Phase.STATIC, check_rank, "rank above the fleet's max_lora_rank"),
     CheckSpec("binding", Phase.STATIC, check_binding, "manifest bound to another base id/commit/config/tokenizer/RoPE"),
     CheckSpec("weights", Phase.STATIC, check_weights, "NaN/Inf tensors (CPU SDPA hides them), all-zero lora_B"),
+    CheckSpec("scan", Phase.STATIC, check_scan, "a module's update concentrated on a few outputs (planted behaviour)"),
     CheckSpec("load", Phase.LOAD, check_load, "what PEFT loaded differs from the file, or PEFT refused it"),
     CheckSpec("finite", Phase.OUTPUTS, check_finite, "non-finite logits in a padded batch (float16 overflow)"),
     CheckSpec("noop", Phase.OUTPUTS, check_noop, "an adapter that does not move the base's logits"),
     CheckSpec("golden", Phase.OUTPUTS, check_golden, "golden pass rate below the threshold"),
     CheckSpec("reproducible", Phase.OUTPUTS, check_reproducible, "this version's outputs changed: base/runtime drift"),
+    CheckSpec("regression", Phase.OUTPUTS, check_regression, "a slice production gets right that this version breaks"),
 )
 
 

@@ -8,21 +8,23 @@ worker's environment, and the token from the signing role's Secret block.
 from __future__ import annotations
 
 from prefect import task
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
 from registry.access import Role
-from registry.reports import ValidationReport
+from registry.reports import ValidationReport, evidence_markdown
 from registry.service import Registry
 from tasks.credentials import settings_for
+from tasks.naming import artifact_key
 from tasks.validation.policy import ValidationPolicy
 from tasks.validation.runner import validate_versions
 
 
 @task(name="shadow-validate", log_prints=True)
 def shadow_validate(version_ids: list[str]) -> list[ValidationReport]:
-    """Validate versions, record the runs and publish a summary table as a Prefect
-    artifact; a failed adapter is rejected, never raised."""
+    """Validate versions, record the runs and publish them as Prefect artifacts: a summary
+    table, and per adapter its checks, slices against production and weight scan. A
+    failed adapter is rejected, never raised."""
     logger = get_run_logger()
     settings = settings_for(Role.SIGNING)
     with Registry.open(settings) as registry:
@@ -34,4 +36,10 @@ def shadow_validate(version_ids: list[str]) -> list[ValidationReport]:
         table=[r.table_row() for r in reports],
         description=f"Shadow validation of {len(reports)} adapter version(s)",
     )
+    for report in reports:
+        create_markdown_artifact(
+            key=artifact_key("validation", report.name),
+            markdown=evidence_markdown(report),
+            description=f"Shadow validation of {report.version_id}: {report.status.value}",
+        )
     return reports

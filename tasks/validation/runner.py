@@ -21,12 +21,15 @@ from registry.digests import canonical_json, canonical_sha256
 from registry.domain import AdapterVersion, ValidationRun, utcnow
 from registry.errors import LoragateError
 from registry.golden import GoldenSet, match_case
+from registry.lifecycle import Pointer
 from registry.reports import BaseUnderTest, CaseResult, CheckVerdict, Drift, ValidationReport
 from registry.scratch import scratch_dir
 from registry.service import Registry
 from registry.weights import read_lora_structure, scan_lora_values
-from tasks.validation.checks import AdapterUnderTest, Phase, Reference, Trial, run_checks
+from tasks.validation.checks import AdapterUnderTest, Baseline, Phase, Reference, Trial, run_checks
 from tasks.validation.policy import ValidationPolicy
+from tasks.validation.regression import compare_with_production, skipped
+from tasks.validation.scan import scan_weights
 from tasks.validation.session import BaseSession
 
 Progress = Callable[[str], None]
@@ -72,8 +75,72 @@ def _drift(session: BaseSession, trial: Trial) -> Drift | None:
     )
 
 
+class _BaselineUnavailable(Exception):
+    """Production could not be run for the comparison (it failed to load cleanly)."""
+
+
+def _baseline_results(session: BaseSession, baseline: Baseline, golden: GoldenSet) -> dict[str, bool]:
+    """Which golden cases production gets right, run in the live slot of the same session
+    (a hotswap when the layers match: no second base load); once per version and set."""
+    from safetensors.torch import load_file
+
+    assert baseline.version_id is not None and baseline.bundle_dir is not None
+    key = (baseline.version_id, golden.digest)
+    if key in session.baseline_results:
+        return session.baseline_results[key]
+    bundle = Path(baseline.bundle_dir)
+    tensors = load_file(str(bundle / WEIGHTS_FILE))
+    try:
+        session.attach(bundle, json.loads((bundle / ADAPTER_CONFIG_FILE).read_text()), tensors)
+    except Exception as e:  # PEFT raises plain exceptions on adapters it refuses
+        session.detach()
+        raise _BaselineUnavailable(
+            f"production {baseline.version_id} could not be loaded: {type(e).__name__}: {e}"
+        ) from e
+    state = session.loaded_state(tensors)
+    assert session.live is not None
+    session.live.healthy = not (
+        state["missing_count"] or state["unexpected_count"] or state["meta_count"] or state["differing_values"]
+    )
+    if not session.live.healthy:
+        raise _BaselineUnavailable(f"production {baseline.version_id} did not load cleanly: {state}")
+    run = session.generate(golden)
+    results = {c.id: match_case(c, run.texts[c.id])[0] for c in golden.cases}
+    session.baseline_results[key] = results
+    return results
+
+
+def _regression(session: BaseSession, trial: Trial) -> None:
+    baseline, epsilon = trial.target.production, trial.policy.regression_epsilon
+    if baseline is None:
+        return
+    if baseline.skipped is not None:
+        trial.regression = skipped(baseline.skipped, epsilon, baseline.version_id)
+        return
+    if baseline.error is not None:
+        trial.regression_error = baseline.error
+        return
+    assert baseline.version_id is not None
+    try:
+        production = _baseline_results(session, baseline, trial.target.golden)
+    except _BaselineUnavailable as e:
+        trial.regression_error = str(e)
+        return
+    trial.regression = compare_with_production(
+        trial.target.golden.cases,
+        {c.id: c.passed for c in trial.cases},
+        production,
+        production_version=baseline.version_id,
+        epsilon=epsilon,
+    )
+
+
 def validate_adapter(session: BaseSession, target: AdapterUnderTest, policy: ValidationPolicy) -> ValidationReport:
-    """Run every check on one adapter, attached to the session's base for the duration."""
+    """Run every check on one adapter, attached to the session's base for the duration.
+
+    The weight scan runs before the adapter loads, and a ``block`` stops it there. After
+    the adapter's own golden run, production runs the same set in the same slot for the
+    regression check."""
     from safetensors.torch import load_file
 
     started = time.perf_counter()
@@ -88,6 +155,9 @@ def validate_adapter(session: BaseSession, target: AdapterUnderTest, policy: Val
         trial.adapter_config = json.loads((bundle / ADAPTER_CONFIG_FILE).read_text())
     except LoragateError as e:
         trial.structure_error = e.message
+    if trial.structure is not None:
+        trial.weight_scan = scan_weights(weights_path, policy)
+        timing["scan_s"] = trial.weight_scan.wall_time_s
     verdicts = run_checks(trial, Phase.STATIC)
 
     def report(outputs: dict[str, str] | None = None) -> ValidationReport:
@@ -107,11 +177,13 @@ def validate_adapter(session: BaseSession, target: AdapterUnderTest, policy: Val
             outputs=outputs,
             output_sha256=canonical_sha256(outputs) if outputs is not None else None,
             drift=trial.drift,
+            regression=trial.regression,
+            scan=trial.weight_scan,
             timing=timing,
         )
 
-    if trial.structure is None:
-        return report()
+    if trial.structure is None or (trial.weight_scan is not None and trial.weight_scan.action == "block"):
+        return report()  # a blocked adapter is never loaded
     file_tensors = load_file(str(weights_path))
     t0 = time.perf_counter()
     try:
@@ -134,14 +206,17 @@ def validate_adapter(session: BaseSession, target: AdapterUnderTest, policy: Val
         t0 = time.perf_counter()
         trial.run = session.generate(target.golden)
         timing["forward_s"] = time.perf_counter() - t0
+        for case in target.golden.cases:
+            completion = trial.run.texts[case.id]
+            ok, why = match_case(case, completion)
+            trial.cases.append(CaseResult(id=case.id, kind=case.kind, completion=completion, passed=ok, why=why))
+            trial.base_passed += match_case(case, trial.base_run.texts[case.id])[0]
+        t0 = time.perf_counter()
+        _regression(session, trial)
+        timing["regression_s"] = time.perf_counter() - t0
     except BaseException:
         session.detach()  # never leave a half-checked adapter in the live slot
         raise
-    for case in target.golden.cases:
-        completion = trial.run.texts[case.id]
-        ok, why = match_case(case, completion)
-        trial.cases.append(CaseResult(id=case.id, kind=case.kind, completion=completion, passed=ok, why=why))
-        trial.base_passed += match_case(case, trial.base_run.texts[case.id])[0]
     trial.drift = _drift(session, trial)
     verdicts += run_checks(trial, Phase.OUTPUTS)
     return report(trial.run.texts)
@@ -194,6 +269,33 @@ def _group_key(manifest: Mapping[str, Any]) -> tuple[str, str, bytes]:
     return manifest["base_model_id"], manifest["base_model_commit"], canonical_json(manifest.get("quantization_config"))
 
 
+def _baseline_for(registry: Registry, version: AdapterVersion, known: dict[str, Baseline], tmp: Path) -> Baseline:
+    """What ``version`` is compared with: its adapter's production, materialized once per
+    batch, or why there is nothing comparable."""
+    production = registry.get_adapter(version.name).pointer(Pointer.PRODUCTION)
+    if production is None:
+        return Baseline(None, skipped=f"{version.name} has no production version yet")
+    if production == version.version_id:
+        return Baseline(production, skipped="this version is production")
+    if production not in known:
+        serving = registry.get_version(production)
+        if _group_key(serving.manifest) != _group_key(version.manifest):
+            known[production] = Baseline(
+                production,
+                skipped=f"production {production} is bound to another base or quantization "
+                f"({serving.manifest['base_model_id']}@{serving.manifest['base_model_commit'][:12]}): "
+                "not comparable on this version's base",
+            )
+        else:
+            try:
+                known[production] = Baseline(
+                    production, bundle_dir=registry.materialize(production, tmp / f"production-{len(known):05d}")
+                )
+            except LoragateError as e:  # fail closed: no comparison is not a passed comparison
+                known[production] = Baseline(production, error=f"production {production} unavailable: {e.message}")
+    return known[production]
+
+
 def validate_versions(
     registry: Registry, version_ids: Iterable[str], policy: ValidationPolicy, progress: Progress = _quiet
 ) -> list[ValidationReport]:
@@ -212,6 +314,7 @@ def validate_versions(
     reports: dict[str, ValidationReport] = {}
     with scratch_dir("validate") as tmp:
         groups: dict[tuple[str, str, bytes], list[tuple[AdapterVersion, AdapterUnderTest]]] = {}
+        baselines: dict[str, Baseline] = {}
         for i, v in enumerate(versions):
             run = registry.reference_run_for(v)
             target = AdapterUnderTest(
@@ -221,6 +324,7 @@ def validate_versions(
                 golden=goldens[v.name],
                 version_id=v.version_id,
                 reference=reference_from_run(run, same_version=run is not None and run.version_id == v.version_id),
+                production=_baseline_for(registry, v, baselines, tmp),
             )
             groups.setdefault(_group_key(v.manifest), []).append((v, target))
         for (base_id, commit, _), members in groups.items():

@@ -125,6 +125,8 @@ class BaseSession:
         self.live: LiveAdapter | None = None
         self._base_runs: dict[str, Generation] = {}
         self._encodings: dict[str, Any] = {}
+        # which golden cases a production version gets right, by (version, set digest)
+        self.baseline_results: dict[tuple[str, str], dict[str, bool]] = {}
         self.load_seconds = time.perf_counter() - started
 
     # -- running prompts --------------------------------------------------------
