@@ -38,16 +38,9 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 
 def cmd_token_list(args: argparse.Namespace) -> int:
     with open_registry(args) as reg:
-        rows = [t.as_dict() for t in reg.list_tokens()]
-    emit(
-        args,
-        rows,
-        lambda: "\n".join(
-            f"{r['token_id']}\t{r['role']}\t{r['namespace'] or '*'}\t{r['holder']}\t"
-            f"{'revoked' if r['revoked_at'] else 'active'}"
-            for r in rows
-        ),
-    )
+        tokens = reg.list_tokens()
+    lines = (f"{t.token_id}\t{t.role.value}\t{t.namespace or '*'}\t{t.holder}\t{t.status}" for t in tokens)
+    emit(args, [t.as_dict() for t in tokens], lambda: "\n".join(lines))
     return EXIT_OK
 
 
@@ -71,14 +64,9 @@ def cmd_key_add(args: argparse.Namespace) -> int:
 
 def cmd_key_list(args: argparse.Namespace) -> int:
     with open_registry(args) as reg:
-        rows = [k.as_dict() for k in reg.list_signing_keys()]
-    emit(
-        args,
-        rows,
-        lambda: "\n".join(
-            f"{r['key_id']}\t{r['role']}\t{r['holder']}\t{'revoked' if r['revoked_at'] else 'active'}" for r in rows
-        ),
-    )
+        keys = reg.list_signing_keys()
+    lines = (f"{k.key_id}\t{k.role.value}\t{k.holder}\t{k.status}" for k in keys)
+    emit(args, [k.as_dict() for k in keys], lambda: "\n".join(lines))
     return EXIT_OK
 
 

@@ -138,11 +138,12 @@ def secret_matches(presented_hash: str, stored_hash: str) -> bool:
     return hmac.compare_digest(presented_hash, stored_hash)
 
 
-@dataclass(frozen=True)
-class TokenRecord:
-    token_id: str
+@dataclass(frozen=True, kw_only=True)
+class Issued:
+    """What tokens and signing keys share: the role they act for, who holds them, who
+    issued them and when, and whether they were revoked (never deleted)."""
+
     role: Role
-    namespace: str | None
     holder: str
     created_at: datetime
     created_by: str
@@ -152,16 +153,27 @@ class TokenRecord:
     def active(self) -> bool:
         return self.revoked_at is None
 
-    def as_dict(self) -> dict[str, object]:
+    @property
+    def status(self) -> str:
+        return "active" if self.active else "revoked"
+
+    def issue_dict(self) -> dict[str, object]:
         return {
-            "token_id": self.token_id,
             "role": self.role.value,
-            "namespace": self.namespace,
             "holder": self.holder,
             "created_at": self.created_at.isoformat(),
             "created_by": self.created_by,
             "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
         }
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenRecord(Issued):
+    token_id: str
+    namespace: str | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"token_id": self.token_id, "namespace": self.namespace, **self.issue_dict()}
 
 
 @dataclass(frozen=True)
@@ -214,29 +226,13 @@ class Principal:
             )
 
 
-@dataclass(frozen=True)
-class SigningKey:
+@dataclass(frozen=True, kw_only=True)
+class SigningKey(Issued):
     key_id: str
-    role: Role
     public_pem: bytes
-    holder: str
-    created_at: datetime
-    created_by: str
-    revoked_at: datetime | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.revoked_at is None
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "key_id": self.key_id,
-            "role": self.role.value,
-            "holder": self.holder,
-            "created_at": self.created_at.isoformat(),
-            "created_by": self.created_by,
-            "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
-        }
+        return {"key_id": self.key_id, **self.issue_dict()}
 
 
 @dataclass(frozen=True)

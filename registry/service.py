@@ -793,7 +793,14 @@ class Registry:
             raise InvalidInput(
                 f"holder must name who holds the private key (1-{MAX_HOLDER} characters)", field="holder"
             )
-        key = SigningKey(key_id(public_pem), parsed, public_pem, holder.strip(), utcnow(), actor)
+        key = SigningKey(
+            key_id=key_id(public_pem),
+            public_pem=public_pem,
+            role=parsed,
+            holder=holder.strip(),
+            created_at=utcnow(),
+            created_by=actor,
+        )
         return self._store.add_signing_key(key, actor)
 
     def revoke_signing_key(self, key: str) -> SigningKey:

@@ -880,7 +880,9 @@ class SqlStore:
                 details={"role": role.value, "namespace": namespace, "holder": holder},
                 at=now,
             )
-        return TokenRecord(issued.token_id, role, namespace, holder, now, actor)
+        return TokenRecord(
+            token_id=issued.token_id, namespace=namespace, role=role, holder=holder, created_at=now, created_by=actor
+        )
 
     def token(self, token_id: str) -> tuple[TokenRecord, str] | None:
         """The token's record and the SHA-256 of its secret."""
@@ -1408,28 +1410,23 @@ class SqlStore:
         return self._retrying(attempt)
 
 
+def _issued_fields(row: Any) -> dict[str, Any]:
+    """The columns api_tokens and signing_keys share (``access.Issued``)."""
+    return {
+        "role": Role(row.role),
+        "holder": row.holder,
+        "created_at": _utc(row.created_at),
+        "created_by": row.created_by,
+        "revoked_at": _utc(row.revoked_at) if row.revoked_at is not None else None,
+    }
+
+
 def _token_from_row(row: Any) -> TokenRecord:
-    return TokenRecord(
-        token_id=row.token_id,
-        role=Role(row.role),
-        namespace=row.namespace,
-        holder=row.holder,
-        created_at=_utc(row.created_at),
-        created_by=row.created_by,
-        revoked_at=_utc(row.revoked_at) if row.revoked_at is not None else None,
-    )
+    return TokenRecord(token_id=row.token_id, namespace=row.namespace, **_issued_fields(row))
 
 
 def _key_from_row(row: Any) -> SigningKey:
-    return SigningKey(
-        key_id=row.key_id,
-        role=Role(row.role),
-        public_pem=row.public_pem.encode(),
-        holder=row.holder,
-        created_at=_utc(row.created_at),
-        created_by=row.created_by,
-        revoked_at=_utc(row.revoked_at) if row.revoked_at is not None else None,
-    )
+    return SigningKey(key_id=row.key_id, public_pem=row.public_pem.encode(), **_issued_fields(row))
 
 
 def _window_from_row(row: Any) -> CanaryWindow:
