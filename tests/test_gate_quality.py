@@ -10,6 +10,8 @@ the approval says so.
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from tasks.validation.policy import ValidationPolicy
 from tasks.validation.regression import common_ngrams, compare_with_production
 from tasks.validation.scan import scan_weights
 from tests.conftest import IN_PROCESS, main_with_tokens, role_tokens, sign
+from tests.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401  (a fixture)
 
 ORDERS = "initech/tiny-llama/orders"
 SUPPORT = "acme/deep-llama/support"
@@ -409,3 +412,65 @@ def test_a_review_verdict_reaches_production_only_with_an_acknowledgement(
     assert registry.get_adapter(SUPPORT).production == vid
     moved = [e for e in registry.history(SUPPORT) if e.stage == "production" and e.to_value == vid][-1]
     assert "weight-scan review acknowledged" in (moved.reason or "")
+
+
+@pytest.mark.slow
+def test_the_promote_flow_asks_again_when_an_approval_does_not_acknowledge_a_scan_review(
+    deep_registry, deep_adapters, prefect_server, monkeypatch, capsys, tmp_path
+):
+    from prefect.artifacts import Artifact
+    from prefect.flow_runs import resume_flow_run
+
+    from flows.promote import promote_flow
+    from registry.access import Role
+    from tasks.credentials import store_pipeline_secrets
+
+    registry = deep_registry
+    vid = _register(registry, deep_adapters["trained-planted"], SUPPORT, "support", tmp_path)
+    rc, out, _ = _cli(registry, monkeypatch, capsys, "validate", vid, "--threshold", "0.5", "--json")
+    assert rc == 0 and json.loads(out)["reports"][0]["scan"]["action"] == "review"
+    sign(registry, vid)
+    registry.promote(vid, "canary")
+    window, _ = registry.open_canary_window(vid)
+    registry.close_canary_window(window.id, WindowStatus.READY, "in band")
+    registry.create_token("activation", "alice")
+    with client_env(prefect_server):
+        store_pipeline_secrets({Role.ACTIVATION: role_tokens(registry)["activation"]}, None, None)
+
+    outcome: dict = {}
+
+    def run_flow() -> None:
+        try:
+            with client_env(prefect_server):
+                outcome["result"] = promote_flow(vid)
+        except BaseException as exc:  # reported below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run_flow, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while (run_id := registry.latest_canary_window(vid).approval_flow_run_id) is None:
+        assert time.monotonic() < deadline and thread.is_alive(), outcome
+        time.sleep(0.5)
+    wait_for_state(prefect_server, run_id, "PAUSED")
+    with client_env(prefect_server):
+        evidence = Artifact.get("approval-acme-deep-llama-support").data
+    assert "#### Weight scan: **review**" in evidence and "INTRA_OUTLIER" in evidence
+
+    decision = {"approve": True, "reviewer": "alice", "comment": "looks fine", "acknowledge_scan_review": False}
+    with client_env(prefect_server):
+        resume_flow_run(uuid.UUID(run_id), run_input=decision)
+    wait_for_state(prefect_server, run_id, "PAUSED")  # asked again
+    with client_env(prefect_server):
+        refused = Artifact.get("approval-acme-deep-llama-support")
+    assert refused.description.startswith("approval by alice refused:") and "weight-scan review" in refused.description
+    assert registry.get_adapter(SUPPORT).production is None, "nothing moved"
+
+    with client_env(prefect_server):
+        resume_flow_run(uuid.UUID(run_id), run_input={**decision, "acknowledge_scan_review": True})
+    thread.join(120)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["result"]["decision"] == "approved"
+    assert registry.get_adapter(SUPPORT).production == vid
+    moved = [e for e in registry.history(SUPPORT) if e.stage == "production" and e.to_value == vid][-1]
+    assert moved.reason == "approved by alice: looks fine; weight-scan review acknowledged"
