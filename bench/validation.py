@@ -10,6 +10,12 @@ difference is pure overhead. For batched validation the per-adapter overhead is
 reported against the bare forward-pass time of the golden set (the greedy generation
 with the adapter attached, ``timing.forward_s`` in each report).
 
+Gate quality, on a 16-layer base (16 modules per family: the least adaptersentry compares
+within), batched, the same adapters three ways in one run, interleaved and repeated:
+the gate without the weight scan and without a production to compare with; with the
+scan; with the scan and, per adapter, a production version of its own run on the same
+golden set in the same session (the regression check's cost when every tenant has one).
+
     .venv/bin/python bench/validation.py [--sizes 20 50] [--quick | --smoke]
 
 The trained adapters are checked on their golden set before any variant is derived from
@@ -22,6 +28,7 @@ Prints JSON on stdout; progress on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -29,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -41,6 +49,7 @@ from registry.catalog import inspect_base  # noqa: E402
 from registry.reports import ValidationReport  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 from tasks.validation import AdapterUnderTest, ValidationPolicy, validate_bundle, validate_group  # noqa: E402
+from tasks.validation.checks import Baseline  # noqa: E402
 
 SPEEDUP_TARGET = 3.0
 # seeds tried per trained adapter wanted before giving up
@@ -150,13 +159,73 @@ def summarize(
     }
 
 
+def gate_quality_cost(root: Path, n: int, repeats: int, steps: int) -> dict:
+    """Added time per adapter of the weight scan and of the regression run, against the
+    gate without them, on the same adapters in one run."""
+    base = build_base(root / "deep-llama", num_layers=16)
+    record = inspect_base(str(base), "deep-llama")
+    golden = golden_set("support")
+    trained = train_adapter(base, "support", root / "deep-trained", steps=steps, base_model_id="deep-llama")
+    bundles = make_adapters([trained], root / "deep-variants", 2 * n + 1)[1:]
+    candidates, productions = bundles[:n], bundles[n:]
+    policy = ValidationPolicy.from_settings(Settings())
+    configs = {
+        "gate": (dataclasses.replace(policy, scan_weights=False), False),
+        "gate_scan": (policy, False),
+        "gate_scan_regression": (policy, True),
+    }
+
+    def targets(with_production: bool) -> list[AdapterUnderTest]:
+        ts = targets_for(candidates, golden)
+        if with_production:
+            for i, (t, prod) in enumerate(zip(ts, productions, strict=True)):
+                t.production = Baseline(f"production-{i}", bundle_dir=prod)
+        return ts
+
+    validate_group(record, None, targets(True)[:2], policy)  # warm-up
+    times: dict[str, list[float]] = {k: [] for k in configs}
+    reports: dict[str, list[ValidationReport]] = {}
+    for r in range(repeats):
+        for name, (config, with_production) in configs.items():
+            t0 = time.perf_counter()
+            reports[name] = validate_group(record, None, targets(with_production), config)
+            times[name].append(time.perf_counter() - t0)
+        log(f"gate quality, repeat {r + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()))
+    per_adapter = {k: statistics.median(v) / n for k, v in times.items()}
+    forward = statistics.fmean(rep.timing["forward_s"] for rep in reports["gate"])
+    added = {
+        "scan": per_adapter["gate_scan"] - per_adapter["gate"],
+        "regression": per_adapter["gate_scan_regression"] - per_adapter["gate_scan"],
+    }
+    full = reports["gate_scan_regression"]
+    return {
+        "model": "tiny Llama (hidden 128, 16 layers), LoRA r=8 on 7 modules (112 modules, 16 per family)",
+        "adapters": n,
+        "repeats": repeats,
+        "training_steps": steps,
+        "per_adapter_ms_median": {k: round(1000 * v, 1) for k, v in per_adapter.items()},
+        "added_per_adapter_ms": {k: round(1000 * v, 1) for k, v in added.items()},
+        "added_fraction_of_gate": {k: round(v / per_adapter["gate"], 3) for k, v in added.items()},
+        "forward_pass_ms_mean": round(1000 * forward, 1),
+        "inside_the_reports_ms_mean": {
+            "scan_s": round(1000 * statistics.fmean(rep.timing.get("scan_s", 0.0) for rep in full), 1),
+            "regression_s": round(1000 * statistics.fmean(rep.timing.get("regression_s", 0.0) for rep in full), 1),
+        },
+        "scan_verdicts": dict(sorted(Counter(rep.scan.action for rep in full if rep.scan).items())),
+        "regressed": sum(bool(rep.regression and rep.regression.regressed) for rep in full),
+        "golden_passed": sum(rep.checks["golden"].ok for rep in full if "golden" in rep.checks),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[20, 50])
     parser.add_argument("--quick", action="store_true", help="sizes 4 and 8")
     parser.add_argument("--smoke", action="store_true", help="sizes 2 and 3: does it still run (make test)")
+    parser.add_argument("--quality-adapters", type=int, default=20, help="adapters in the gate-quality section")
     args = parser.parse_args()
     sizes = [2, 3] if args.smoke else [4, 8] if args.quick else args.sizes
+    quality_n, quality_repeats = (2, 1) if args.smoke else (4, 1) if args.quick else (args.quality_adapters, 3)
 
     import torch
 
@@ -181,6 +250,8 @@ def main() -> None:
             batched_s, batched = run_batched(record, targets, policy)
             results.append(summarize(n, naive_s, naive, batched_s, batched))
             log(f"{n} adapters: naive {naive_s:.2f}s, batched {batched_s:.2f}s, x{naive_s / batched_s:.1f}")
+        log(f"gate quality: {quality_n} adapters on a 16-layer base")
+        quality = gate_quality_cost(root, quality_n, quality_repeats, steps=30 if args.smoke else 150)
 
     print(
         json.dumps(
@@ -198,6 +269,7 @@ def main() -> None:
                 "trained_adapters": len(trained),
                 "seeds_skipped_for_not_passing": skipped,
                 "results": results,
+                "gate_quality": quality,
             },
             indent=2,
         )

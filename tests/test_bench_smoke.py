@@ -38,6 +38,9 @@ def test_validation_benchmark_runs_in_smoke_mode():
     result = run_bench("bench/validation.py", "--smoke")
     assert [r["adapters"] for r in result["results"]] == [2, 3]
     assert all(r["naive_s"] > 0 and r["batched_s"] > 0 for r in result["results"])
+    quality = result["gate_quality"]
+    assert set(quality["added_per_adapter_ms"]) == {"scan", "regression"}
+    assert quality["inside_the_reports_ms_mean"]["regression_s"] > 0 and quality["scan_verdicts"]
 
 
 def test_fleet_benchmark_runs_in_smoke_mode_on_the_session_replicas(replicas, replica_adapters, tiny_base):

@@ -23,6 +23,9 @@ class ValidationPolicy:
     # adaptersentry's policy, and the concentration z past which loragate blocks
     scan_policy: str = "strict"
     scan_block_z: float | None = None
+    # off only for bench/validation.py's baseline (the gate without the scan): the
+    # settings have no way to turn it off
+    scan_weights: bool = True
 
     @classmethod
     def from_settings(

@@ -155,7 +155,7 @@ def validate_adapter(session: BaseSession, target: AdapterUnderTest, policy: Val
         trial.adapter_config = json.loads((bundle / ADAPTER_CONFIG_FILE).read_text())
     except LoragateError as e:
         trial.structure_error = e.message
-    if trial.structure is not None:
+    if trial.structure is not None and policy.scan_weights:
         trial.weight_scan = scan_weights(weights_path, policy)
         timing["scan_s"] = trial.weight_scan.wall_time_s
     verdicts = run_checks(trial, Phase.STATIC)
