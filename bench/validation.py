@@ -152,7 +152,7 @@ def summarize(
         "overhead_fraction_of_forward": round(overhead / mean_forward, 3),
         "batched_breakdown_ms_mean": {
             k: round(1000 * statistics.fmean(r.timing.get(k, 0.0) for r in batched), 2)
-            for k in ("load_s", "forward_s", "total_s")
+            for k in ("load_s", "scan_s", "forward_s", "total_s")
         },
         "speedup_target_met": naive_s / batched_s >= SPEEDUP_TARGET,
         "overhead_target_met": overhead / mean_forward < OVERHEAD_TARGET,
