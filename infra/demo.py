@@ -164,6 +164,17 @@ def follow_canary(version_id: str) -> str | None:
     return run_id if status == "ready" and run_id else None
 
 
+def _regression_line(regression: dict) -> str:
+    if regression["skipped"]:
+        return f"regression check skipped ({regression['skipped']})"
+    overall = regression["overall"]
+    regressed = [c["slice"] for c in [overall, *regression["slices"]] if c["regressed"]]
+    return (
+        f"golden pass rate {overall['before']:.2f} on {regression['production_version']} -> {overall['after']:.2f}, "
+        + (f"regressed: {', '.join(regressed)}" if regressed else "no slice regressed")
+    )
+
+
 def through_the_pipeline(pipeline, bundle: Path, golden: Path, ui_url: str, label: str) -> str:
     banner(f"{label}: training finished -> register -> shadow-validate -> canary")
     loragate(
@@ -180,6 +191,8 @@ def through_the_pipeline(pipeline, bundle: Path, golden: Path, ui_url: str, labe
     version = wait_for("registered by the register flow", lambda: version_of(SUPPORT, bundle))
     say(f"version {version}")
     wait_for("shadow validation passed on the gpu pool", lambda: stage_of(version)[1] == "passed")
+    report = json.loads(loragate("show", version, "--json", quiet=True))["manifest"]["validation_report"]
+    say(f"against production: {_regression_line(report['regression'])}; weight scan: {report['scan']['action']}")
     wait_for("canary flow switched the canary replica and opened the window", lambda: stage_of(version)[0] == "canary")
     banner(f"{label}: scheduled canary evaluations every {EVALUATE_EVERY_S}s, window {WINDOW_S}s")
     follow_canary.shown = 0  # type: ignore[attr-defined]

@@ -103,7 +103,10 @@ def _baseline_results(session: BaseSession, baseline: Baseline, golden: GoldenSe
         state["missing_count"] or state["unexpected_count"] or state["meta_count"] or state["differing_values"]
     )
     if not session.live.healthy:
-        raise _BaselineUnavailable(f"production {baseline.version_id} did not load cleanly: {state}")
+        counts = ", ".join(f"{k} {state[k]}" for k in ("missing_count", "unexpected_count", "meta_count") if state[k])
+        raise _BaselineUnavailable(
+            f"production {baseline.version_id} did not load cleanly: {counts or 'values differ from its file'}"
+        )
     run = session.generate(golden)
     results = {c.id: match_case(c, run.texts[c.id])[0] for c in golden.cases}
     session.baseline_results[key] = results
