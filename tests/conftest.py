@@ -89,6 +89,22 @@ def with_token(env: dict, tokens: dict[str, str], argv) -> dict:
 
 # tests call Registry directly with the database in hand: every role, like any library caller
 IN_PROCESS = Principal.in_process("tester")
+
+
+def open_sqlite_registry(tmp_path: Path) -> Registry:
+    """An initialised registry on SQLite under ``tmp_path``, acting in process: for tests
+    about something other than the store (the store tests run on both databases)."""
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url=f"sqlite:///{tmp_path / 'registry.db'}",
+        artifacts=str(tmp_path / "artifacts"),
+        actor="tester",
+    )
+    registry = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
+    registry.init()
+    return registry
+
+
 PG_ADMIN_URL = os.environ.get("LORAGATE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 

@@ -22,7 +22,7 @@ from registry.access import PERMISSIONS, Action, Principal, Role, issue_token, s
 from registry.errors import PermissionDenied
 from registry.service import Registry
 from registry.signing import generate_key_pair
-from tests.conftest import IN_PROCESS, SIGNING_KEY, mark_validated, registry_snapshot, sign
+from tests.conftest import IN_PROCESS, SIGNING_KEY, mark_validated, open_sqlite_registry, registry_snapshot, sign
 
 NAME = "acme/tiny-llama/support"
 ALL = frozenset(Role)
@@ -42,16 +42,7 @@ class World:
 
 @pytest.fixture(params=["sqlite"])
 def world(request, tmp_path, tiny_base, seeded_bundles) -> World:
-    from registry.settings import Settings
-
-    settings = Settings(
-        home=tmp_path / "home",
-        database_url=f"sqlite:///{tmp_path / 'registry.db'}",
-        artifacts=str(tmp_path / "artifacts"),
-        actor="tester",
-    )
-    registry = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
-    registry.init()
+    registry = open_sqlite_registry(tmp_path)
     registry.add_base(str(tiny_base), "tiny-llama")
     versions = [registry.register_adapter(b, NAME).version.version_id for b in seeded_bundles]
     for v in versions:

@@ -22,11 +22,10 @@ from registry.canary import WindowStatus
 from registry.errors import ErrorCode, IllegalTransition, InvalidInput
 from registry.golden import parse_golden_set
 from registry.service import Registry
-from registry.settings import Settings
 from tasks.validation.policy import ValidationPolicy
 from tasks.validation.regression import common_ngrams, compare_with_production
 from tasks.validation.scan import scan_weights
-from tests.conftest import IN_PROCESS, main_with_tokens, role_tokens, sign
+from tests.conftest import main_with_tokens, open_sqlite_registry, role_tokens, sign
 from tests.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401  (a fixture)
 
 ORDERS = "initech/tiny-llama/orders"
@@ -139,14 +138,7 @@ def test_a_slice_regresses_when_its_pass_rate_drops_by_more_than_epsilon(
 def sqlite_registry(tmp_path) -> Registry:
     """A registry for the model-loading tests (the store is tested on both databases
     elsewhere; these are about the gate)."""
-    settings = Settings(
-        home=tmp_path / "home",
-        database_url=f"sqlite:///{tmp_path / 'registry.db'}",
-        artifacts=str(tmp_path / "artifacts"),
-        actor="tester",
-    )
-    reg = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
-    reg.init()
+    reg = open_sqlite_registry(tmp_path)
     yield reg
     reg.close()
 
