@@ -146,9 +146,13 @@ class Regression(BaseModel):
     slices: list[SliceChange] = []
 
     @property
+    def changes(self) -> list[SliceChange]:
+        """Overall first, then every slice."""
+        return ([self.overall] if self.overall else []) + self.slices
+
+    @property
     def regressed(self) -> list[SliceChange]:
-        changes = ([self.overall] if self.overall else []) + self.slices
-        return [c for c in changes if c.regressed]
+        return [c for c in self.changes if c.regressed]
 
     def describe(self) -> str:
         if self.skipped is not None:
@@ -186,9 +190,13 @@ class WeightScan(BaseModel):
     def under_review(self) -> bool:
         return self.action == "review"
 
+    @property
+    def notable_reasons(self) -> list[ScanReason]:
+        """The reasons but the one every scan without a reference profile carries."""
+        return [r for r in self.reasons if r.code != "NO_REFERENCE_PROFILE"]
+
     def describe(self) -> str:
-        notable = [r for r in self.reasons if r.code != "NO_REFERENCE_PROFILE"]
-        why = "; ".join(f"{r.code}: {r.message}" for r in notable)
+        why = "; ".join(f"{r.code}: {r.message}" for r in self.notable_reasons)
         return self.action + (f" ({why})" if why else "")
 
 
@@ -315,7 +323,7 @@ def evidence_markdown(report: ValidationReport) -> str:
                 "| slice | cases | production | this version | regressed | failing cases | common n-grams |",
                 "|---|---|---|---|---|---|---|",
             ]
-            for c in ([regression.overall] if regression.overall else []) + regression.slices:
+            for c in regression.changes:
                 ngrams = ", ".join(f"{g.text} ({g.failing}/{len(c.failing_cases)})" for g in c.common_ngrams)
                 lines.append(
                     f"| {_cell(c.slice)} | {c.cases} | {c.before:.2f} | {c.after:.2f} | "

@@ -129,7 +129,7 @@ def check_scan(t: Trial) -> CheckVerdict | None:
     ws = t.weight_scan
     if ws is None:
         return None
-    blocking = [f"{r.code}: {r.message}" for r in ws.reasons if r.code != "NO_REFERENCE_PROFILE"]
+    blocking = [f"{r.code}: {r.message}" for r in ws.notable_reasons]
     return CheckVerdict(
         "scan",
         ws.action != "block",
