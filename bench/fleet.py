@@ -52,12 +52,13 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 from bench.timing import summarize  # noqa: E402
 from infra.modelkit import build_base, golden_cases, train_adapter  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
-from registry.access import Principal  # noqa: E402
 from registry.errors import ReplicaError  # noqa: E402
-from registry.fleet import read_index, version_path, write_index  # noqa: E402
+from registry.rules.access import Principal  # noqa: E402
+from registry.rules.fleet import version_path  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
-from registry.signing import generate_key_pair  # noqa: E402
+from registry.storage.resolver_index import read_index, write_index  # noqa: E402
+from registry.storage.signing import generate_key_pair  # noqa: E402
 from tasks.fleet import promote_and_switch, reconcile_fleet, rollback_and_switch, switch_replica  # noqa: E402
 from tasks.replicas import ReplicaClient  # noqa: E402
 from tasks.validation import ValidationPolicy, validate_versions  # noqa: E402

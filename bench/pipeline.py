@@ -45,11 +45,11 @@ from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: 
 from infra.pipeline import save_pipeline_secrets, start_pipeline  # noqa: E402
 from infra.prefect_local import start_prefect_server  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
-from registry.access import Principal, Role  # noqa: E402
-from registry.fleet import version_path  # noqa: E402
+from registry.rules.access import Principal, Role  # noqa: E402
+from registry.rules.fleet import version_path  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
-from registry.signing import generate_key_pair  # noqa: E402
+from registry.storage.signing import generate_key_pair  # noqa: E402
 
 TARGET_S = 15.0
 # Prefect 3.8's own defaults, set explicitly so the worker does not inherit the lowered ones

@@ -81,11 +81,11 @@ from sqlalchemy import create_engine, func, insert, select, text  # noqa: E402
 from sqlalchemy.engine import Engine, make_url  # noqa: E402
 
 from bench.timing import measure, summarize  # noqa: E402
-from registry.domain import AdapterVersion  # noqa: E402
-from registry.schema import adapter_versions, adapters, audit_events, stage_pointers  # noqa: E402
+from registry.db.schema import adapter_versions, adapters, audit_events, stage_pointers  # noqa: E402
+from registry.db.store import SqlStore, make_engine  # noqa: E402
+from registry.records.adapters import AdapterVersion  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
-from registry.store import SqlStore, make_engine  # noqa: E402
 
 OUT = BENCH / "out"
 MLFLOW_VENV = ROOT / ".venv-mlflow"
@@ -381,7 +381,7 @@ def _open_in_process(settings: Settings) -> Registry:
     of a comparison may run code from before roles existed."""
     if "principal" not in inspect.signature(Registry.open).parameters:
         return Registry.open(settings, check_schema=False)
-    from registry.access import Principal
+    from registry.rules.access import Principal
 
     return Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
 

@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra.corpus import copy_bundle, edit_tensors  # noqa: E402
 from infra.modelkit import build_base, golden_set, train_adapter  # noqa: E402
-from registry.catalog import inspect_base  # noqa: E402
-from registry.reports import ValidationReport  # noqa: E402
+from registry.intake.catalog import inspect_base  # noqa: E402
+from registry.records.reports import ValidationReport  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 from tasks.validation import AdapterUnderTest, ValidationPolicy, validate_bundle, validate_group  # noqa: E402
 from tasks.validation.checks import Baseline  # noqa: E402

@@ -11,9 +11,9 @@ import argparse
 from pathlib import Path
 
 from cli.output import EXIT_OK, emit, open_registry, write_secret_file
-from registry.access import Role
-from registry.bundle import read_regular_file
-from registry.signing import generate_key_pair, key_id
+from registry.intake.bundle import read_regular_file
+from registry.rules.access import Role
+from registry.storage.signing import generate_key_pair, key_id
 
 MAX_KEY_BYTES = 64 * 1024
 

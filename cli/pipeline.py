@@ -13,10 +13,10 @@ import argparse
 from uuid import UUID
 
 from cli.output import EXIT_OK, emit, open_registry
-from registry.access import Action
-from registry.canary import ACTIVE, WindowStatus
 from registry.errors import ErrorCode, IllegalTransition, InvalidInput, Unavailable
-from registry.jsonio import loads_object
+from registry.intake.jsonio import loads_object
+from registry.rules.access import Action
+from registry.rules.canary import ACTIVE, WindowStatus
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
@@ -103,7 +103,7 @@ def cmd_canary_list(args: argparse.Namespace) -> int:
 
 
 def cmd_canary_show(args: argparse.Namespace) -> int:
-    from registry.canary import evidence_markdown
+    from registry.render.canary import canary_evidence_markdown
 
     with open_registry(args) as reg:
         window = reg.latest_canary_window(args.version)
@@ -111,7 +111,7 @@ def cmd_canary_show(args: argparse.Namespace) -> int:
     emit(
         args,
         {**window.as_dict(), "observations": [o.as_dict() for o in observations]},
-        lambda: evidence_markdown(window, observations),
+        lambda: canary_evidence_markdown(window, observations),
     )
     return EXIT_OK
 

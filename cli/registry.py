@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from cli.output import ADMIN_TOKEN_FILE, EXIT_OK, emit, open_registry, progress_printer, write_secret_file
-from registry.domain import AdapterVersion
-from registry.lifecycle import Plan
+from registry.records.adapters import AdapterVersion
+from registry.rules.lifecycle import Plan
 
 
 def cmd_init(args: argparse.Namespace) -> int:

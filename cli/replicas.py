@@ -25,7 +25,7 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 def cmd_replicas_up(args: argparse.Namespace) -> int:
     from infra.replica import VllmReplica, build_vllm_venv, start_replicas
-    from registry.catalog import base_directory
+    from registry.intake.catalog import base_directory
     from tasks.fleet import reconcile_fleet
 
     progress = progress_printer(args)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 
 from cli.output import EXIT_FAILED, EXIT_OK, emit, open_registry, progress_printer
-from registry.reports import ValidationReport
+from registry.records.reports import ValidationReport
+from registry.render.validation import report_row
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -39,7 +40,7 @@ def validation_table(reports: list[ValidationReport]) -> str:
     """One row per version, then what failed, each regressed slice and the scan's reasons."""
     rows = [("VERSION", "ADAPTER", "STATUS", "GOLDEN", "REGRESSION", "SCAN")]
     for r in reports:
-        row = r.table_row()
+        row = report_row(r)
         rows.append(
             (
                 row["version"],

@@ -18,7 +18,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
 from flows import events
-from registry.canary import Verdict, evidence_markdown
+from registry.render.canary import canary_evidence_markdown, observation_row
+from registry.rules.canary import Verdict
 from tasks import notify
 from tasks.gates import deploy_canary, observe_canary, open_canary_windows, withdraw_canary
 from tasks.naming import artifact_key
@@ -54,7 +55,7 @@ def canary_evaluate_flow() -> dict[str, str]:
         key = artifact_key("canary", window.adapter_name)
         create_table_artifact(
             key=key,
-            table=[o.table_row() for o in observations],
+            table=[observation_row(o) for o in observations],
             description=f"Canary observations of {window.version_id} (window {window.id})",
         )
         create_markdown_artifact(
@@ -62,7 +63,7 @@ def canary_evaluate_flow() -> dict[str, str]:
             markdown=f"### Verdict: **{observation.verdict.value}**\n\n"
             + "\n".join(f"- {r}" for r in observation.reasons)
             + "\n\n"
-            + evidence_markdown(window, observations),
+            + canary_evidence_markdown(window, observations),
             description=f"{window.adapter_name} {window.version_id}: {observation.verdict.value}",
         )
         if observation.verdict == Verdict.ROLLBACK:

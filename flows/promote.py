@@ -27,8 +27,9 @@ from prefect.transactions import transaction
 
 from flows import events
 from flows.approval import Approval
-from registry.canary import WindowStatus, evidence_markdown
 from registry.errors import IllegalTransition
+from registry.render.canary import canary_evidence_markdown
+from registry.rules.canary import WindowStatus
 from tasks import notify
 from tasks.gates import (
     canary_window_of,
@@ -80,7 +81,7 @@ def promote_flow(version_id: str) -> dict[str, Any]:
         return {"version_id": version_id, "decision": f"waiting in {claimed.approval_flow_run_id}"}
 
     validation, review = validation_evidence(version_id)
-    evidence = evidence_markdown(window, observations) + (f"\n\n{validation}" if validation else "")
+    evidence = canary_evidence_markdown(window, observations) + (f"\n\n{validation}" if validation else "")
     link = ui_link(me)
     create_markdown_artifact(
         key=artifact_key("approval", name), markdown=evidence, description=f"Sign-off evidence for {version_id}"

@@ -107,7 +107,7 @@ def registry():
 
 def version_of(name: str, source: Path) -> str | None:
     """The version registered from ``source`` (its weights digest is in the version id)."""
-    from registry.digests import sha256_file
+    from registry.intake.digests import sha256_file
 
     digest = sha256_file(source / "adapter_model.safetensors")[:12]
     with registry() as reg:
@@ -261,7 +261,7 @@ def main() -> None:
     from infra.pipeline import save_pipeline_secrets, start_pipeline
     from infra.prefect_local import start_prefect_server
     from infra.replica import VllmReplica, start_replicas, stop_replicas
-    from registry.access import Role
+    from registry.rules.access import Role
 
     if HOME.exists():
         shutil.rmtree(HOME)

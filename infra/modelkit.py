@@ -130,7 +130,7 @@ def golden_cases(task: str) -> list[dict[str, Any]]:
 
 def golden_set(task: str):
     """The golden set of ``task``, parsed and checked the way the registry does."""
-    from registry.golden import parse_golden_set
+    from registry.intake.golden import parse_golden_set
 
     return parse_golden_set("".join(json.dumps(c) + "\n" for c in golden_cases(task)).encode(), min_cases=5)
 
@@ -219,7 +219,7 @@ def load_base(base_dir: Path, quantization_config: dict[str, Any] | None = None)
 
 def base_commit(base_dir: Path) -> str:
     """The commit a local base is pinned at: the content digest of its directory."""
-    from registry.catalog import directory_digest
+    from registry.intake.catalog import directory_digest
 
     return directory_digest(Path(base_dir))
 

@@ -19,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from infra.prefect_local import PrefectServer, prefect_bin, start_prefect_server, start_worker, stop, stop_process
-from registry.access import Role
+from registry.rules.access import Role
 
 ROOT = Path(__file__).resolve().parents[1]
 POOLS = ("cpu", "gpu")

@@ -1,4 +1,13 @@
-"""loragate's domain: manifests, the base catalog, the artifact and SQL stores, lifecycle rules.
+"""loragate's domain, in rooms a reader can name:
+
+- ``rules/``    pure rules: lifecycle, canary judgement, fleet planning, permissions, names
+- ``intake/``   what comes in: manifest, bundle, weights, binding, catalog, golden sets
+- ``records/``  what the registry hands back: versions, runs, reports
+- ``storage/``  bytes at rest: artifacts, scratch, signing, resolver index files
+- ``db/``       the SQL store: schema, migrations, one repository per entity
+- ``service/``  ``Registry``, composed by concern: the only API above ``registry/``
+- ``render/``   evidence for people: markdown and table rows
+- ``errors``, ``settings``: typed errors with codes; configuration
 
 Nothing here imports Prefect or the layers above (tasks, flows, cli).
 """

@@ -20,7 +20,38 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from registry.access import (
+from registry.db.store import SqlStore
+from registry.errors import (
+    AlreadyExists,
+    ErrorCode,
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    SignatureInvalid,
+)
+from registry.intake.binding import binding_mismatches
+from registry.intake.bundle import (
+    ADAPTER_CONFIG_FILE,
+    BUNDLE_FILES,
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    BundleSnapshot,
+    check_adapter_config,
+    check_weights_against,
+    parse_adapter_config,
+    publish_dir,
+    read_regular_file,
+    snapshot_bundle,
+)
+from registry.intake.catalog import BaseModelRecord, inspect_base
+from registry.intake.digests import canonical_json, digest_of_hex, sha256_bytes, sha256_file
+from registry.intake.golden import GoldenSet, digest_if_parseable, load_stored_golden_set, parse_golden_set
+from registry.intake.manifest import Manifest, content_address, parse_json_object, parse_manifest
+from registry.intake.weights import inspect_lora_weights
+from registry.records.adapters import Adapter, AdapterVersion, AuditEvent, GoldenSetRef, ValidationRun, utcnow
+from registry.records.reports import ValidationReport, WeightScan
+from registry.rules.access import (
     Action,
     IssuedToken,
     Principal,
@@ -34,37 +65,9 @@ from registry.access import (
     secret_matches,
     split_token,
 )
-from registry.artifacts import ArtifactStore, StoredBlob, fetch_s3_bundle, open_artifact_store
-from registry.binding import binding_mismatches
-from registry.bundle import (
-    ADAPTER_CONFIG_FILE,
-    BUNDLE_FILES,
-    MANIFEST_FILE,
-    WEIGHTS_FILE,
-    BundleSnapshot,
-    check_adapter_config,
-    check_weights_against,
-    parse_adapter_config,
-    publish_dir,
-    read_regular_file,
-    snapshot_bundle,
-)
-from registry.canary import ACTIVE, CanaryThresholds, CanaryWindow, Observation, WindowStatus
-from registry.catalog import BaseModelRecord, inspect_base
-from registry.digests import canonical_json, digest_of_hex, sha256_bytes, sha256_file
-from registry.domain import Adapter, AdapterVersion, AuditEvent, GoldenSetRef, ValidationRun, utcnow
-from registry.errors import (
-    AlreadyExists,
-    ErrorCode,
-    IllegalTransition,
-    InvalidInput,
-    NotFound,
-    PermissionDenied,
-    SignatureInvalid,
-)
-from registry.fleet import AdapterPointers, Replica, ReplicaRole
-from registry.golden import GoldenSet, digest_if_parseable, load_stored_golden_set, parse_golden_set
-from registry.lifecycle import (
+from registry.rules.canary import ACTIVE, CanaryThresholds, CanaryWindow, Observation, WindowStatus
+from registry.rules.fleet import AdapterPointers, Replica, ReplicaRole
+from registry.rules.lifecycle import (
     Plan,
     Pointer,
     Stage,
@@ -73,12 +76,11 @@ from registry.lifecycle import (
     plan_rollback,
     plan_validation_result,
 )
-from registry.manifest import Manifest, content_address, parse_json_object, parse_manifest
-from registry.names import AdapterName
-from registry.reports import ValidationReport, WeightScan
-from registry.scratch import Litter, find_litter, remove, scratch_dir, sweep
+from registry.rules.names import AdapterName
 from registry.settings import VLLM_LORA_RANKS, Settings
-from registry.signing import (
+from registry.storage.artifacts import ArtifactStore, StoredBlob, fetch_s3_bundle, open_artifact_store
+from registry.storage.scratch import Litter, find_litter, remove, scratch_dir, sweep
+from registry.storage.signing import (
     SIGNED_REPORT_FILE,
     key_id,
     public_key_of,
@@ -87,8 +89,6 @@ from registry.signing import (
     verify_directory,
     write_signed_report,
 )
-from registry.store import SqlStore
-from registry.weights import inspect_lora_weights
 
 Progress = Callable[[str], None]
 # the audit log records "<holder> (<role> token <id>)" in 128 characters

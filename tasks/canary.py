@@ -7,7 +7,7 @@ production replica over the OpenAI-compatible API -- the logical adapter name as
 busy host slows both alike. Production answers with the adapter's production version, or
 with the bare base while the adapter has none. The canary's greedy answers to the golden
 prompts are compared with what shadow validation recorded for the version (golden drift).
-``registry.canary.judge`` decides; the observation is recorded either way.
+``registry.rules.canary.judge`` decides; the observation is recorded either way.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from registry.canary import CanaryWindow, Observation, SideStats, WindowStatus, judge
-from registry.domain import utcnow
 from registry.errors import ErrorCode, IllegalTransition, InvalidInput, ReplicaError
-from registry.fleet import Replica, ReplicaRole
-from registry.jsonio import loads_object
+from registry.intake.jsonio import loads_object
+from registry.records.adapters import utcnow
+from registry.rules.canary import CanaryWindow, Observation, SideStats, WindowStatus, judge
+from registry.rules.fleet import Replica, ReplicaRole
 from registry.service import Registry
 from tasks.fleet import promote_and_switch, replica_client, rollback_and_switch
 from tasks.replicas import ReplicaClient

@@ -10,7 +10,7 @@ is missing (a developer's shell), the worker's ``LORAGATE_*`` settings are used 
 
 from __future__ import annotations
 
-from registry.access import Role
+from registry.rules.access import Role
 from registry.service import Registry
 from registry.settings import Settings
 

@@ -29,22 +29,20 @@ from typing import Any
 import httpx
 
 from registry.errors import DeployFailed, ErrorCode, InvalidInput, LoragateError, ReplicaError
-from registry.fleet import (
+from registry.intake.golden import GoldenCase, GoldenSet
+from registry.rules.fleet import (
     ActionKind,
     AdapterPointers,
     FleetAction,
     Placement,
     Replica,
     ReplicaRole,
-    build_index,
     desired_placements,
     plan_reconcile,
-    read_index,
-    write_index,
 )
-from registry.golden import GoldenCase, GoldenSet
-from registry.lifecycle import Plan, Pointer
+from registry.rules.lifecycle import Plan, Pointer
 from registry.service import Registry
+from registry.storage.resolver_index import build_index, read_index, write_index
 from tasks.replicas import ReplicaClient
 
 Progress = Callable[[str], None]

@@ -21,11 +21,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 from prefect.transactions import get_transaction
 
-from registry.access import Role
-from registry.canary import CanaryWindow, Observation, WindowStatus
 from registry.errors import DeployFailed, ErrorCode, NotFound, ReplicaError, Unavailable
-from registry.lifecycle import Stage, ValidationStatus
-from registry.reports import evidence_markdown
+from registry.render.validation import validation_evidence_markdown
+from registry.rules.access import Role
+from registry.rules.canary import CanaryWindow, Observation, WindowStatus
+from registry.rules.lifecycle import Stage, ValidationStatus
 from registry.settings import Settings
 from tasks import canary, fleet, notify
 from tasks.credentials import registry_as, signing_key
@@ -189,7 +189,7 @@ def validation_evidence(version_id: str) -> tuple[str | None, str | None]:
     with registry_as(Role.ACTIVATION) as registry:
         runs = registry.validation_runs(version_id)
         review = registry.scan_under_review(version_id)
-    return (evidence_markdown(runs[-1].report) if runs else None), (review.describe() if review else None)
+    return (validation_evidence_markdown(runs[-1].report) if runs else None), (review.describe() if review else None)
 
 
 @task(cache_policy=NO_CACHE, name="claim-approval")

@@ -28,11 +28,11 @@ atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 # it now, not inside a test whose captured stderr is closed afterwards
 import prefect.main  # noqa: E402,F401  (prefect.main sets logging up)
 
-from registry.access import Principal, Role  # noqa: E402
 from registry.errors import InvalidInput  # noqa: E402
+from registry.rules.access import Principal, Role  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
-from registry.signing import generate_key_pair  # noqa: E402
+from registry.storage.signing import generate_key_pair  # noqa: E402
 from tests.slack import slack  # noqa: E402,F401  (the recording Slack fixture)
 
 # the role each mutating command needs (README, "Who may do what"); a read needs none
@@ -171,7 +171,7 @@ def pg_template():
     """A migrated Postgres database to clone; dropped with every clone at session end."""
     from sqlalchemy import text
 
-    from registry.store import SqlStore
+    from registry.db.store import SqlStore
 
     admin = _admin_engine()
     prefix = f"loragate_test_{uuid.uuid4().hex[:8]}"
@@ -346,8 +346,8 @@ def sign(registry, version_id: str):
 def mark_validated(registry, version_id: str, passed: bool = True, signed: bool = True):
     """Record a validation outcome directly, and sign what passed: for lifecycle tests that
     are not about the gate."""
-    from registry.domain import utcnow
-    from registry.reports import BaseUnderTest, CheckVerdict, ValidationReport
+    from registry.records.adapters import utcnow
+    from registry.records.reports import BaseUnderTest, CheckVerdict, ValidationReport
 
     version = registry.get_version(version_id)
     verdict = CheckVerdict("marked", passed, "marked failed by the test")
@@ -368,7 +368,7 @@ def mark_validated(registry, version_id: str, passed: bool = True, signed: bool 
 
 def sql_engine(registry):
     """A connection of the test's own to the registry's database, for raw SQL."""
-    from registry.store import make_engine
+    from registry.db.store import make_engine
 
     return make_engine(registry.settings.database)
 
@@ -383,7 +383,7 @@ def sql(registry):
 
 def artifact_store(registry):
     """The registry's artifact store, opened on its own: for tests that tamper with blobs."""
-    from registry.artifacts import open_artifact_store
+    from registry.storage.artifacts import open_artifact_store
 
     return open_artifact_store(registry.settings)
 
@@ -391,7 +391,7 @@ def artifact_store(registry):
 def audit_count(registry) -> int:
     from sqlalchemy import func, select
 
-    from registry.schema import audit_events
+    from registry.db.schema import audit_events
 
     engine = sql_engine(registry)
     try:
@@ -408,7 +408,7 @@ def registry_snapshot(settings: Settings, *, artifacts: bool = True) -> dict:
 
     from sqlalchemy import MetaData, select, text
 
-    from registry.store import make_engine
+    from registry.db.store import make_engine
 
     engine = make_engine(settings.database)
     rows: dict = {}

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from infra.modelkit import write_golden_set
-from registry.access import PERMISSIONS, Action, Principal, Role, issue_token, split_token
 from registry.errors import PermissionDenied
+from registry.rules.access import PERMISSIONS, Action, Principal, Role, issue_token, split_token
 from registry.service import Registry
-from registry.signing import generate_key_pair
+from registry.storage.signing import generate_key_pair
 from tests.conftest import IN_PROCESS, SIGNING_KEY, mark_validated, open_sqlite_registry, registry_snapshot, sign
 
 NAME = "acme/tiny-llama/support"

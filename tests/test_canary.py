@@ -7,7 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from registry.canary import (
+from registry.errors import IllegalTransition, InvalidInput, NotFound
+from registry.render.canary import canary_evidence_markdown
+from registry.rules.canary import (
     CanaryThresholds,
     CanaryWindow,
     Monitor,
@@ -15,11 +17,9 @@ from registry.canary import (
     SideStats,
     Verdict,
     WindowStatus,
-    evidence_markdown,
     judge,
     percentile,
 )
-from registry.errors import IllegalTransition, InvalidInput, NotFound
 from tests.conftest import mark_validated
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -90,7 +90,7 @@ def test_percentiles_are_nearest_rank():
 
 def test_evidence_names_the_bands_and_each_observation():
     o = Observation(1, LATE, side(), side(), 0.0, [], Verdict.READY, [], ["in band for the whole window (60 s)"])
-    text = evidence_markdown(window(WindowStatus.READY), [o])
+    text = canary_evidence_markdown(window(WindowStatus.READY), [o])
     assert "p95 ≤ 1.1× production's + 5 ms" in text and "golden drift ≤ 0.1" in text
     assert "| ready |" in text and "in band for the whole window" in text
 

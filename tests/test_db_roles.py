@@ -23,14 +23,14 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError
 
 from infra.modelkit import write_golden_set
-from registry import migrate
-from registry.canary import Observation, SideStats, Verdict, WindowStatus
+from registry.db import migrate
+from registry.db.schema import adapters, metadata
+from registry.db.store import make_engine
 from registry.errors import PermissionDenied
-from registry.schema import adapters, metadata
+from registry.rules.canary import Observation, SideStats, Verdict, WindowStatus
 from registry.service import Registry
 from registry.settings import Settings
-from registry.signing import generate_key_pair, key_id
-from registry.store import make_engine
+from registry.storage.signing import generate_key_pair, key_id
 from tests.conftest import IN_PROCESS, mark_validated, registry_snapshot
 
 pytestmark = pytest.mark.postgres

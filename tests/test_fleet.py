@@ -20,9 +20,10 @@ import pytest
 
 from infra.modelkit import golden_cases, prompt_for
 from registry.errors import DeployFailed, ErrorCode, InvalidInput
-from registry.fleet import read_index, version_path, write_index
+from registry.rules.fleet import version_path
 from registry.service import Registry
 from registry.settings import Settings
+from registry.storage.resolver_index import read_index, write_index
 from tasks.fleet import fleet_status, promote_and_switch, reconcile_fleet, rollback_and_switch, switch_replica
 from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions

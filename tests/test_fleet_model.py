@@ -18,19 +18,16 @@ from pathlib import Path
 import pytest
 
 from registry.errors import AlreadyExists, DeployFailed, ErrorCode, InvalidInput, NotFound
-from registry.fleet import (
-    INDEX_FILE,
+from registry.rules.fleet import (
     ActionKind,
     AdapterPointers,
     Replica,
     ReplicaRole,
-    build_index,
     desired_placements,
     plan_reconcile,
-    read_index,
     version_path,
-    write_index,
 )
+from registry.storage.resolver_index import INDEX_FILE, build_index, read_index, write_index
 from tasks.fleet import fleet_status, promote_and_switch, reconcile_fleet, rollback_and_switch
 from tests.conftest import audit_count, mark_validated
 

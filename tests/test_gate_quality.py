@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from infra import corpus, modelkit
-from registry.canary import WindowStatus
 from registry.errors import ErrorCode, IllegalTransition, InvalidInput
-from registry.golden import parse_golden_set
+from registry.intake.golden import parse_golden_set
+from registry.rules.canary import WindowStatus
 from registry.service import Registry
 from tasks.validation.policy import ValidationPolicy
 from tasks.validation.regression import common_ngrams, compare_with_production
@@ -254,7 +254,7 @@ def test_the_prefect_validation_artifacts_show_the_regressed_slice(
     from prefect import flow
     from prefect.artifacts import Artifact
 
-    from registry.access import Role
+    from registry.rules.access import Role
     from tasks.credentials import store_pipeline_secrets
     from tasks.validation.prefect_tasks import shadow_validate
 
@@ -414,7 +414,7 @@ def test_the_promote_flow_asks_again_when_an_approval_does_not_acknowledge_a_sca
     from prefect.flow_runs import resume_flow_run
 
     from flows.promote import promote_flow
-    from registry.access import Role
+    from registry.rules.access import Role
     from tasks.credentials import store_pipeline_secrets
 
     registry = deep_registry

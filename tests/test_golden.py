@@ -7,7 +7,7 @@ import json
 import pytest
 
 from registry.errors import ErrorCode, InvalidInput
-from registry.golden import GoldenCase, match_case, parse_golden_set
+from registry.intake.golden import GoldenCase, match_case, parse_golden_set
 
 
 def lines(*rows) -> bytes:

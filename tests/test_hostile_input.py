@@ -20,11 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from registry.digests import canonical_json
 from registry.errors import InvalidInput
-from registry.golden import match_case, parse_golden_set
-from registry.jsonio import loads_strict
-from registry.weights import read_lora_structure
+from registry.intake.digests import canonical_json
+from registry.intake.golden import match_case, parse_golden_set
+from registry.intake.jsonio import loads_strict
+from registry.intake.weights import read_lora_structure
 from tests.conftest import IN_PROCESS, main_with_tokens, registry_snapshot, role_tokens
 
 NAME = "acme/tiny-llama/support"

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from registry.errors import ErrorCode, IllegalTransition, InvalidInput
-from registry.lifecycle import (
+from registry.rules.lifecycle import (
     ALLOWED,
     Pointer,
     Stage,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from registry.digests import digest_of_hex, sha256_bytes
-from registry.scratch import scratch_name
+from registry.intake.digests import digest_of_hex, sha256_bytes
+from registry.storage.scratch import scratch_name
 from tests.conftest import artifact_store, mark_validated
 from tests.faults import silent_endpoint
 

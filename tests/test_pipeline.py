@@ -29,13 +29,13 @@ import pytest
 
 from infra.modelkit import golden_cases
 from infra.pipeline import LocalPipeline, save_pipeline_secrets, start_pipeline
-from registry.access import Role
-from registry.canary import ACTIVE, WindowStatus
 from registry.errors import NotFound
-from registry.fleet import version_path
+from registry.rules.access import Role
+from registry.rules.canary import ACTIVE, WindowStatus
+from registry.rules.fleet import version_path
 from registry.service import Registry
 from registry.settings import Settings
-from registry.signing import key_id
+from registry.storage.signing import key_id
 from tasks.fleet import switch_replica
 from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions
@@ -238,7 +238,7 @@ def upload_bundle(s3_endpoint: str, bundle: Path) -> str:
 
 
 def weights_prefix(bundle: Path) -> str:
-    from registry.digests import sha256_file
+    from registry.intake.digests import sha256_file
 
     return sha256_file(bundle / "adapter_model.safetensors")[:12]
 

@@ -10,8 +10,8 @@ import pytest
 from prefect import flow, task
 from prefect.transactions import transaction
 
-from registry.access import Role
-from registry.canary import Monitor, Observation, SideStats, Verdict, WindowStatus
+from registry.rules.access import Role
+from registry.rules.canary import Monitor, Observation, SideStats, Verdict, WindowStatus
 from tasks.credentials import store_pipeline_secrets
 from tasks.gates import promote_production
 from tests.test_fleet import make_fleet, served

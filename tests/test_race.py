@@ -33,10 +33,11 @@ from typing import Any
 
 import pytest
 
-from registry.domain import AuditEvent
-from registry.fleet import read_index, version_path
+from registry.records.adapters import AuditEvent
+from registry.rules.fleet import version_path
 from registry.service import Registry
 from registry.settings import Settings
+from registry.storage.resolver_index import read_index
 from tasks.fleet import promote_and_switch
 from tasks.replicas import ReplicaClient
 from tests.conftest import IN_PROCESS, mark_validated

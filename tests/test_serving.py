@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from infra.modelkit import golden_set
-from registry.catalog import inspect_base
+from registry.intake.catalog import inspect_base
 from registry.settings import Settings
 from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_bundle

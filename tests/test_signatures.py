@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from registry.errors import ErrorCode, IllegalTransition, PermissionDenied, SignatureInvalid
-from registry.signing import generate_key_pair, key_id
+from registry.storage.signing import generate_key_pair, key_id
 from tests.conftest import SIGNING_KEY, mark_validated, registry_snapshot, sign
 
 NAME = "acme/tiny-llama/support"
@@ -145,8 +145,8 @@ def _sign_bypassing_checks(registry, version_id: str, private_pem: bytes, as_key
     import tempfile
     from pathlib import Path
 
-    from registry.digests import sha256_file
-    from registry.signing import SIGNED_REPORT_FILE, public_key_of, sign_directory
+    from registry.intake.digests import sha256_file
+    from registry.storage.signing import SIGNED_REPORT_FILE, public_key_of, sign_directory
 
     version = registry.get_version(version_id)
     run = registry.validation_runs(version_id)[-1]

@@ -18,10 +18,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from registry.bundle import WEIGHTS_FILE
 from registry.errors import ErrorCode, InvalidInput, SignatureInvalid
-from registry.scratch import scratch_name
-from registry.signing import (
+from registry.intake.bundle import WEIGHTS_FILE
+from registry.storage.scratch import scratch_name
+from registry.storage.signing import (
     SIGNED_REPORT_FILE,
     KeyPair,
     generate_key_pair,

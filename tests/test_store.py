@@ -7,11 +7,11 @@ import threading
 import pytest
 from sqlalchemy import inspect, text, update
 
-from registry import migrate
+from registry.db import migrate
+from registry.db.schema import adapter_versions, metadata
+from registry.db.store import SqlStore
 from registry.errors import ErrorCode, IllegalTransition, NotFound
-from registry.schema import adapter_versions, metadata
 from registry.settings import Settings
-from registry.store import SqlStore
 from tests.conftest import audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"

@@ -154,7 +154,7 @@ def test_shadow_validate_task_runs_in_a_prefect_flow_with_only_ids_as_parameters
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from registry.access import Role
+    from registry.rules.access import Role
     from tasks.credentials import store_pipeline_secrets
     from tasks.validation.prefect_tasks import shadow_validate
 

@@ -15,7 +15,7 @@ import pytest
 
 from infra import corpus
 from infra.modelkit import NF4, golden_set, random_adapter
-from registry.catalog import inspect_base
+from registry.intake.catalog import inspect_base
 from registry.settings import Settings
 from tasks.validation import Reference, ValidationPolicy, validate_bundle
 

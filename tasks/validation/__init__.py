@@ -10,7 +10,7 @@ golden set; it passes only if every check in ``checks.CHECKS`` holds. The rooms:
 * ``runner``   -- one adapter, a batch on one base, registered versions recorded end to end;
 * ``prefect_tasks`` -- the thin Prefect ``@task`` wrapper (the only module importing Prefect).
 
-The report is ``registry.reports.ValidationReport``: the registry stores it.
+The report is ``registry.records.reports.ValidationReport``: the registry stores it.
 """
 
 from tasks.validation.checks import CHECKS, AdapterUnderTest, Reference

@@ -15,11 +15,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from registry.binding import binding_mismatches
-from registry.catalog import BaseModelRecord
-from registry.golden import GoldenSet
-from registry.reports import CaseResult, CheckVerdict, Drift, Regression, WeightScan
-from registry.weights import ValueScan, WeightsSummary
+from registry.intake.binding import binding_mismatches
+from registry.intake.catalog import BaseModelRecord
+from registry.intake.golden import GoldenSet
+from registry.intake.weights import ValueScan, WeightsSummary
+from registry.records.reports import CaseResult, CheckVerdict, Drift, Regression, WeightScan
 from tasks.validation.policy import ValidationPolicy
 from tasks.validation.session import Attachment, Generation
 

@@ -11,8 +11,9 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 
-from registry.access import Role
-from registry.reports import ValidationReport, evidence_markdown
+from registry.records.reports import ValidationReport
+from registry.render.validation import report_row, validation_evidence_markdown
+from registry.rules.access import Role
 from registry.service import Registry
 from tasks.credentials import settings_for
 from tasks.naming import artifact_key
@@ -33,13 +34,13 @@ def shadow_validate(version_ids: list[str]) -> list[ValidationReport]:
         )
     create_table_artifact(
         key="shadow-validation",
-        table=[r.table_row() for r in reports],
+        table=[report_row(r) for r in reports],
         description=f"Shadow validation of {len(reports)} adapter version(s)",
     )
     for report in reports:
         create_markdown_artifact(
             key=artifact_key("validation", report.name),
-            markdown=evidence_markdown(report),
+            markdown=validation_evidence_markdown(report),
             description=f"Shadow validation of {report.version_id}: {report.status.value}",
         )
     return reports

@@ -15,8 +15,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from registry.golden import GoldenCase
-from registry.reports import CommonNgram, Regression, SliceChange
+from registry.intake.golden import GoldenCase
+from registry.records.reports import CommonNgram, Regression, SliceChange
 
 MAX_NGRAM = 3
 TOP_NGRAMS = 3

@@ -15,17 +15,17 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from registry.bundle import ADAPTER_CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE
-from registry.catalog import BaseModelRecord
-from registry.digests import canonical_json, canonical_sha256
-from registry.domain import AdapterVersion, ValidationRun, utcnow
 from registry.errors import LoragateError
-from registry.golden import GoldenSet, match_case
-from registry.lifecycle import Pointer
-from registry.reports import BaseUnderTest, CaseResult, CheckVerdict, Drift, ValidationReport
-from registry.scratch import scratch_dir
+from registry.intake.bundle import ADAPTER_CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE
+from registry.intake.catalog import BaseModelRecord
+from registry.intake.digests import canonical_json, canonical_sha256
+from registry.intake.golden import GoldenSet, match_case
+from registry.intake.weights import read_lora_structure, scan_lora_values
+from registry.records.adapters import AdapterVersion, ValidationRun, utcnow
+from registry.records.reports import BaseUnderTest, CaseResult, CheckVerdict, Drift, ValidationReport
+from registry.rules.lifecycle import Pointer
 from registry.service import Registry
-from registry.weights import read_lora_structure, scan_lora_values
+from registry.storage.scratch import scratch_dir
 from tasks.validation.checks import AdapterUnderTest, Baseline, Phase, Reference, Trial, run_checks
 from tasks.validation.policy import ValidationPolicy
 from tasks.validation.regression import compare_with_production, skipped

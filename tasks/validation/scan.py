@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from registry.reports import ScanReason, WeightScan
+from registry.records.reports import ScanReason, WeightScan
 from tasks.validation.policy import ValidationPolicy
 
 BLOCK_Z_CODE = "LORAGATE_SCAN_BLOCK_Z"

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from registry.catalog import BaseModelRecord, verify_base
-from registry.golden import GoldenSet
+from registry.intake.catalog import BaseModelRecord, verify_base
+from registry.intake.golden import GoldenSet
 
 
 def base_load_kwargs(quantization_config: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ down_revision = "0002"
 branch_labels = None
 depends_on = None
 
-# frozen copies of registry.lifecycle.ALLOWED and the validation transitions at this revision
+# frozen copies of registry.rules.lifecycle.ALLOWED and the validation transitions at this revision
 STAGE_TRANSITIONS = (
     ("staging", "canary"),
     ("staging", "rejected"),

@@ -10,8 +10,8 @@ great-expectations suite (unique non-blank ids and prompts, enough cases, known 
 before it is attached or used; a failing set is refused with every failed expectation.
 
 Nothing in a set can make validation unbounded or reach outside: lines are strict JSON
-(``registry.jsonio``), sets, ids, prompts and expectations have size limits, completions
-are at most ``MAX_TOKENS_LIMIT`` tokens, and matching runs on ``registry.matching``
+(``registry.intake.jsonio``), sets, ids, prompts and expectations have size limits, completions
+are at most ``MAX_TOKENS_LIMIT`` tokens, and matching runs on ``registry.intake.matching``
 (RE2 regexes, JSON schemas that resolve only inside themselves).
 """
 
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from registry.digests import canonical_json, digest_of_hex, sha256_bytes
 from registry.errors import ErrorCode, IntegrityFailure, InvalidInput
-from registry.jsonio import loads_object
-from registry.matching import MAX_COMPLETION_CHARS, compile_regex, regex_search, schema_errors, schema_problems
+from registry.intake.digests import canonical_json, digest_of_hex, sha256_bytes
+from registry.intake.jsonio import loads_object
+from registry.intake.matching import MAX_COMPLETION_CHARS, compile_regex, regex_search, schema_errors, schema_problems
 
 KINDS = ("equals", "contains", "regex", "json_schema")
 DEFAULT_MAX_TOKENS = 32

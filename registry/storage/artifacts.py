@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from registry.digests import CHUNK, hex_of, is_digest
 from registry.errors import ErrorCode, IntegrityFailure, InvalidInput, Unavailable
-from registry.scratch import Litter, find_litter, remove, scratch_name, sweep
+from registry.intake.digests import CHUNK, hex_of, is_digest
 from registry.settings import Settings
+from registry.storage.scratch import Litter, find_litter, remove, scratch_name, sweep
 
 MULTIPART_THRESHOLD = 8 << 20
 MULTIPART_CHUNK = 8 << 20

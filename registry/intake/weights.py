@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from registry.errors import ErrorCode, InvalidInput
-from registry.jsonio import loads_object
+from registry.intake.jsonio import loads_object
 
 MAX_HEADER_BYTES = 64 << 20
 

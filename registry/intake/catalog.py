@@ -17,12 +17,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from registry.digests import HF_COMMIT, canonical_json, canonical_sha256, digest_of_hex, sha256_bytes, sha256_file
 from registry.errors import ErrorCode, IntegrityFailure, InvalidInput
-from registry.jsonio import loads_object
-from registry.manifest import normalize_rope_scaling
-from registry.names import check_base_id
-from registry.weights import read_base_linear_shapes
+from registry.intake.digests import (
+    HF_COMMIT,
+    canonical_json,
+    canonical_sha256,
+    digest_of_hex,
+    sha256_bytes,
+    sha256_file,
+)
+from registry.intake.jsonio import loads_object
+from registry.intake.manifest import normalize_rope_scaling
+from registry.intake.weights import read_base_linear_shapes
+from registry.rules.names import check_base_id
 
 TOKENIZER_FILES = (
     "tokenizer.json",

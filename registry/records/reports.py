@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from registry.lifecycle import ValidationStatus
+from registry.rules.lifecycle import ValidationStatus
 
 
 def json_safe(value: Any) -> Any:
@@ -276,69 +276,6 @@ class ValidationReport(BaseModel):
 
     def recorded_as(self, run_id: int) -> ValidationReport:
         return self.model_copy(update={"run_id": run_id})
-
-    def table_row(self) -> dict[str, str]:
-        """The report as one row of a table (the Prefect UI, the CLI)."""
-        golden = self.checks.get("golden")
-        figures = golden.figures if golden else {}
-        return {
-            "version": self.version_id or "-",
-            "adapter": self.name,
-            "status": self.status.value,
-            "golden": f"{figures['passed']}/{figures['total']}" if golden else "-",
-            "regression": self.regression.describe() if self.regression else "-",
-            "scan": self.scan.describe() if self.scan else "-",
-            "failures": "; ".join(self.failures) or "-",
-        }
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def evidence_markdown(report: ValidationReport) -> str:
-    """The report for a person deciding: checks, the slices against production, the scan."""
-    lines = [
-        f"### Validation of `{report.version_id or report.name}`: {report.status.value}",
-        "",
-        report.summary,
-        "",
-        "| check | result | why |",
-        "|---|---|---|",
-    ]
-    failed = {f.split(":", 1)[0]: f.split(":", 1)[1].strip() for f in report.failures}
-    for name, check in report.checks.items():
-        why = failed.get(name) or str(check.figures.get("skipped", ""))
-        lines.append(f"| {name} | {'ok' if check.ok else 'FAILED'} | {_cell(why)} |")
-    regression = report.regression
-    if regression is not None:
-        lines += ["", "#### Against production"]
-        if regression.skipped is not None:
-            lines += ["", f"Skipped: {regression.skipped}."]
-        else:
-            lines += [
-                "",
-                f"Production `{regression.production_version}`, epsilon {regression.epsilon:g}.",
-                "",
-                "| slice | cases | production | this version | regressed | failing cases | common n-grams |",
-                "|---|---|---|---|---|---|---|",
-            ]
-            for c in regression.changes:
-                ngrams = ", ".join(f"{g.text} ({g.failing}/{len(c.failing_cases)})" for g in c.common_ngrams)
-                lines.append(
-                    f"| {_cell(c.slice)} | {c.cases} | {c.before:.2f} | {c.after:.2f} | "
-                    f"{'**yes**' if c.regressed else 'no'} | {_cell(', '.join(c.failing_cases)) or '-'} | "
-                    f"{_cell(ngrams) or '-'} |"
-                )
-    scan = report.scan
-    if scan is not None:
-        lines += ["", f"#### Weight scan: **{scan.action}** ({scan.scanner}, policy {scan.policy})", ""]
-        lines += [f"- {r.code}: {_cell(r.message)}" for r in scan.reasons]
-        if scan.limits:
-            lines.append(f"- confidence {scan.confidence}; limited by: {'; '.join(scan.limits)}")
-        if scan.under_review:
-            lines += ["", "Production needs an explicit acknowledgement of this review."]
-    return "\n".join(lines)
 
 
 def _summary(checks: Mapping[str, CheckResult], failures: Sequence[str], drift: Drift | None) -> str:

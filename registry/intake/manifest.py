@@ -36,7 +36,8 @@ from pydantic import (
     field_validator,
 )
 
-from registry.digests import (
+from registry.errors import ErrorCode, InvalidInput
+from registry.intake.digests import (
     GIT_COMMIT,
     SHA256_HEX,
     canonical_json,
@@ -45,9 +46,8 @@ from registry.digests import (
     is_revision,
     sha256_bytes,
 )
-from registry.errors import ErrorCode, InvalidInput
-from registry.jsonio import loads_object
-from registry.lifecycle import ValidationStatus
+from registry.intake.jsonio import loads_object
+from registry.rules.lifecycle import ValidationStatus
 
 LIFECYCLE_FIELDS = (
     "adapter_version",
@@ -204,7 +204,7 @@ def content_address(identity_sha256: str, weights_sha256: str, adapter_config_sh
 
 
 def parse_json_object(raw: bytes, *, what: str, code: ErrorCode, field: str) -> dict[str, Any]:
-    """Strict JSON (see ``registry.jsonio``): one object, UTF-8, no duplicate keys, no NaN.
+    """Strict JSON (see ``registry.intake.jsonio``): one object, UTF-8, no duplicate keys, no NaN.
 
     Raises:
         InvalidInput: with ``code`` and ``field``, naming what is wrong.

@@ -210,22 +210,6 @@ class Observation:
             "reasons": self.reasons,
         }
 
-    def table_row(self) -> dict[str, Any]:
-        """One row of the observations table artifact."""
-        return {
-            "at": self.at.strftime("%H:%M:%S"),
-            "canary errors": f"{self.canary.errors}/{self.canary.requests}",
-            "production errors": f"{self.production.errors}/{self.production.requests}",
-            "canary p50/p95 ms": f"{_ms(self.canary.p50_ms)}/{_ms(self.canary.p95_ms)}",
-            "production p50/p95 ms": f"{_ms(self.production.p50_ms)}/{_ms(self.production.p95_ms)}",
-            "golden drift": f"{self.drift:.3f}",
-            "verdict": self.verdict.value,
-        }
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
 
 def judge(
     window: CanaryWindow,
@@ -260,31 +244,3 @@ def judge(
         left = (window.ends_at - now).total_seconds()
         return Verdict.CONTINUE, checks, [f"in band; window ends in {left:.0f} s"]
     return Verdict.READY, checks, [f"in band for the whole window ({t.length_s:g} s)"]
-
-
-def evidence_markdown(window: CanaryWindow, observations: list[Observation]) -> str:
-    """The canary's record as a person signing it off reads it (the approval form's text)."""
-    t = window.thresholds
-    lines = [
-        f"## Canary evidence: `{window.adapter_name}` → `{window.version_id}`",
-        "",
-        f"Window opened {window.opened_at:%Y-%m-%d %H:%M:%S} UTC for {t.length_s:g} s; "
-        f"status **{window.status.value}**.",
-        f"Bands: errors ≤ production's, p95 ≤ {t.p95_ratio:g}× production's + {t.p95_slack_ms:g} ms, "
-        f"golden drift ≤ {t.drift_epsilon:g}.",
-        "",
-        "| at (UTC) | canary errors | prod errors | canary p95 ms | prod p95 ms | drift | verdict |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for o in observations[-12:]:
-        lines.append(
-            f"| {o.at:%H:%M:%S} | {o.canary.errors}/{o.canary.requests} | {o.production.errors}/{o.production.requests}"
-            f" | {_ms(o.canary.p95_ms)} | {_ms(o.production.p95_ms)} | {o.drift:.3f} | {o.verdict.value} |"
-        )
-    if len(observations) > 12:
-        lines.append(f"| … {len(observations) - 12} earlier observations | | | | | | |")
-    if observations:
-        lines += ["", f"Last verdict: {'; '.join(observations[-1].reasons)}"]
-    else:
-        lines += ["", "No observations yet."]
-    return "\n".join(lines)

@@ -1,13 +1,13 @@
-"""Alembic environment: run with a connection handed in by registry.migrate."""
+"""Alembic environment: run with a connection handed in by registry.db.migrate."""
 
 from alembic import context
 
-from registry.schema import metadata
+from registry.db.schema import metadata
 
 config = context.config
 connection = config.attributes.get("connection")
 if connection is None:
-    raise RuntimeError("run migrations through registry.migrate (loragate init), not the alembic CLI")
+    raise RuntimeError("run migrations through registry.db.migrate (loragate init), not the alembic CLI")
 
 context.configure(
     connection=connection,

@@ -21,36 +21,8 @@ from sqlalchemy import String, and_, bindparam, case, create_engine, delete, eve
 from sqlalchemy.engine import URL, Connection, Engine, ExceptionContext
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from registry import migrate
-from registry.access import IssuedToken, Role, SigningKey, TokenRecord, VersionSignature
-from registry.canary import (
-    ACTIVE,
-    WINDOW_MOVES,
-    CanaryThresholds,
-    CanaryWindow,
-    Monitor,
-    Observation,
-    SideStats,
-    Verdict,
-    WindowStatus,
-)
-from registry.catalog import BaseModelRecord
-from registry.domain import Adapter, AdapterVersion, AuditEvent, GoldenSetRef, ValidationRun, utcnow
-from registry.errors import (
-    AlreadyExists,
-    ConcurrentUpdate,
-    ErrorCode,
-    IllegalTransition,
-    InvalidInput,
-    NotFound,
-    PermissionDenied,
-    Unavailable,
-)
-from registry.fleet import AdapterPointers, Replica, ReplicaRole
-from registry.lifecycle import Plan, Pointer, Stage, ValidationStatus, VersionState
-from registry.names import AdapterName
-from registry.reports import ValidationReport
-from registry.schema import (
+from registry.db import migrate
+from registry.db.schema import (
     adapter_versions,
     adapters,
     api_tokens,
@@ -65,6 +37,34 @@ from registry.schema import (
     validation_runs,
     version_signatures,
 )
+from registry.errors import (
+    AlreadyExists,
+    ConcurrentUpdate,
+    ErrorCode,
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+)
+from registry.intake.catalog import BaseModelRecord
+from registry.records.adapters import Adapter, AdapterVersion, AuditEvent, GoldenSetRef, ValidationRun, utcnow
+from registry.records.reports import ValidationReport
+from registry.rules.access import IssuedToken, Role, SigningKey, TokenRecord, VersionSignature
+from registry.rules.canary import (
+    ACTIVE,
+    WINDOW_MOVES,
+    CanaryThresholds,
+    CanaryWindow,
+    Monitor,
+    Observation,
+    SideStats,
+    Verdict,
+    WindowStatus,
+)
+from registry.rules.fleet import AdapterPointers, Replica, ReplicaRole
+from registry.rules.lifecycle import Plan, Pointer, Stage, ValidationStatus, VersionState
+from registry.rules.names import AdapterName
 
 MAX_ATTEMPTS = 8
 # SQLSTATE of a statement the connected database role holds no grant for

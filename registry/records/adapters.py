@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from registry.lifecycle import Pointer, Stage, ValidationStatus
-from registry.reports import ValidationReport
+from registry.records.reports import ValidationReport
+from registry.rules.lifecycle import Pointer, Stage, ValidationStatus
 
 
 def utcnow() -> datetime:

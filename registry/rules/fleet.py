@@ -8,25 +8,18 @@ prefix cache is keyed by (adapter name, path), so a new path per version rules o
 cache blocks, and a path is never reused for other bytes.
 
 This module is pure planning, like ``lifecycle``: the desired state of the fleet from the
-pointers, the actions that turn a replica's actual state into it, and the index file the
-loragate resolver plugin reads on each replica (written atomically, one per adapter
-directory, by role).
+pointers and the actions that turn a replica's actual state into it. The index files the
+resolver plugin reads are written by ``registry.storage.resolver_index``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
-
-INDEX_FILE = ".loragate-index.json"
-INDEX_FORMAT = 1
 
 
 class ReplicaRole(StrEnum):
@@ -149,37 +142,3 @@ def plan_reconcile(replica: Replica, desired: Mapping[str, Placement], served: M
         if name not in desired and len(parts) == 3 and parts[1] == replica.base_model_id:
             actions.append(FleetAction(replica.url, ActionKind.UNLOAD, name, path, None))
     return actions
-
-
-def build_index(replicas: Iterable[Replica], adapters: list[AdapterPointers]) -> dict[str, dict[str, Any]]:
-    """The resolver index of each adapter directory: by role, adapter name -> version and path."""
-    indexes: dict[str, dict[str, Any]] = {}
-    for replica in replicas:
-        index = indexes.setdefault(replica.adapter_dir, {"format": INDEX_FORMAT, "roles": {}})
-        entries = index["roles"].setdefault(replica.role.value, {})
-        for name, placement in desired_placements(replica, adapters).items():
-            entries[name] = {"version": placement.version_id, "path": placement.path}
-    return indexes
-
-
-def write_index(adapter_dir: str, index: Mapping[str, Any]) -> None:
-    """Replace the directory's index at once: a resolver reads the old one or the new one."""
-    directory = Path(adapter_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".loragate-index-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(index, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / INDEX_FILE)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def read_index(adapter_dir: str) -> dict[str, Any]:
-    try:
-        return json.loads((Path(adapter_dir) / INDEX_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {"format": INDEX_FORMAT, "roles": {}}

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from registry.digests import CHUNK, sha256_bytes
 from registry.errors import ErrorCode, InvalidInput
-from registry.manifest import Manifest, parse_json_object
-from registry.scratch import scratch_dir
-from registry.weights import WeightsSummary
+from registry.intake.digests import CHUNK, sha256_bytes
+from registry.intake.manifest import Manifest, parse_json_object
+from registry.intake.weights import WeightsSummary
+from registry.storage.scratch import scratch_dir
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"

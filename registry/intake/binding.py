@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from registry.catalog import BaseModelRecord
-from registry.manifest import normalize_rope_scaling
+from registry.intake.catalog import BaseModelRecord
+from registry.intake.manifest import normalize_rope_scaling
 
 # manifest field -> the catalog record's attribute it must equal
 BINDING_FIELDS = {

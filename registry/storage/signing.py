@@ -23,10 +23,10 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from registry.bundle import BUNDLE_FILES, open_regular
-from registry.digests import CHUNK, SHA256_HEX, canonical_json, digest_of_hex, sha256_bytes, sha256_file
 from registry.errors import ErrorCode, InvalidInput, SignatureInvalid
-from registry.scratch import scratch_dir
+from registry.intake.bundle import BUNDLE_FILES, open_regular
+from registry.intake.digests import CHUNK, SHA256_HEX, canonical_json, digest_of_hex, sha256_bytes, sha256_file
+from registry.storage.scratch import scratch_dir
 
 if TYPE_CHECKING:
     import model_signing.hashing
