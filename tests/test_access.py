@@ -22,7 +22,14 @@ from registry.errors import PermissionDenied
 from registry.rules.access import PERMISSIONS, Action, Principal, Role, issue_token, split_token
 from registry.service import Registry
 from registry.storage.signing import generate_key_pair
-from tests.conftest import IN_PROCESS, SIGNING_KEY, mark_validated, open_sqlite_registry, registry_snapshot, sign
+from tests.support.registries import (
+    IN_PROCESS,
+    SIGNING_KEY,
+    mark_validated,
+    open_sqlite_registry,
+    registry_snapshot,
+    sign,
+)
 
 NAME = "acme/tiny-llama/support"
 ALL = frozenset(Role)

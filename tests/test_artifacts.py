@@ -11,7 +11,7 @@ from registry.errors import AlreadyExists, ErrorCode, IntegrityFailure
 from registry.intake.digests import digest_of_hex, sha256_bytes, sha256_file
 from registry.service import Registry
 from registry.storage.artifacts import LocalArtifactStore, S3ArtifactStore, blob_key
-from tests.conftest import IN_PROCESS, artifact_store
+from tests.support.registries import IN_PROCESS, artifact_store
 
 NAME = "acme/tiny-llama/support"
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from cli.main import main
 from registry.errors import ErrorCode
-from tests.conftest import IN_PROCESS, registry_snapshot
+from tests.support.registries import IN_PROCESS, registry_snapshot
 
 NAME = "acme/tiny-llama/support"
 WEIGHTS = "adapter_model.safetensors"

@@ -20,7 +20,7 @@ from registry.rules.canary import (
     judge,
     percentile,
 )
-from tests.conftest import mark_validated
+from tests.support.registries import mark_validated
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 BANDS = CanaryThresholds(length_s=60, p95_ratio=1.10, p95_slack_ms=5, drift_epsilon=0.1, latency_breaches=2)

@@ -13,7 +13,8 @@ import pytest
 from infra.modelkit import write_golden_set
 from registry.service import Registry
 from registry.settings import Settings
-from tests.conftest import IN_PROCESS, cli_runner
+from tests.support.commands import cli_runner
+from tests.support.registries import IN_PROCESS
 
 LORAGATE = str(Path(sys.executable).parent / "loragate")
 NAME = "acme/tiny-llama/support"

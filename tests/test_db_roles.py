@@ -31,7 +31,7 @@ from registry.rules.canary import Observation, SideStats, Verdict, WindowStatus
 from registry.service import Registry
 from registry.settings import Settings
 from registry.storage.signing import generate_key_pair, key_id
-from tests.conftest import IN_PROCESS, mark_validated, registry_snapshot
+from tests.support.registries import IN_PROCESS, mark_validated, registry_snapshot
 
 pytestmark = pytest.mark.postgres
 

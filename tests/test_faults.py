@@ -24,7 +24,7 @@ import pytest
 from registry.errors import DeployFailed, Unavailable
 from registry.service import Registry
 from tasks.fleet import FleetSwitch, promote_and_switch
-from tests.conftest import IN_PROCESS
+from tests.support.registries import IN_PROCESS
 from tests.test_fleet import Fleet, answer, make_fleet, served
 
 pytestmark = pytest.mark.slow
@@ -193,7 +193,7 @@ def test_the_s3_server_stopped_under_a_promotion_refuses_it_and_a_rerun_after_it
     """Production is verified against the stored bytes: with the store gone, nothing moves."""
     from moto.server import ThreadedMotoServer
 
-    from tests.conftest import mark_validated
+    from tests.support.registries import mark_validated
 
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)

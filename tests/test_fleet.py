@@ -27,8 +27,8 @@ from registry.storage.resolver_index import read_index, write_index
 from tasks.fleet import fleet_status, promote_and_switch, reconcile_fleet, rollback_and_switch, switch_replica
 from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions
-from tests.conftest import IN_PROCESS, sign
-from tests.faults import Fault, FaultProxy
+from tests.support.faults import Fault, FaultProxy
+from tests.support.registries import IN_PROCESS, sign
 
 pytestmark = pytest.mark.slow
 

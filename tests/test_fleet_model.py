@@ -29,7 +29,7 @@ from registry.rules.fleet import (
 )
 from registry.storage.resolver_index import INDEX_FILE, build_index, read_index, write_index
 from tasks.fleet import fleet_status, promote_and_switch, reconcile_fleet, rollback_and_switch
-from tests.conftest import audit_count, mark_validated
+from tests.support.registries import audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,8 +25,9 @@ from registry.service import Registry
 from tasks.validation.policy import ValidationPolicy
 from tasks.validation.regression import common_ngrams, compare_with_production
 from tasks.validation.scan import scan_weights
-from tests.conftest import main_with_tokens, open_sqlite_registry, role_tokens, sign
-from tests.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401  (a fixture)
+from tests.support.commands import main_with_tokens, role_tokens
+from tests.support.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401  (a fixture)
+from tests.support.registries import open_sqlite_registry, sign
 
 ORDERS = "initech/tiny-llama/orders"
 SUPPORT = "acme/deep-llama/support"

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import MetaData, select, text
 
 from infra.modelkit import write_golden_set
-from tests.conftest import mark_validated
+from tests.support.registries import mark_validated
 
 NAME = "acme/tiny-llama/support"
 

@@ -25,7 +25,8 @@ from registry.intake.digests import canonical_json
 from registry.intake.golden import match_case, parse_golden_set
 from registry.intake.jsonio import loads_strict
 from registry.intake.weights import read_lora_structure
-from tests.conftest import IN_PROCESS, main_with_tokens, registry_snapshot, role_tokens
+from tests.support.commands import main_with_tokens, role_tokens
+from tests.support.registries import IN_PROCESS, registry_snapshot
 
 NAME = "acme/tiny-llama/support"
 PROPERTY = settings(

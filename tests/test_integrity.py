@@ -19,7 +19,7 @@ from registry.intake.digests import digest_of_hex, sha256_bytes
 from registry.service import Registry
 from registry.settings import Settings
 from registry.storage.artifacts import LocalArtifactStore, S3ArtifactStore, blob_key
-from tests.conftest import IN_PROCESS, artifact_store, audit_count, mark_validated
+from tests.support.registries import IN_PROCESS, artifact_store, audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"
 

@@ -22,8 +22,8 @@ import pytest
 
 from registry.intake.digests import digest_of_hex, sha256_bytes
 from registry.storage.scratch import scratch_name
-from tests.conftest import artifact_store, mark_validated
-from tests.faults import silent_endpoint
+from tests.support.faults import silent_endpoint
+from tests.support.registries import artifact_store, mark_validated
 
 NAME = "acme/tiny-llama/support"
 

@@ -27,7 +27,7 @@ from tasks.notify import (
     rolled_back,
     validation_failed,
 )
-from tests.slack import Failure, RecordingSlack, slack  # noqa: F401  (the fixture)
+from tests.support.slack import Failure, RecordingSlack, slack  # noqa: F401  (the fixture)
 from tests.test_layers import ROOT, imported_roots
 
 TOKEN = "xoxb-test-0123456789-secret"

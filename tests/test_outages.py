@@ -14,8 +14,9 @@ import time
 import pytest
 
 from cli.main import main
-from tests.conftest import main_with_tokens, registry_snapshot, role_tokens
-from tests.faults import silent_endpoint
+from tests.support.commands import main_with_tokens, role_tokens
+from tests.support.faults import silent_endpoint
+from tests.support.registries import registry_snapshot
 
 NAME = "acme/tiny-llama/support"
 

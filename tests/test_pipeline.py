@@ -39,11 +39,11 @@ from registry.storage.signing import key_id
 from tasks.fleet import switch_replica
 from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions
-from tests.browser import approve_in_ui
-from tests.conftest import IN_PROCESS, SIGNING_KEY
-from tests.faults import Fault, FaultProxy
-from tests.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401
-from tests.slack import RecordingSlack
+from tests.support.browser import approve_in_ui
+from tests.support.faults import Fault, FaultProxy
+from tests.support.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401
+from tests.support.registries import IN_PROCESS, SIGNING_KEY
+from tests.support.slack import RecordingSlack
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 

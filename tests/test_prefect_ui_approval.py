@@ -20,8 +20,8 @@ from prefect import flow, pause_flow_run
 from prefect.runtime import flow_run
 
 from flows.approval import Approval
-from tests.browser import approve_in_ui, chromium_available
-from tests.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401  (a fixture)
+from tests.support.browser import approve_in_ui, chromium_available
+from tests.support.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slow
 

@@ -40,7 +40,7 @@ from registry.settings import Settings
 from registry.storage.resolver_index import read_index
 from tasks.fleet import promote_and_switch
 from tasks.replicas import ReplicaClient
-from tests.conftest import IN_PROCESS, mark_validated
+from tests.support.registries import IN_PROCESS, mark_validated
 
 CALLS = 64
 CALL_TIMEOUT_S = 600

@@ -13,7 +13,7 @@ import pytest
 
 from registry.errors import ErrorCode, IllegalTransition, PermissionDenied, SignatureInvalid
 from registry.storage.signing import generate_key_pair, key_id
-from tests.conftest import SIGNING_KEY, mark_validated, registry_snapshot, sign
+from tests.support.registries import SIGNING_KEY, mark_validated, registry_snapshot, sign
 
 NAME = "acme/tiny-llama/support"
 

@@ -12,7 +12,7 @@ from registry.db.schema import adapter_versions, metadata
 from registry.db.store import SqlStore
 from registry.errors import ErrorCode, IllegalTransition, NotFound
 from registry.settings import Settings
-from tests.conftest import audit_count, mark_validated
+from tests.support.registries import audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"
 

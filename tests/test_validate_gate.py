@@ -10,7 +10,7 @@ import pytest
 from infra import corpus
 from infra.modelkit import write_golden_set
 from registry.errors import NotFound
-from tests.conftest import main_with_tokens, role_tokens
+from tests.support.commands import main_with_tokens, role_tokens
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ was told to fail the next calls: Slack's own refusal (``channel_not_found``), an
 page, or a dropped connection after the post was read -- the case where Slack may have
 posted and the client cannot know.
 
-Use the ``slack`` fixture: ``from tests.slack import slack  # noqa: F401``.
+Use the ``slack`` fixture: ``from tests.support.slack import slack  # noqa: F401``.
 """
 
 from __future__ import annotations

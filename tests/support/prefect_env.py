@@ -3,7 +3,7 @@
 Tests that need Prefect's scheduler, workers or UI (none of which exist in ephemeral mode
 or under ``prefect_test_harness``) import the fixture::
 
-    from tests.prefect_env import prefect_server_fixture  # noqa: F401  (registers `prefect_server`)
+    from tests.support.prefect_env import prefect_server_fixture  # noqa: F401  (registers `prefect_server`)
 
     def test_something(prefect_server): ...
 
@@ -33,7 +33,7 @@ from infra.prefect_local import (
     stop,
     stop_process,
 )
-from tests.conftest import PG_ADMIN_URL
+from tests.support.postgres import PG_ADMIN_URL
 
 __all__ = [
     "FAST_POLL_ENV",

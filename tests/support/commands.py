@@ -1,0 +1,87 @@
+"""Running ``loragate`` commands as the role each needs: the role table, one token per
+role, and runners of the CLI in this process or as the installed command.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from registry.errors import InvalidInput
+from registry.rules.access import Role
+from registry.service import Registry
+from registry.settings import Settings
+from tests.support.registries import IN_PROCESS
+
+# the role each mutating command needs (README, "Who may do what"); a read needs none
+COMMAND_ROLES = {
+    "register": "training",
+    "golden": "training",
+    "validate": "signing",
+    "sign": "signing",
+    "approve": "activation",
+    "base": "admin",
+    "fleet": "admin",
+    "replicas": "admin",
+    "gc": "admin",
+    "token": "admin",
+    "key": "admin",
+}
+
+
+def role_for(argv) -> str | None:
+    """The role ``loragate *argv`` runs under in tests."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command == "promote":
+        return "activation" if "production" in argv else "signing"
+    if command == "rollback":
+        return "activation"
+    return COMMAND_ROLES.get(command or "")
+
+
+def role_tokens(registry) -> dict[str, str]:
+    """One token per role, each held by "<role>-tests"."""
+    return {role.value: registry.create_token(role.value, f"{role.value}-tests")[1] for role in Role}
+
+
+def main_with_tokens(tokens: dict[str, str], argv: list[str]) -> int:
+    """``cli.main.main(argv)`` in this process, with the token of the role it needs."""
+    from cli.main import main
+
+    role = role_for(argv)
+    saved = os.environ.pop("LORAGATE_TOKEN", None)
+    if role and role in tokens:
+        os.environ["LORAGATE_TOKEN"] = tokens[role]
+    try:
+        return main(argv)
+    finally:
+        os.environ.pop("LORAGATE_TOKEN", None)
+        if saved is not None:
+            os.environ["LORAGATE_TOKEN"] = saved
+
+
+def with_token(env: dict, tokens: dict[str, str], argv) -> dict:
+    role = role_for(argv)
+    return {**env, "LORAGATE_TOKEN": tokens[role]} if role and role in tokens else env
+
+
+def cli_runner(env: dict, home: Path):
+    """Runs the installed ``loragate`` with ``env``, presenting a token of the role each
+    command needs; the tokens are made once the registry exists."""
+    command = str(Path(sys.executable).parent / "loragate")
+    tokens: dict[str, str] = {}
+
+    def run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+        if role_for(args) and not tokens:
+            try:
+                with Registry.open(Settings(home=home), principal=IN_PROCESS) as registry:
+                    tokens.update(role_tokens(registry))
+            except InvalidInput:  # not initialised: the command under test says so itself
+                pass
+        return subprocess.run(
+            [command, *args], capture_output=True, text=True, env=with_token(env, tokens, args), timeout=timeout
+        )
+
+    return run
