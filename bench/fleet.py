@@ -59,7 +59,8 @@ from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 from registry.storage.resolver_index import read_index, write_index  # noqa: E402
 from registry.storage.signing import generate_key_pair  # noqa: E402
-from tasks.fleet import promote_and_switch, reconcile_fleet, rollback_and_switch, switch_replica  # noqa: E402
+from tasks.fleet import promote_and_switch, rollback_and_switch, switch_replica  # noqa: E402
+from tasks.reconcile import reconcile_fleet  # noqa: E402
 from tasks.replicas import ReplicaClient  # noqa: E402
 from tasks.validation import ValidationPolicy, validate_versions  # noqa: E402
 

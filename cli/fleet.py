@@ -55,7 +55,7 @@ def _states_text(states) -> str:
 
 
 def cmd_fleet_status(args: argparse.Namespace) -> int:
-    from tasks.fleet import fleet_status
+    from tasks.reconcile import fleet_status
 
     with open_registry(args) as reg:
         states = fleet_status(reg)
@@ -64,7 +64,7 @@ def cmd_fleet_status(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet_reconcile(args: argparse.Namespace) -> int:
-    from tasks.fleet import reconcile_fleet
+    from tasks.reconcile import reconcile_fleet
 
     with open_registry(args) as reg:
         states = reconcile_fleet(reg, progress=progress_printer(args))

@@ -17,6 +17,7 @@ from registry.errors import ErrorCode, IllegalTransition, InvalidInput, Unavaila
 from registry.intake.jsonio import loads_object
 from registry.rules.access import Action
 from registry.rules.canary import ACTIVE, WindowStatus
+from registry.rules.lifecycle import check_scan_acknowledged
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
@@ -41,12 +42,9 @@ def cmd_approve(args: argparse.Namespace) -> int:
         )
     if not args.reviewer.strip():
         raise InvalidInput("a decision needs a reviewer", code=ErrorCode.INVALID_NAME, field="reviewer")
-    if review is not None and not args.reject and not args.acknowledge_scan_review:
-        raise IllegalTransition(
-            f"{args.version} is under weight-scan review ({review.describe()}): "
-            "approve with --acknowledge-scan-review, or --reject",
-            code=ErrorCode.SCAN_REVIEW_UNACKNOWLEDGED,
-            field="acknowledge_scan_review",
+    if not args.reject:
+        check_scan_acknowledged(
+            args.version, review.describe() if review else None, acknowledged=args.acknowledge_scan_review
         )
     # Prefect costs ~2 s to import: only the command that talks to it pays
     import httpx

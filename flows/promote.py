@@ -30,6 +30,7 @@ from flows.approval import Approval
 from registry.errors import IllegalTransition
 from registry.render.canary import canary_evidence_markdown
 from registry.rules.canary import WindowStatus
+from registry.rules.lifecycle import check_scan_acknowledged
 from tasks import notify
 from tasks.gates import (
     canary_window_of,
@@ -110,14 +111,14 @@ def promote_flow(version_id: str) -> dict[str, Any]:
             poll_interval=int(max(1, settings.approval_poll_s)),
             key=f"approval-{window.id}" + (f"-{attempt}" if attempt else ""),
         )
-        if not (decision.approve and review is not None and not decision.acknowledge_scan_review):
+        try:
+            if decision.approve:
+                check_scan_acknowledged(version_id, review, acknowledged=decision.acknowledge_scan_review)
             break
-        # the registry would refuse the move anyway: ask again rather than fail the sign-off
+        except IllegalTransition as unacknowledged:
+            # the registry would refuse the move anyway: ask again rather than fail the sign-off
+            refused = f"approval by {decision.reviewer} refused: {unacknowledged.message}; waiting for a new decision"
         attempt += 1
-        refused = (
-            f"approval by {decision.reviewer} refused: {version_id} is under weight-scan review and the "
-            "approval did not acknowledge it; waiting for a new decision"
-        )
         logger.warning(refused)
         create_markdown_artifact(
             key=artifact_key("approval", name), markdown=f"**{refused}**\n\n{evidence}", description=refused

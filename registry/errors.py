@@ -45,6 +45,9 @@ class ErrorCode(StrEnum):
     DEPLOY_FAILED = "deploy_failed"
     # who may do what, and signatures
     PERMISSION_DENIED = "permission_denied"
+    INVALID_ROLE = "invalid_role"
+    INVALID_NAMESPACE = "invalid_namespace"
+    INVALID_HOLDER = "invalid_holder"
     SIGNATURE_REQUIRED = "signature_required"
     SIGNATURE_INVALID = "signature_invalid"
 

@@ -23,6 +23,7 @@ from registry.intake.jsonio import loads_object
 from registry.records.adapters import utcnow
 from registry.rules.canary import CanaryWindow, Observation, SideStats, WindowStatus, judge
 from registry.rules.fleet import Replica, ReplicaRole
+from registry.rules.names import AdapterName
 from registry.service import Registry
 from tasks.fleet import promote_and_switch, replica_client, rollback_and_switch
 from tasks.replicas import ReplicaClient
@@ -76,7 +77,7 @@ def load_probe_set(path: str | None) -> list[Probe]:
 
 
 def stage_replicas(registry: Registry, name: str) -> tuple[list[Replica], list[Replica]]:
-    base = name.split("/")[1]
+    base = AdapterName.parse(name).base
     replicas = registry.list_replicas(base)
     return (
         [r for r in replicas if r.role == ReplicaRole.CANARY],

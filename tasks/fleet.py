@@ -22,30 +22,32 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from registry.errors import DeployFailed, ErrorCode, InvalidInput, LoragateError, ReplicaError
+from registry.errors import ConcurrentUpdate, DeployFailed, ErrorCode, InvalidInput, LoragateError, ReplicaError
 from registry.intake.golden import GoldenCase, GoldenSet
+from registry.retrying import call_with_retries
 from registry.rules.fleet import (
-    ActionKind,
     AdapterPointers,
-    FleetAction,
     Placement,
     Replica,
     ReplicaRole,
     desired_placements,
-    plan_reconcile,
 )
 from registry.rules.lifecycle import Plan, Pointer
-from registry.service import Registry
+from registry.rules.names import AdapterName
+from registry.service import PointerMove, Registry
 from registry.storage.resolver_index import build_index, read_index, write_index
 from tasks.replicas import ReplicaClient
 
 Progress = Callable[[str], None]
+# a move retried after a lost compare-and-set, as the store retries its own writes
+MOVE_ATTEMPTS = 8
 
 
 def _quiet(_: str) -> None:
@@ -194,8 +196,8 @@ def replica_client(registry: Registry, url: str, retries: int = 2) -> ReplicaCli
 @dataclass
 class FleetSwitch:
     """Moves the replicas that serve one adapter from what they serve to what a pointer move
-    wants, all or nothing; given to ``Registry.promote``/``rollback`` as ``on_planned``, it
-    runs under the adapter's lock, before the move is written."""
+    wants, all or nothing; applied inside ``Registry.pointer_move`` (under the adapter's
+    lock, before the move commits) and reverted when the move does not commit."""
 
     registry: Registry
     name: str
@@ -210,8 +212,9 @@ class FleetSwitch:
         DeployFailed: a replica could not be switched or verified; every replica is back
             on what it served before.
         """
-        self.revert()  # a retried plan starts from the fleet as it was
-        base = self.name.split("/")[1]
+        if not plan.pointer_changes:
+            return
+        base = AdapterName.parse(self.name).base
         replicas = self.registry.list_replicas(base)
         if not replicas:
             return
@@ -271,26 +274,32 @@ class FleetSwitch:
 
     def _move(self, move: ReplicaMove, expected: dict[str, Any]) -> None:
         settings = self.registry.settings
+        after = move.after
         with replica_client(self.registry, move.replica.url) as client:
             move.switched = True  # from here on a revert must put it back
-            after = move.after
-            for attempt in range(1, settings.replica_switch_attempts + 1):
+            if after is None:
+                unload_replica(client, self.name)
+                return
+
+            def switch_and_verify() -> Verification:
                 try:
-                    if after is None:
-                        unload_replica(client, self.name)
-                        return
                     switch_replica(client, self.name, after.path)
-                    move.verification = verify_replica(
+                    return verify_replica(
                         client, move.replica, after, expected.get(after.version_id), settings.deploy_agreement
                     )
-                    break
                 except ReplicaError as e:
-                    # a wrong answer is final; an unreachable or overloaded replica gets another try
-                    if e.code != ErrorCode.REPLICA_UNAVAILABLE or attempt == settings.replica_switch_attempts:
-                        raise
-                    self.progress(f"{move.replica.url}: {e.one_line()}; trying again")
-            if after is not None:
-                self.progress(f"{move.replica.url}: {self.name} -> {after.version_id} verified")
+                    if e.code == ErrorCode.REPLICA_UNAVAILABLE:
+                        self.progress(f"{move.replica.url}: {e.one_line()}")
+                    raise
+
+            # a wrong answer is final; an unreachable or overloaded replica gets another try
+            move.verification = call_with_retries(
+                switch_and_verify,
+                settings.replica_switch_attempts,
+                step_s=0.0,
+                retry_if=lambda e: isinstance(e, ReplicaError) and e.code == ErrorCode.REPLICA_UNAVAILABLE,
+            )
+        self.progress(f"{move.replica.url}: {self.name} -> {after.version_id} verified")
 
     def revert(self) -> None:
         """Put every touched replica and index back as they were (best effort: reconcile
@@ -326,28 +335,26 @@ def _in_parallel(moves: list[ReplicaMove], work: Callable[[ReplicaMove], None]) 
     return failures
 
 
-def move_pointer(
-    registry: Registry,
-    name: str,
-    move: Callable[[Callable[[Plan], None], Callable[[], list[dict[str, Any]]]], Plan],
-    *,
-    progress: Progress = _quiet,
+def _switched_move(
+    registry: Registry, name: str, enter: Callable[[], AbstractContextManager[PointerMove]], progress: Progress
 ) -> tuple[Plan, list[dict[str, Any]]]:
-    """Run a pointer move (``registry.promote``/``rollback`` given ``on_planned`` and
-    ``fleet_report``) together with its fleet switch: both happen or neither does, and the
-    switch is audited in the move's transaction.
+    """One pointer move with its fleet switch: both happen or neither does, the switch is
+    audited in the move's transaction, and a move that does not commit (a refusal, a failed
+    replica, a failed commit) leaves every replica as it was. Retried whole after a lost
+    compare-and-set."""
 
-    Raises:
-        InvalidInput: the move is illegal, or a version's rank is above a replica's limit.
-        DeployFailed: a replica could not be switched or verified (nothing moved).
-    """
-    switch = FleetSwitch(registry, name, progress=progress)
-    try:
-        plan = move(switch.apply, switch.report)
-    except BaseException:
-        switch.revert()  # also when the move itself failed after the switch (the commit)
-        raise
-    return plan, switch.report()
+    def attempt() -> tuple[Plan, list[dict[str, Any]]]:
+        switch = FleetSwitch(registry, name, progress=progress)
+        try:
+            with enter() as move:
+                switch.apply(move.plan)
+                move.audit(switch.report())
+        except BaseException:
+            switch.revert()
+            raise
+        return move.plan, switch.report()
+
+    return call_with_retries(attempt, MOVE_ATTEMPTS, step_s=0.002, retry_if=lambda e: isinstance(e, ConcurrentUpdate))
 
 
 def promote_and_switch(
@@ -368,18 +375,11 @@ def promote_and_switch(
         DeployFailed: a replica could not be switched or verified (nothing moved).
     """
     name = registry.get_version(version_id).name
-    return move_pointer(
+    return _switched_move(
         registry,
         name,
-        lambda on_planned, report: registry.promote(
-            version_id,
-            to,
-            reason=reason,
-            on_planned=on_planned,
-            fleet_report=report,
-            acknowledge_scan_review=acknowledge_scan_review,
-        ),
-        progress=progress,
+        lambda: registry.pointer_move(version_id, to, reason=reason, acknowledge_scan_review=acknowledge_scan_review),
+        progress,
     )
 
 
@@ -393,91 +393,4 @@ def rollback_and_switch(
         InvalidInput: nothing to roll back to.
         DeployFailed: a replica could not be switched or verified (nothing moved).
     """
-    return move_pointer(
-        registry,
-        name,
-        lambda on_planned, report: registry.rollback(
-            name, stage, reason=reason, on_planned=on_planned, fleet_report=report
-        ),
-        progress=progress,
-    )
-
-
-# -- the whole fleet against the registry ---------------------------------------------------
-
-
-@dataclass
-class ReplicaState:
-    replica: Replica
-    reachable: bool
-    actions: list[FleetAction]
-    error: str | None = None
-    done: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            **self.replica.as_dict(),
-            "reachable": self.reachable,
-            "in_sync": self.reachable and not self.actions,
-            "drift": [a.describe() for a in self.actions],
-            "error": self.error,
-            "done": self.done,
-        }
-
-
-def fleet_status(registry: Registry) -> list[ReplicaState]:
-    """Each replica's drift: what it serves against what the pointers want."""
-    adapters = registry.adapter_pointers()
-    states = []
-    for replica in registry.list_replicas():
-        desired = desired_placements(replica, adapters)
-        try:
-            with replica_client(registry, replica.url, retries=1) as client:
-                served = client.served_adapters()
-        except ReplicaError as e:
-            states.append(ReplicaState(replica, False, [], error=e.one_line()))
-            continue
-        states.append(ReplicaState(replica, True, plan_reconcile(replica, desired, served)))
-    return states
-
-
-def reconcile_fleet(registry: Registry, progress: Progress = _quiet) -> list[ReplicaState]:
-    """Make every reachable replica serve what the pointers want: load what a restarted
-    replica lost, correct a wrong path, unload what no pointer wants; each action audited."""
-    adapters = registry.adapter_pointers()
-    replicas = registry.list_replicas()
-    for adapter_dir, index in build_index(replicas, adapters).items():
-        write_index(adapter_dir, index)
-    states = fleet_status(registry)
-    entries = []
-    for state in states:
-        for action in state.actions:
-            try:
-                with replica_client(registry, state.replica.url) as client:
-                    if action.kind == ActionKind.UNLOAD:
-                        unload_replica(client, action.name)
-                    else:
-                        assert action.placement is not None
-                        materialize_for(registry, state.replica, action.placement)
-                        if action.kind == ActionKind.LOAD:
-                            client.load(action.name, action.placement.path)
-                        else:
-                            switch_replica(client, action.name, action.placement.path)
-            except (ReplicaError, LoragateError) as e:
-                state.error = e.one_line()
-                progress(f"{state.replica.url}: {action.describe()} failed: {e.one_line()}")
-                continue
-            state.done.append(action.describe())
-            progress(action.describe())
-            entries.append(
-                {
-                    "replica": state.replica.url,
-                    "kind": action.kind.value,
-                    "name": action.name,
-                    "from": action.served_path,
-                    "to": action.placement.version_id if action.placement else None,
-                    "version_id": action.placement.version_id if action.placement else None,
-                }
-            )
-    registry.record_fleet_actions("reconcile", entries)
-    return states
+    return _switched_move(registry, name, lambda: registry.rollback_move(name, stage, reason=reason), progress)

@@ -26,8 +26,9 @@ from registry.render.validation import validation_evidence_markdown
 from registry.rules.access import Role
 from registry.rules.canary import CanaryWindow, Observation, WindowStatus
 from registry.rules.lifecycle import Stage, ValidationStatus
+from registry.rules.names import AdapterName
 from registry.settings import Settings
-from tasks import canary, fleet, notify
+from tasks import canary, fleet, notify, reconcile
 from tasks.credentials import registry_as, signing_key
 
 RETRY_DELAYS_S: list[float] = [2, 10, 30]
@@ -259,8 +260,8 @@ def verify_stage(name: str, version_id: str) -> list[dict[str, Any]]:
         DeployFailed: a replica is unreachable or serves something else.
     """
     with registry_as(Role.ACTIVATION) as registry:
-        states = fleet.fleet_status(registry)
-    base = name.split("/")[1]
+        states = reconcile.fleet_status(registry)
+    base = AdapterName.parse(name).base
     mine = [s for s in states if s.replica.base_model_id == base]
     bad = [s for s in mine if not s.reachable or any(a.name == name for a in s.actions)]
     if bad:
@@ -298,7 +299,7 @@ def rollback_stage(name: str, stage: str, expected_version: str | None, reason: 
 )
 def reconcile_fleet() -> list[dict[str, Any]]:
     with registry_as(Role.ADMIN) as registry:
-        return [s.as_dict() for s in fleet.reconcile_fleet(registry, progress=_progress())]
+        return [s.as_dict() for s in reconcile.reconcile_fleet(registry, progress=_progress())]
 
 
 @task(

@@ -24,7 +24,8 @@ from registry.rules.fleet import version_path
 from registry.service import Registry
 from registry.settings import Settings
 from registry.storage.resolver_index import read_index, write_index
-from tasks.fleet import fleet_status, promote_and_switch, reconcile_fleet, rollback_and_switch, switch_replica
+from tasks.fleet import promote_and_switch, rollback_and_switch, switch_replica
+from tasks.reconcile import fleet_status, reconcile_fleet
 from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions
 from tests.support.faults import Fault, FaultProxy

@@ -28,7 +28,8 @@ from registry.rules.fleet import (
     version_path,
 )
 from registry.storage.resolver_index import INDEX_FILE, build_index, read_index, write_index
-from tasks.fleet import fleet_status, promote_and_switch, reconcile_fleet, rollback_and_switch
+from tasks.fleet import promote_and_switch, rollback_and_switch
+from tasks.reconcile import fleet_status, reconcile_fleet
 from tests.support.registries import audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"

@@ -81,7 +81,9 @@ def test_a_signature_made_over_another_version_is_refused(canaried):
     theirs = registry.signatures(v1)[0]
     run = registry.validation_runs(v3)[-1]
     # a row that claims v1's signature for v3 (only someone with database access could write it)
-    registry._store.record_signature(v3, theirs.key_id, run.id, theirs.report_sha256, theirs.signature, "attacker")
+    registry._store.access.record_signature(
+        v3, registry.get_version(v3).name, theirs.key_id, run.id, theirs.report_sha256, theirs.signature, "attacker"
+    )
     registry.promote(v3, "canary")
     error = refused_without_change(registry, lambda: registry.promote(v3, "production"))
     assert "another version" in error.message
@@ -155,7 +157,9 @@ def _sign_bypassing_checks(registry, version_id: str, private_pem: bytes, as_key
         signature = sign_directory(signed, private_pem)
         report = sha256_file(signed / SIGNED_REPORT_FILE)
     kid = as_key or key_id(public_key_of(private_pem))
-    registry._store.record_signature(version_id, kid, run.id, report, signature, "attacker")
+    registry._store.access.record_signature(
+        version_id, registry.get_version(version_id).name, kid, run.id, report, signature, "attacker"
+    )
     return True
 
 

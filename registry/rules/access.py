@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from registry.errors import InvalidInput, PermissionDenied
+from registry.errors import ErrorCode, InvalidInput, PermissionDenied
 
 
 class Role(StrEnum):
@@ -81,24 +81,32 @@ def roles_allowed(action: Action) -> list[Role]:
 
 def parse_role(value: str, field: str = "role") -> Role:
     """Raises:
-    InvalidInput: not one of the four roles.
+    InvalidInput: INVALID_ROLE, not one of the four roles.
     """
     try:
         return Role(value)
     except ValueError as e:
-        raise InvalidInput(f"role must be one of {', '.join(r.value for r in Role)}, not {value!r}", field=field) from e
+        raise InvalidInput(
+            f"role must be one of {', '.join(r.value for r in Role)}, not {value!r}",
+            code=ErrorCode.INVALID_ROLE,
+            field=field,
+        ) from e
 
 
 def check_namespace(pattern: str | None) -> str | None:
     """A namespace pattern: ``acme/*``, ``acme/tiny-llama/*`` or one full name.
 
     Raises:
-        InvalidInput: INVALID_NAME for anything else (``*`` alone would be no limit at all).
+        InvalidInput: INVALID_NAMESPACE for anything else (``*`` alone would be no limit at all).
     """
     if pattern is None:
         return None
     if not _NAMESPACE.match(pattern) or "/" not in pattern:
-        raise InvalidInput(f"namespace must look like acme/* or acme/tiny-llama/*, not {pattern!r}", field="namespace")
+        raise InvalidInput(
+            f"namespace must look like acme/* or acme/tiny-llama/*, not {pattern!r}",
+            code=ErrorCode.INVALID_NAMESPACE,
+            field="namespace",
+        )
     return pattern
 
 

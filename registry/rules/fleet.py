@@ -21,6 +21,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from registry.errors import InvalidInput
+from registry.rules.names import AdapterName
+
 
 class ReplicaRole(StrEnum):
     CANARY = "canary"
@@ -138,7 +141,14 @@ def plan_reconcile(replica: Replica, desired: Mapping[str, Placement], served: M
         elif current != placement.path:
             actions.append(FleetAction(replica.url, ActionKind.SWITCH, name, current, placement))
     for name, path in sorted(served.items()):
-        parts = name.split("/")
-        if name not in desired and len(parts) == 3 and parts[1] == replica.base_model_id:
+        if name not in desired and _base_of(name) == replica.base_model_id:
             actions.append(FleetAction(replica.url, ActionKind.UNLOAD, name, path, None))
     return actions
+
+
+def _base_of(served_name: str) -> str | None:
+    """The base segment of a served adapter name; None for a name loragate did not give."""
+    try:
+        return AdapterName.parse(served_name).base
+    except InvalidInput:
+        return None

@@ -91,10 +91,21 @@ class Plan:
     audit_from: str | None = None
     audit_to: str | None = None
     subject: str | None = None
+    # a plan that records something of its own (a validation run) is audited even when it
+    # moves nothing; any other empty plan writes nothing at all
+    audited_when_empty: bool = False
 
     @property
     def empty(self) -> bool:
         return not self.stage_changes and not self.pointer_changes
+
+    @property
+    def writes_nothing(self) -> bool:
+        return self.empty and not self.audited_when_empty
+
+    def targets(self) -> list[tuple[Pointer, str]]:
+        """The pointers this plan points somewhere, with the version each will name."""
+        return [(pointer, version) for pointer, version in self.pointer_changes.items() if version is not None]
 
     def move(self, version: VersionState, target: Stage) -> None:
         """Raises:
@@ -205,8 +216,29 @@ def plan_validation_result(version: VersionState, status: ValidationStatus) -> P
     if status == ValidationStatus.PENDING:
         raise ValueError("a finished validation run is passed or failed, never pending")
     plan = Plan(
-        action="validate", subject=version.version_id, audit_from=version.validation_status.value, audit_to=status.value
+        action="validate",
+        subject=version.version_id,
+        audit_from=version.validation_status.value,
+        audit_to=status.value,
+        audited_when_empty=True,
     )
     if status == ValidationStatus.FAILED and version.stage == Stage.STAGING:
         plan.move(version, Stage.REJECTED)
     return plan
+
+
+def check_scan_acknowledged(version_id: str, review: str | None, *, acknowledged: bool) -> None:
+    """A version whose weight scan asked for review (``review`` says why) reaches production
+    only with an explicit acknowledgement: the one rule the registry, the approval form and
+    ``loragate approve`` all apply.
+
+    Raises:
+        IllegalTransition: SCAN_REVIEW_UNACKNOWLEDGED.
+    """
+    if review is not None and not acknowledged:
+        raise IllegalTransition(
+            f"{version_id} is under weight-scan review ({review}): production needs an explicit "
+            "acknowledgement (--acknowledge-scan-review, or the approval form's acknowledge_scan_review)",
+            code=ErrorCode.SCAN_REVIEW_UNACKNOWLEDGED,
+            field="acknowledge_scan_review",
+        )

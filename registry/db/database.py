@@ -1,0 +1,177 @@
+"""The one database object every repository shares: the engine, a reader for one-statement
+reads, the write transaction, psycopg pipelining, the retry policy for a lost
+compare-and-set, dialect-specific statements, and the audit writer.
+
+Every write is one transaction. On SQLite ``BEGIN IMMEDIATE`` takes the write lock up
+front; on Postgres row locks and compare-and-set in the WHERE clause decide races. Rows
+are turned into records before the connection is released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import create_engine, event, insert
+from sqlalchemy.engine import URL, Connection, Engine, ExceptionContext
+from sqlalchemy.exc import OperationalError
+
+from registry.db import migrate
+from registry.db.schema import audit_events
+from registry.errors import ConcurrentUpdate, ErrorCode, InvalidInput, PermissionDenied, Unavailable
+from registry.records.adapters import utcnow
+from registry.retrying import call_with_retries
+
+T = TypeVar("T")
+MAX_ATTEMPTS = 8
+# SQLSTATE of a statement the connected database role holds no grant for
+INSUFFICIENT_PRIVILEGE = "42501"
+# no RETURNING of the new id: nothing reads it
+_INSERT_AUDIT = insert(audit_events).inline()
+
+
+def utc(value: datetime) -> datetime:
+    """SQLite hands datetimes back naive: they were written in UTC."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def utc_or_none(value: datetime | None) -> datetime | None:
+    return None if value is None else utc(value)
+
+
+def make_engine(url: URL, connect_timeout_s: int = 10) -> Engine:
+    """An engine whose connection failures are ``Unavailable`` (database_unavailable)."""
+    if url.get_backend_name() == "sqlite":
+        engine = create_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+    else:
+        engine = create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": connect_timeout_s})
+    shown = url.render_as_string(hide_password=True)
+
+    @event.listens_for(engine, "handle_error")
+    def _unreachable(context: ExceptionContext) -> None:
+        if getattr(context.original_exception, "sqlstate", None) == INSUFFICIENT_PRIVILEGE:
+            first_line = str(context.original_exception).strip().splitlines()[0][:200]
+            raise PermissionDenied(
+                f"the database user of {shown} may not do this: {first_line}", field="LORAGATE_DATABASE_URL"
+            ) from context.original_exception
+        # no connection could be made, or the one in use died: the database, not the request
+        if isinstance(context.sqlalchemy_exception, OperationalError) and (
+            context.connection is None or context.is_disconnect
+        ):
+            first_line = str(context.original_exception).strip().splitlines()[0][:200]
+            raise Unavailable(
+                f"database {shown} unreachable: {first_line}",
+                code=ErrorCode.DATABASE_UNAVAILABLE,
+                field="LORAGATE_DATABASE_URL",
+            ) from context.original_exception
+
+    return engine
+
+
+class Database:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.is_sqlite = self.dialect == "sqlite"
+        # One-statement reads need no transaction: on Postgres that saves the BEGIN and
+        # ROLLBACK round trips around every resolve (same pool, other isolation level).
+        self.reader = engine if self.is_sqlite else engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- schema ---------------------------------------------------------------
+
+    def upgrade_schema(self) -> None:
+        migrate.upgrade(self.engine)
+
+    def check_schema(self) -> None:
+        """Raises:
+        InvalidInput: NOT_INITIALIZED when the schema is missing or not at ``migrate.HEAD``.
+        Unavailable: DATABASE_UNAVAILABLE when the database cannot be reached.
+        """
+        current = migrate.current_revision(self.engine)
+        if current != migrate.HEAD:
+            raise InvalidInput(
+                f"registry schema is at {current or 'nothing'}, code expects {migrate.HEAD}: run `loragate init`",
+                code=ErrorCode.NOT_INITIALIZED,
+                field="LORAGATE_DATABASE_URL",
+            )
+
+    # -- transactions ---------------------------------------------------------
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """One write transaction, committed when the block ends and rolled back on error."""
+        with self.engine.begin() as conn:
+            if self.is_sqlite:
+                # take the write lock up front: two deferred writers would deadlock
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            yield conn
+
+    @contextmanager
+    def pipelined(self, conn: Connection) -> Iterator[None]:
+        """Postgres: send the statements inside in one round trip (psycopg pipeline mode)."""
+        if self.is_sqlite:
+            yield
+            return
+        driver = conn.connection.driver_connection
+        assert driver is not None, "a checked-out connection has its driver connection"
+        with driver.pipeline():
+            yield
+
+    def retrying(self, fn: Callable[[], T]) -> T:
+        """``fn()`` again after a lost compare-and-set (``ConcurrentUpdate``), a few times."""
+        return call_with_retries(fn, MAX_ATTEMPTS, step_s=0.002, retry_if=lambda e: isinstance(e, ConcurrentUpdate))
+
+    def insert_statement(self) -> Any:
+        """INSERT with ON CONFLICT, which both dialects spell alike."""
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        return sqlite.insert if self.is_sqlite else postgresql.insert
+
+    # -- the audit log ----------------------------------------------------------
+
+    def audit(
+        self,
+        conn: Connection,
+        *,
+        actor: str,
+        action: str,
+        adapter_name: str | None,
+        version_id: str | None = None,
+        stage: str | None = None,
+        from_value: str | None = None,
+        to_value: str | None = None,
+        reason: str | None = None,
+        details: dict | None = None,
+        at: datetime | None = None,
+    ) -> None:
+        """Append one event inside the caller's transaction: it commits with the change."""
+        conn.execute(
+            _INSERT_AUDIT,
+            {
+                "at": at or utcnow(),
+                "actor": actor,
+                "action": action,
+                "adapter_name": adapter_name,
+                "version_id": version_id,
+                "stage": stage,
+                "from_value": from_value,
+                "to_value": to_value,
+                "reason": reason,
+                "details": details or {},
+            },
+        )

@@ -1,0 +1,126 @@
+"""The canary watch as the registry keeps it: a window per canary version with the
+thresholds it opened with, the observations judged in it, the flow run waiting for its
+sign-off, and the sign-off itself (whose reviewer must hold an activation token)."""
+
+from __future__ import annotations
+
+from registry.errors import ErrorCode, IllegalTransition, InvalidInput, NotFound, PermissionDenied
+from registry.rules.access import Action, Principal, TokenRecord
+from registry.rules.canary import ACTIVE, CanaryThresholds, CanaryWindow, Observation, WindowStatus
+from registry.rules.lifecycle import Pointer
+from registry.service.base import RegistryBase
+
+
+class CanaryMixin(RegistryBase):
+    def open_canary_window(self, version_id: str) -> tuple[CanaryWindow, bool]:
+        """Open the canary window of the adapter's current canary, with the thresholds the
+        settings give now (the window keeps them); returns (window, created). Opening it
+        again returns the active one; another version's active window is superseded.
+
+        Raises:
+            NotFound: no such version.
+            IllegalTransition: the version is not the adapter's canary.
+        """
+        version = self._store.versions.get(version_id)
+        if self._store.pointers.resolve(version.name, Pointer.CANARY.value) != version_id:
+            raise IllegalTransition(
+                f"{version_id} is {version.stage.value}, not the canary of {version.name}: promote it to canary first",
+                field="version_id",
+            )
+        actor = self._authorize(Action.WATCH_CANARY, version.name)
+        thresholds = CanaryThresholds.from_settings(self.settings)
+        return self._store.canary.open_window(version.name, version_id, thresholds, actor)
+
+    def canary_windows(
+        self, statuses: tuple[WindowStatus, ...] | None = ACTIVE, version_id: str | None = None
+    ) -> list[CanaryWindow]:
+        """Windows by status (active ones by default), oldest first."""
+        return self._store.canary.windows(statuses=statuses, version_id=version_id)
+
+    def canary_window(self, window_id: int) -> CanaryWindow:
+        """Raises:
+        NotFound: no such window.
+        """
+        return self._store.canary.window(window_id)
+
+    def latest_canary_window(self, version_id: str) -> CanaryWindow:
+        """The newest window of a version.
+
+        Raises:
+            NotFound: the version never had one.
+        """
+        self._store.versions.get(version_id)
+        windows = self._store.canary.windows(version_id=version_id)
+        if not windows:
+            raise NotFound(f"{version_id} has never been canaried", field="version_id")
+        return windows[-1]
+
+    def record_canary_observation(self, observation: Observation) -> Observation:
+        """Store an observation; a READY verdict moves the window to ready.
+
+        Raises:
+            NotFound: no such window.
+        """
+        window = self._store.canary.window(observation.window_id)
+        return self._store.canary.record_observation(
+            observation, self._authorize(Action.WATCH_CANARY, window.adapter_name)
+        )
+
+    def canary_observations(self, window_id: int) -> list[Observation]:
+        return self._store.canary.observations(window_id)
+
+    def close_canary_window(self, window_id: int, status: WindowStatus, reason: str | None) -> CanaryWindow:
+        """Move a window to ``status`` (already there: no-op).
+
+        Raises:
+            NotFound: no such window.
+            IllegalTransition: the window cannot move there (a promoted window cannot be
+                rolled back through its canary, say).
+        """
+        actor = self._authorize(Action.WATCH_CANARY, self._store.canary.window(window_id).adapter_name)
+        return self._store.canary.move_window(window_id, status, reason, actor)
+
+    def request_approval(self, window_id: int, flow_run_id: str, replacing: str | None = None) -> CanaryWindow:
+        """Claim the window's sign-off for a flow run, unless another run holds it (the
+        returned window says who does); ``replacing`` names a run known to be gone."""
+        actor = self._authorize(Action.WATCH_CANARY, self._store.canary.window(window_id).adapter_name)
+        return self._store.canary.set_approval_run(window_id, flow_run_id, replacing, actor)
+
+    def record_approval(
+        self, window_id: int, *, approve: bool, reviewer: str, comment: str = "", flow_run_id: str | None = None
+    ) -> CanaryWindow:
+        """The sign-off decision with its reviewer and comment, into the audit log; a
+        rejection closes the window.
+
+        Raises:
+            InvalidInput: INVALID_NAME for an empty reviewer.
+            IllegalTransition: the window is not waiting for a sign-off.
+        """
+        if not reviewer.strip():
+            raise InvalidInput("a decision needs a reviewer", code=ErrorCode.INVALID_NAME, field="reviewer")
+        name = self._store.canary.window(window_id).adapter_name
+        actor = self._authorize(Action.APPROVE, name)
+        self.check_reviewer(reviewer.strip(), name)
+        return self._store.canary.record_approval(
+            window_id,
+            approve=approve,
+            reviewer=reviewer.strip(),
+            comment=comment,
+            flow_run_id=flow_run_id,
+            actor=actor,
+        )
+
+    def check_reviewer(self, reviewer: str, name: str) -> TokenRecord:
+        """The reviewer of a production sign-off must hold an active ``activation`` token
+        covering the adapter (tokens name their holder); returns that token's record.
+
+        Raises:
+            PermissionDenied: nobody by that name holds one.
+        """
+        for record in self._store.access.tokens():
+            if record.holder == reviewer and record.active and Principal.of_token(record).may(Action.APPROVE, name):
+                return record
+        raise PermissionDenied(
+            f"reviewer {reviewer!r} holds no active activation token for {name}: nothing was moved",
+            field="reviewer",
+        )
