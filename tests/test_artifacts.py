@@ -10,7 +10,9 @@ import pytest
 from registry.errors import AlreadyExists, ErrorCode, IntegrityFailure
 from registry.intake.digests import digest_of_hex, sha256_bytes, sha256_file
 from registry.service import Registry
-from registry.storage.artifacts import LocalArtifactStore, S3ArtifactStore, blob_key
+from registry.storage.blobs import blob_key
+from registry.storage.local_store import LocalArtifactStore
+from registry.storage.s3_store import S3ArtifactStore
 from tests.support.registries import IN_PROCESS, artifact_store
 
 NAME = "acme/tiny-llama/support"

@@ -18,7 +18,9 @@ from registry.errors import ErrorCode, IntegrityFailure
 from registry.intake.digests import digest_of_hex, sha256_bytes
 from registry.service import Registry
 from registry.settings import Settings
-from registry.storage.artifacts import LocalArtifactStore, S3ArtifactStore, blob_key
+from registry.storage.blobs import blob_key
+from registry.storage.local_store import LocalArtifactStore
+from registry.storage.s3_store import S3ArtifactStore
 from tests.support.registries import IN_PROCESS, artifact_store, audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"
