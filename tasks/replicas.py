@@ -6,6 +6,9 @@ becomes a typed error chosen by HTTP status and error ``type``, never by message
 a transport failure or a 5xx is ``replica_unavailable`` (worth another try or another
 replica), 404 ``NotFoundError`` is ``replica_unknown_adapter``, anything else refused is
 ``replica_refused``. Success bodies of load and unload are plain text.
+
+An idempotent request that fails with ``replica_unavailable`` is tried again, ``retries``
+times, after 0.2 s, 0.4 s, ... (``registry.retrying``); the last failure is raised as it was.
 """
 
 from __future__ import annotations
@@ -17,8 +20,17 @@ from typing import Any
 import httpx
 
 from registry.errors import ErrorCode, ReplicaError
+from registry.retrying import call_with_retries
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=3.0, read=60.0, write=10.0, pool=5.0)
+# linear back-off between attempts: 0.2 s, 0.4 s, ...
+RETRY_STEP_S = 0.2
+
+
+def _worth_retrying(error: BaseException) -> bool:
+    """A transport failure or a 5xx: another try may find the replica up again. A 4xx would
+    only be refused again."""
+    return isinstance(error, ReplicaError) and error.code == ErrorCode.REPLICA_UNAVAILABLE
 
 
 @dataclass(frozen=True)
@@ -36,10 +48,18 @@ class Completion:
 
 
 class ReplicaClient:
-    def __init__(self, url: str, *, timeout: httpx.Timeout = DEFAULT_TIMEOUT, retries: int = 2):
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        retries: int = 2,
+        transport: httpx.BaseTransport | None = None,
+    ):
         self.url = url.rstrip("/")
         self.retries = retries
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        # ``transport``: tests answer from a function instead of a server
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
 
     def close(self) -> None:
         self._http.close()
@@ -53,26 +73,24 @@ class ReplicaClient:
     # -- transport ------------------------------------------------------------
 
     def _send(self, method: str, path: str, body: dict[str, Any] | None = None, *, idempotent: bool) -> httpx.Response:
+        """One request, tried again on ``replica_unavailable`` when it is idempotent."""
         attempts = 1 + (self.retries if idempotent else 0)
-        for attempt in range(attempts):
-            try:
-                response = self._http.request(method, path, json=body)
-            except httpx.TransportError as e:  # refused, reset, timed out
-                if attempt + 1 < attempts:
-                    time.sleep(0.2 * (attempt + 1))
-                    continue
-                raise ReplicaError(
-                    f"replica {self.url} unreachable on {method} {path}: {type(e).__name__}",
-                    code=ErrorCode.REPLICA_UNAVAILABLE,
-                    field="url",
-                ) from e
-            if response.status_code >= 500 and attempt + 1 < attempts:
-                time.sleep(0.2 * (attempt + 1))
-                continue
-            if response.status_code >= 400:
-                raise self._error(method, path, response)
-            return response
-        raise AssertionError("unreachable")
+        return call_with_retries(
+            lambda: self._send_once(method, path, body), attempts, step_s=RETRY_STEP_S, retry_if=_worth_retrying
+        )
+
+    def _send_once(self, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, json=body)
+        except httpx.TransportError as e:  # refused, reset, timed out
+            raise ReplicaError(
+                f"replica {self.url} unreachable on {method} {path}: {type(e).__name__}",
+                code=ErrorCode.REPLICA_UNAVAILABLE,
+                field="url",
+            ) from e
+        if response.status_code >= 400:
+            raise self._error(method, path, response)
+        return response
 
     def _error(self, method: str, path: str, response: httpx.Response) -> ReplicaError:
         kind = "?"
