@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from infra.modelkit import write_golden_set
-from registry.errors import PermissionDenied
+from registry.errors import ErrorCode, InvalidInput, PermissionDenied
 from registry.rules.access import PERMISSIONS, Action, Principal, Role, issue_token, split_token
 from registry.service import Registry
 from registry.storage.signing import generate_key_pair
@@ -346,3 +346,36 @@ def test_the_register_gate_acts_only_with_a_training_token_from_its_secret_block
     finally:
         os.environ.pop("LORAGATE_DATABASE_URL", None)
         os.environ.pop("LORAGATE_ARTIFACTS", None)
+
+
+def _public_key() -> bytes:
+    return generate_key_pair().public_pem
+
+
+@pytest.mark.parametrize(
+    ("call", "code", "field"),
+    [
+        (lambda r: r.create_token("root", "alice"), ErrorCode.INVALID_ROLE, "role"),
+        (lambda r: r.create_token("admin", "alice", namespace="*"), ErrorCode.INVALID_NAMESPACE, "namespace"),
+        (lambda r: r.create_token("admin", "   "), ErrorCode.INVALID_HOLDER, "holder"),
+        (lambda r: r.create_token("admin", "x" * 65), ErrorCode.INVALID_HOLDER, "holder"),
+        (
+            lambda r: r.add_signing_key(generate_key_pair().public_pem, "wizard", "alice"),
+            ErrorCode.INVALID_ROLE,
+            "role",
+        ),
+        (
+            lambda r: r.add_signing_key(generate_key_pair().public_pem, "signing", ""),
+            ErrorCode.INVALID_HOLDER,
+            "holder",
+        ),
+    ],
+    ids=["role", "namespace", "blank-holder", "long-holder", "key-role", "key-holder"],
+)
+def test_bad_access_input_names_its_own_code_and_field_and_changes_nothing(world, call, code, field):
+    registry = world.registry
+    tokens, keys = len(registry.list_tokens()), len(registry.list_signing_keys())
+    with pytest.raises(InvalidInput) as refused:
+        call(registry)
+    assert (refused.value.code, refused.value.field) == (code, field)
+    assert (len(registry.list_tokens()), len(registry.list_signing_keys())) == (tokens, keys)

@@ -1,0 +1,140 @@
+"""``Registry.pointer_move`` and ``rollback_move``: claim, plan and verify on entering, the
+block under the adapter's lock, one commit on leaving -- on SQLite and on Postgres."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from registry.errors import ErrorCode, IllegalTransition
+from tests.support.registries import IN_PROCESS, audit_count, mark_validated
+
+NAME = "acme/tiny-llama/support"
+SWITCHED = [{"replica": "http://replica:1", "name": NAME, "from": None, "to": "v", "version_id": "v"}]
+
+
+class SwitchFailed(Exception):
+    pass
+
+
+def _registered(registry, bundles, count: int, validated: bool = True) -> list[str]:
+    ids = [registry.register_adapter(b, NAME).version.version_id for b in bundles[:count]]
+    if validated:
+        for v in ids:
+            mark_validated(registry, v)
+    return ids
+
+
+def test_a_pointer_move_commits_its_plan_and_what_its_block_audited_together(cataloged, seeded_bundles):
+    registry, _ = cataloged
+    (v1,) = _registered(registry, seeded_bundles, 1)
+    with registry.pointer_move(v1, "canary", reason="try it") as move:
+        assert move.name == NAME and move.plan.pointer_changes
+        move.audit([{**SWITCHED[0], "to": v1, "version_id": v1}])
+    assert registry.get_adapter(NAME).canary == v1
+    last_two = registry.history(NAME)[-2:]
+    assert [e.action for e in last_two] == ["promote", "deploy"]
+    assert last_two[1].id == last_two[0].id + 1  # written in the move's transaction, right after it
+    assert {e.reason for e in last_two} == {"try it"}
+
+
+@pytest.mark.parametrize("where", ["before_audit", "after_audit"])
+def test_an_error_in_a_pointer_move_leaves_pointers_revision_and_audit_as_they_were(cataloged, seeded_bundles, where):
+    registry, _ = cataloged
+    v1, v2 = _registered(registry, seeded_bundles, 2)
+    registry.promote(v1, "canary")
+    before = registry.get_adapter(NAME)
+    events = audit_count(registry)
+    with pytest.raises(SwitchFailed), registry.pointer_move(v2, "canary") as move:
+        if where == "after_audit":
+            move.audit(SWITCHED)
+        raise SwitchFailed
+    after = registry.get_adapter(NAME)
+    assert (after.canary, after.revision) == (before.canary, before.revision)
+    assert registry.get_version(v2).stage == "staging"
+    assert audit_count(registry) == events
+
+
+def test_a_pointer_move_to_where_the_pointer_is_writes_nothing(cataloged, seeded_bundles):
+    registry, _ = cataloged
+    (v1,) = _registered(registry, seeded_bundles, 1)
+    registry.promote(v1, "canary")
+    before, events = registry.get_adapter(NAME), audit_count(registry)
+    with registry.pointer_move(v1, "canary") as move:
+        assert move.plan.empty
+    assert registry.get_adapter(NAME).revision == before.revision  # the claim's bump rolled back
+    assert audit_count(registry) == events
+
+
+def test_a_pointer_move_shows_the_pointers_as_read_under_its_lock(cataloged, seeded_bundles):
+    registry, _ = cataloged
+    v1, v2 = _registered(registry, seeded_bundles, 2)
+    registry.promote(v1, "canary")
+    registry.promote(v1, "production")
+    with registry.pointer_move(v2, "canary") as move:
+        assert {p.value: v for p, v in move.pointers.items()} == {"production": v1}
+
+
+def test_a_refused_pointer_move_never_runs_its_block(cataloged, seeded_bundles):
+    registry, _ = cataloged
+    (v1,) = _registered(registry, seeded_bundles, 1, validated=False)
+    ran = []
+    with pytest.raises(IllegalTransition) as refused, registry.pointer_move(v1, "canary"):
+        ran.append(True)
+    assert refused.value.code == ErrorCode.VALIDATION_REQUIRED
+    assert ran == [] and registry.get_adapter(NAME).canary is None
+
+
+def test_a_rollback_move_returns_production_and_an_error_in_it_returns_nothing(cataloged, seeded_bundles):
+    registry, _ = cataloged
+    v1, v2 = _registered(registry, seeded_bundles, 2)
+    for v in (v1, v2):
+        registry.promote(v, "canary")
+        registry.promote(v, "production")
+    with pytest.raises(SwitchFailed), registry.rollback_move(NAME, "production"):
+        raise SwitchFailed
+    assert registry.get_adapter(NAME).production == v2
+    with registry.rollback_move(NAME, "production") as move:
+        move.audit(SWITCHED)
+    assert registry.get_adapter(NAME).production == v1
+    assert [e.action for e in registry.history(NAME)[-2:]] == ["rollback", "deploy"]
+
+
+def test_concurrent_pointer_moves_replay_as_one_chain_each_with_its_audit(settings, tiny_base, seeded_bundles):
+    """Four movers released at once by a barrier, each a separate connection: every move
+    holds the adapter for its whole block, so each move's audit is followed directly by what
+    its block audited, and each move starts from where the previous one left the pointer."""
+    from registry.service import Registry
+
+    with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as registry:
+        registry.init()
+        registry.add_base(str(tiny_base), "tiny-llama")
+        ids = _registered(registry, seeded_bundles, 4)
+    barrier = threading.Barrier(len(ids))
+    errors: list[BaseException] = []
+
+    def mover(version_id: str) -> None:
+        with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as mine:
+            try:
+                barrier.wait(timeout=30)
+                with mine.pointer_move(version_id, "canary") as move:
+                    move.audit([{**SWITCHED[0], "to": version_id, "version_id": version_id}])
+            except BaseException as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+
+    threads = [threading.Thread(target=mover, args=(v,)) for v in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as registry:
+        events = [e for e in registry.history(NAME) if e.action in ("promote", "deploy")]
+        final = registry.get_adapter(NAME).canary
+    moves = events[0::2]
+    assert [e.action for e in events] == ["promote", "deploy"] * len(ids)
+    assert all(d.id == m.id + 1 and d.version_id == m.version_id for m, d in zip(moves, events[1::2], strict=True))
+    assert sorted(m.version_id for m in moves) == sorted(ids)
+    assert [m.from_value for m in moves] == [None] + [m.to_value for m in moves[:-1]]
+    assert final == moves[-1].to_value
