@@ -89,3 +89,25 @@ def test_the_rule_checker_sees_imports_and_attributes(tmp_path):
     offender.write_text("from registry.db.store import SqlStore\nregistry.store.resolve('a', 'b')\n")
     assert "registry.db.store" in imported_modules(offender)
     assert {"store", "resolve"} <= touched_attributes(offender)
+
+
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_above_infra_is_longer_than_one_sitting():
+    """One concern per module, small enough to read in one sitting (DEVELOPERS.md)."""
+    long = {
+        str(p.relative_to(ROOT)): n
+        for layer in ("registry", "tasks", "flows", "cli")
+        for p in sources(layer)
+        if "migrations" not in p.parts and (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
+
+
+def test_registry_is_sub_packages_with_only_shared_modules_at_the_top():
+    """A newcomer names the rooms: every concern lives in a sub-package of registry/."""
+    top = sorted(p.name for p in (ROOT / "registry").glob("*.py"))
+    assert top == ["__init__.py", "errors.py", "retrying.py", "settings.py"]
+    rooms = sorted(p.name for p in (ROOT / "registry").iterdir() if (p / "__init__.py").is_file())
+    assert rooms == ["db", "intake", "records", "render", "rules", "service", "storage"]
