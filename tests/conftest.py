@@ -177,6 +177,15 @@ def replicas(tiny_base, replica_adapters, tmp_path_factory):
     stop_replicas(list(started.values()))
 
 
+@pytest.fixture(scope="session")
+def validated_adapters(tmp_path_factory, tiny_base, support_bundle, tickets_bundle):
+    """The fleet tests' two adapters validated once: the same weights, base and golden set
+    for every test, so each test records these reports in its own registry."""
+    from tests.support.fleet import validate_adapters
+
+    return validate_adapters(tmp_path_factory.mktemp("fleet-validation"), tiny_base, support_bundle, tickets_bundle)
+
+
 # -- Prefect --------------------------------------------------------------------------
 
 

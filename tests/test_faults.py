@@ -24,8 +24,8 @@ import pytest
 from registry.errors import DeployFailed, Unavailable
 from registry.service import Registry
 from tasks.fleet import FleetSwitch, promote_and_switch
+from tests.support.fleet import Fleet, answer, make_fleet, served
 from tests.support.registries import IN_PROCESS
-from tests.test_fleet import Fleet, answer, make_fleet, served
 
 pytestmark = pytest.mark.slow
 
@@ -99,9 +99,9 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         shutil.rmtree(data, ignore_errors=True)
 
 
-def canaried_fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, **settings):
+def canaried_fleet(tmp_path, replicas, replica_adapters, validated_adapters, **settings):
     """v1 in production on every replica, v2 the canary, both validated and signed."""
-    fleet = make_fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, **settings)
+    fleet = make_fleet(tmp_path, replicas, replica_adapters, validated_adapters, **settings)
     fleet.promote(fleet.v1, "canary")
     fleet.promote(fleet.v1, "production")
     fleet.promote(fleet.v2, "canary")
@@ -114,15 +114,13 @@ def production_serves(replicas, fleet: Fleet) -> set[str]:
 
 
 def test_postgres_stopped_mid_promotion_leaves_the_previous_production_serving_and_a_rerun_converges(
-    private_postgres, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, tmp_path, monkeypatch
+    private_postgres, replicas, replica_adapters, validated_adapters, tmp_path, monkeypatch
 ):
     fleet = canaried_fleet(
         tmp_path,
         replicas,
         replica_adapters,
-        tiny_base,
-        support_bundle,
-        tickets_bundle,
+        validated_adapters,
         database_url=private_postgres.url,
         database_connect_timeout_s=2,
     )
@@ -152,11 +150,9 @@ def test_postgres_stopped_mid_promotion_leaves_the_previous_production_serving_a
 
 
 def test_a_replica_killed_mid_promotion_moves_nothing_and_serves_production_when_it_is_back(
-    replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, tmp_path, monkeypatch
+    replicas, replica_adapters, validated_adapters, tmp_path, monkeypatch
 ):
-    fleet = canaried_fleet(
-        tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, replica_connect_timeout_s=1
-    )
+    fleet = canaried_fleet(tmp_path, replicas, replica_adapters, validated_adapters, replica_connect_timeout_s=1)
     victim = replicas["prod-b"]
     try:
         move = FleetSwitch._move

@@ -4,7 +4,7 @@ Three real replicas of the tiny base (two production, one canary) serve every te
 test has a registry of its own and an adapter name of its own. Its two versions are really
 different adapters -- the support one (v1) and the tickets one (v2) -- registered under one
 name and validated on a golden set of both tasks, so what a replica answers tells which
-version it serves.
+version it serves. The validation is run once per session (``tests/support/fleet.py``).
 """
 
 from __future__ import annotations
@@ -18,88 +18,30 @@ from pathlib import Path
 
 import pytest
 
-from infra.modelkit import golden_cases, prompt_for
 from registry.errors import DeployFailed, ErrorCode, InvalidInput
 from registry.rules.fleet import version_path
-from registry.service import Registry
-from registry.settings import Settings
 from registry.storage.resolver_index import read_index, write_index
-from tasks.fleet import promote_and_switch, rollback_and_switch, switch_replica
+from tasks.fleet import promote_and_switch, switch_replica
 from tasks.reconcile import fleet_status, reconcile_fleet
 from tasks.replicas import ReplicaClient
-from tasks.validation import ValidationPolicy, validate_versions
 from tests.support.faults import Fault, FaultProxy
-from tests.support.registries import IN_PROCESS, sign
+from tests.support.fleet import (
+    SUPPORT_PROMPT,
+    answer,
+    attach_mixed_golden_set,
+    make_fleet,
+    record_passed,
+    served,
+)
 
 pytestmark = pytest.mark.slow
 
-SUPPORT_PROMPT = prompt_for("support", "reset password")
-
-
-@dataclass
-class Fleet:
-    registry: Registry
-    name: str
-    v1: str
-    v2: str
-    replicas: dict
-
-    def promote(self, version: str, to: str):
-        return promote_and_switch(self.registry, version, to)
-
-    def rollback(self, stage: str = "production"):
-        return rollback_and_switch(self.registry, self.name, stage)
-
-    def path(self, version: str) -> str:
-        return version_path(self.registry.list_replicas()[0].adapter_dir, self.name, version)
-
-
-def served(replica) -> dict[str, str]:
-    with ReplicaClient(replica.url) as client:
-        return client.served_adapters()
-
-
-def answer(url: str, name: str, prompt: str = SUPPORT_PROMPT, max_tokens: int = 32) -> str:
-    with ReplicaClient(url) as client:
-        return client.complete(name, prompt, max_tokens).text.strip()
-
-
-def mixed_golden_set(path):
-    """Four support cases and four tickets cases: each version passes exactly half."""
-    cases = golden_cases("support")[:4] + golden_cases("tickets")[:4]
-    path.write_text("".join(json.dumps(c) + "\n" for c in cases))
-    return path
-
-
-def make_fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, **overrides) -> Fleet:
-    settings = Settings(
-        **{
-            "home": tmp_path / "home",
-            "database_url": f"sqlite:///{tmp_path / 'registry.db'}",
-            "artifacts": str(tmp_path / "artifacts"),
-            "actor": "fleet-test",
-            **overrides,
-        }
-    )
-    registry = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
-    registry.init()
-    registry.add_base(str(tiny_base), "tiny-llama")
-    for replica in replicas.values():
-        registry.add_replica(replica.url, "tiny-llama", replica.role, str(replica_adapters))
-    name = f"t{uuid.uuid4().hex[:8]}/tiny-llama/support"
-    v1 = registry.register_adapter(support_bundle, name).version.version_id
-    v2 = registry.register_adapter(tickets_bundle, name).version.version_id
-    registry.attach_golden_set(name, mixed_golden_set(tmp_path / "golden.jsonl"))
-    reports = validate_versions(registry, [v1, v2], ValidationPolicy.from_settings(settings, pass_threshold=0.5))
-    assert [r.status for r in reports] == ["passed", "passed"], [r.failures for r in reports]
-    for version in (v1, v2):
-        sign(registry, version)
-    return Fleet(registry, name, v1, v2, replicas)
-
 
 @pytest.fixture
-def fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle):
-    made = make_fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle)
+def fleet(tmp_path, replicas, replica_adapters, validated_adapters):
+    """A registry of the test's own and an adapter name of its own; the validation reports
+    are the session's (the same weights and golden set), recorded under this test's ids."""
+    made = make_fleet(tmp_path, replicas, replica_adapters, validated_adapters)
     yield made
     made.registry.close()
 
@@ -252,14 +194,12 @@ def _probe_dir(fleet):
 
 @pytest.mark.parametrize("fault", [Fault.ERROR_500, Fault.HANG, Fault.DEAD])
 def test_a_replica_failing_mid_switch_puts_every_replica_back(
-    tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, fault
+    tmp_path, replicas, replica_adapters, validated_adapters, fault
 ):
     proxy = FaultProxy(replicas["prod-b"].url)
     sick = {**replicas, "prod-b": _Via(proxy.url, "production")}
     # a hanging load costs the read timeout once per attempt
-    fleet = make_fleet(
-        tmp_path, sick, replica_adapters, tiny_base, support_bundle, tickets_bundle, replica_read_timeout_s=5
-    )
+    fleet = make_fleet(tmp_path, sick, replica_adapters, validated_adapters, replica_read_timeout_s=5)
     try:
         fleet.promote(fleet.v1, "canary")
         fleet.promote(fleet.v1, "production")
@@ -313,9 +253,9 @@ def test_a_restarted_replica_serves_production_on_its_first_request_and_reconcil
 ):
     second = fleet.name.replace("/support", "/second")
     v = fleet.registry.register_adapter(support_bundle, second).version.version_id
-    fleet.registry.attach_golden_set(second, mixed_golden_set(tmp_path / "second.jsonl"))
-    validate_versions(fleet.registry, [v], ValidationPolicy.from_settings(fleet.registry.settings, pass_threshold=0.5))
-    sign(fleet.registry, v)
+    # the support bundle on the same golden set, a first validation of its name: v1's report
+    attach_mixed_golden_set(fleet.registry, second, tmp_path / "second.jsonl", fleet.validated)
+    record_passed(fleet.registry, v, fleet.validated.support_report)
     for version in (fleet.v1, v):
         promote_and_switch(fleet.registry, version, "canary")
         promote_and_switch(fleet.registry, version, "production")

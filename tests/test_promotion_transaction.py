@@ -14,7 +14,7 @@ from registry.rules.access import Role
 from registry.rules.canary import Monitor, Observation, SideStats, Verdict, WindowStatus
 from tasks.credentials import store_pipeline_secrets
 from tasks.gates import promote_production
-from tests.test_fleet import make_fleet, served
+from tests.support.fleet import make_fleet, served
 
 pytestmark = pytest.mark.slow
 
@@ -36,9 +36,9 @@ def promote_then_fail(version_id: str) -> None:
 
 
 def test_a_failure_after_the_production_move_rolls_it_back_in_place(
-    tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle, prefect_harness, monkeypatch
+    tmp_path, replicas, replica_adapters, validated_adapters, prefect_harness, monkeypatch
 ):
-    fleet = make_fleet(tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle)
+    fleet = make_fleet(tmp_path, replicas, replica_adapters, validated_adapters)
     registry = fleet.registry
     try:
         fleet.promote(fleet.v1, "canary")

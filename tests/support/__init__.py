@@ -7,6 +7,8 @@
 * ``postgres``: the test Postgres server and its databases.
 * ``prefect_env``: a real Prefect server for the session (the ``prefect_server`` fixture).
 * ``slack``: a recording Slack Web API (the ``slack`` fixture).
+* ``fleet``: a registry with two validated, signed versions of one adapter for tests on
+  real replicas, validated once per session.
 * ``faults``: a silent endpoint and a fault-injecting proxy in front of a replica.
 * ``browser``: answering a paused flow run's approval form in the Prefect UI.
 """
