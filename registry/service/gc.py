@@ -10,7 +10,7 @@ from typing import Any
 
 from registry.rules.access import Action
 from registry.service.base import RegistryBase
-from registry.storage.artifacts import StoredBlob
+from registry.storage.blobs import StoredBlob
 from registry.storage.scratch import Litter, find_litter, remove
 
 

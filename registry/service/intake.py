@@ -35,7 +35,7 @@ from registry.rules.access import Action
 from registry.rules.lifecycle import Stage, ValidationStatus
 from registry.rules.names import AdapterName
 from registry.service.base import RegistryBase
-from registry.storage.artifacts import fetch_s3_bundle
+from registry.storage.s3_store import fetch_s3_bundle
 from registry.storage.scratch import scratch_dir, sweep
 
 Progress = Callable[[str], None]

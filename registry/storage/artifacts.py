@@ -12,8 +12,7 @@ for already being there:
 
 The interface and the factory live here; each store in a module of its own
 (``local_store``, ``s3_store``), and what they share (keys, hashing, the integrity errors)
-in ``blobs``. ``fetch_s3_bundle`` (a training job's bundle, not the store) is S3's and is
-named here because the registry reaches S3 through this module.
+in ``blobs``. ``fetch_s3_bundle`` (a training job's bundle, not the store) is S3's.
 """
 
 from __future__ import annotations
@@ -26,10 +25,8 @@ from registry.errors import ErrorCode, InvalidInput
 from registry.settings import Settings
 from registry.storage.blobs import StoredBlob
 from registry.storage.local_store import LocalArtifactStore
-from registry.storage.s3_store import S3ArtifactStore, fetch_s3_bundle, s3_store_for
+from registry.storage.s3_store import S3ArtifactStore, s3_store_for
 from registry.storage.scratch import Litter
-
-__all__ = ["ArtifactStore", "StoredBlob", "fetch_s3_bundle", "open_artifact_store"]
 
 
 class ArtifactStore(Protocol):
