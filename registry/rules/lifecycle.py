@@ -7,10 +7,14 @@
                    v                             v                       v
                 rejected                    rolled_back          retired / rolled_back
 
+    and back:  canary -> retired (another canary replaced it); retired -> production (a
+    rollback restores the previous production); retired or rolled_back -> canary (an older
+    version canaried again, deliberately). ``ALLOWED`` is the whole table.
+
 A logical adapter has three pointers: ``canary``, ``production`` and ``previous`` (the
 production before the current one). Every operation is planned here as a pure function
-of the current pointers and stages; the store applies the plan atomically under a lock
-and re-plans on a lost race. Planning an already-done move yields an empty plan, so
+of the current pointers and stages; the store applies the plan atomically under the
+adapter's row lock (``registry.db.pointers``). Planning an already-done move yields an empty plan, so
 retried gates are harmless.
 """
 
