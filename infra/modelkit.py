@@ -6,7 +6,8 @@ Nothing can be downloaded here, so tests, the demo and the benchmarks build thei
   attention rejects head_dim 16 -- 2 layers) with a byte-level BPE tokenizer trained in
   memory. Variants change RoPE scaling or the layer count, keeping everything else.
 * ``train_adapter``: teaches one toy tenant task with PEFT LoRA (optionally QLoRA on a
-  4-bit NF4 base) so its golden set passes for real; writes a registrable bundle.
+  4-bit NF4 base), deterministically, and trains on until its golden set passes for real
+  (judged as shadow validation judges it), or raises; writes a registrable bundle.
 * ``random_adapter``: an untrained adapter with non-zero B, for registry tests.
 * ``write_hf_cache``: lays a base out as a Hugging Face hub cache snapshot.
 """
@@ -15,14 +16,28 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 BASE_ID = "tiny-llama"
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PROMPT_TEMPLATE = "### {tenant} {task}: {query}\n### reply:"
+# Training runs on a fixed thread count with deterministic algorithms: same arguments, same
+# bytes, whatever the machine's core count (two threads: the numerics the fixtures were
+# calibrated with on two cores). The golden set is checked after the steps asked for; a
+# run that diverged falls back to its latest snapshot (one every ROUND_STEPS steps) that
+# passes, and one that has not learned yet trains on in rounds of ROUND_STEPS up to
+# MAX_STEPS. Every greedy token of a passing case must lead the runner-up by
+# MIN_LOGIT_MARGIN (fully trained adapters have ~5-6), so another runtime's rounding
+# (vLLM) cannot flip it.
+TRAIN_THREADS = 2
+ROUND_STEPS = 25
+MAX_STEPS = 900
+MIN_LOGIT_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -243,6 +258,107 @@ def _batch(tokenizer, task: str, queries: Collection[str] | None = None):
     return input_ids, attention, label_ids
 
 
+class GoldenSetNotLearned(RuntimeError):
+    """``train_adapter`` spent its step budget without the adapter getting its golden set right."""
+
+    def __init__(self, task: str, seed: int, steps: int, passed: int, total: int, margin: float, detail: str):
+        self.task, self.seed, self.steps = task, seed, steps
+        self.passed, self.total, self.margin = passed, total, margin
+        super().__init__(
+            f"train_adapter({task!r}, seed={seed}) did not learn its golden set in {steps} steps: "
+            f"{passed}/{total} cases as expected, smallest greedy logit margin {margin:.2f} "
+            f"(needs {MIN_LOGIT_MARGIN}); {detail}"
+        )
+
+
+@dataclass(frozen=True)
+class GoldenScore:
+    """How a model does on a task's golden set, judged the way shadow validation judges it."""
+
+    passed: dict[str, bool]  # case id -> the greedy completion meets the case's expectation
+    texts: dict[str, str]
+    # per case, the smallest gap between the chosen token's logit and the runner-up's over
+    # the completion (up to and including EOS): how far greedy decoding is from changing
+    margins: dict[str, float]
+
+
+@contextmanager
+def deterministic_torch(seed: int, threads: int = TRAIN_THREADS) -> Iterator[None]:
+    """Seeded RNG, ``threads`` intra-op threads and deterministic algorithms for the block;
+    the caller's RNG state, thread count and determinism setting are restored afterwards."""
+    import torch
+
+    threads_before = torch.get_num_threads()
+    deterministic_before = torch.are_deterministic_algorithms_enabled()
+    warn_only_before = torch.is_deterministic_algorithms_warn_only_enabled()
+    with torch.random.fork_rng(devices=[]):
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(True)
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(deterministic_before, warn_only=warn_only_before)
+            torch.set_num_threads(threads_before)
+
+
+@cache
+def _golden_set(task: str):
+    return golden_set(task)
+
+
+def golden_score(model, tokenizer, task: str) -> GoldenScore:
+    """Greedy completions of ``task``'s golden set by ``model`` (a base, or a PEFT model with
+    its adapter), produced and matched as shadow validation does
+    (``tasks.validation.session.BaseSession.generate``, ``registry.intake.golden.match_case``):
+    one left-padded batch, the set's max_tokens, cut at the case's max_tokens and at EOS."""
+    import torch
+
+    from registry.intake.golden import match_case
+
+    golden = _golden_set(task)
+    tokenizer.padding_side = "left"
+    enc = tokenizer([c.prompt for c in golden.cases], return_tensors="pt", padding=True)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model.generate(
+                **enc,
+                max_new_tokens=golden.max_tokens,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+    finally:
+        model.train(was_training)
+    width = enc["input_ids"].shape[1]
+    logits = torch.stack([s.float() for s in out.logits], dim=1)  # [batch, steps, vocab]
+    top2 = logits.topk(2, dim=-1).values
+    gaps = (top2[..., 0] - top2[..., 1]).tolist()
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    passed, texts, margins = {}, {}, {}
+    for i, (case, row) in enumerate(zip(golden.cases, out.sequences[:, width:].tolist(), strict=True)):
+        row = row[: case.max_tokens]
+        decided = len(row) if eos not in row else row.index(eos) + 1  # the tokens greedy chose that count
+        if eos in row:
+            row = row[: row.index(eos)]
+        row = [t for t in row if t != pad]
+        texts[case.id] = tokenizer.decode(row, skip_special_tokens=True)
+        passed[case.id] = match_case(case, texts[case.id])[0]
+        margins[case.id] = min(gaps[i][:decided], default=0.0)
+    return GoldenScore(passed, texts, margins)
+
+
+def _expected_cases(task: str, queries: Collection[str] | None) -> dict[str, bool]:
+    """Which golden cases an adapter trained on ``queries`` (all the task's when None) gets right."""
+    return {
+        case["id"]: queries is None or ex.query in queries
+        for case, ex in zip(golden_cases(task), TASKS[task]["examples"], strict=True)
+    }
+
+
 def train_adapter(
     base_dir: Path,
     task: str,
@@ -252,6 +368,9 @@ def train_adapter(
     alpha: int = 16,
     targets: tuple[str, ...] = DEFAULT_TARGETS,
     steps: int = 300,
+    max_steps: int = MAX_STEPS,
+    round_steps: int = ROUND_STEPS,
+    until_golden: bool = True,
     lr: float = 5e-3,
     seed: int = 0,
     quantization_config: dict[str, Any] | None = None,
@@ -260,34 +379,84 @@ def train_adapter(
     queries: Collection[str] | None = None,
 ) -> Path:
     """Train a LoRA adapter for ``task`` and write a registrable bundle to ``dest``;
-    ``queries`` restricts training to those examples of the task."""
+    ``queries`` restricts training to those examples of the task.
+
+    Training is deterministic (``TRAIN_THREADS`` threads, deterministic algorithms: same
+    arguments, same bytes) and guarantees the golden set, decoded greedily and matched the
+    way shadow validation does: every case trained on passes -- and every case not trained
+    on fails -- with each greedy token ahead of the runner-up by ``MIN_LOGIT_MARGIN``.
+    After ``steps`` steps the set is checked; if it does not pass, the latest snapshot
+    (one every ``round_steps`` steps) that does is taken -- the run diverged after it --
+    and failing that, training goes on in rounds of ``round_steps`` steps, checked after
+    each, up to ``max_steps`` in all. Then it raises ``GoldenSetNotLearned`` naming the
+    task, seed and score. ``until_golden=False`` trains exactly ``steps`` steps and checks
+    nothing, for adapters meant to be something else."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoTokenizer
 
-    torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    base = load_base(base_dir, quantization_config)
-    model = get_peft_model(
-        base,
-        LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, task_type="CAUSAL_LM"),
-    )
-    input_ids, attention, labels = _batch(tokenizer, task, queries)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    model.train()
-    loss = None
-    for _ in range(steps):
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    expected = _expected_cases(task, queries)
+    with deterministic_torch(seed):
+        tokenizer = AutoTokenizer.from_pretrained(base_dir)
+        base = load_base(base_dir, quantization_config)
+        model = get_peft_model(
+            base,
+            LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0, task_type="CAUSAL_LM"),
+        )
+        input_ids, attention, labels = _batch(tokenizer, task, queries)
+        trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        optimizer = torch.optim.AdamW(list(trainable.values()), lr=lr)
+        model.train()
+        losses: list[float] = []
+        snapshots: dict[int, dict[str, Any]] = {}  # steps -> the trainable weights then
+
+        def train(n: int) -> None:
+            for _ in range(n):
+                loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                losses.append(float(loss.detach()))
+                if until_golden and len(losses) % round_steps == 0 and len(losses) < steps:
+                    snapshots[len(losses)] = {k: p.detach().clone() for k, p in trainable.items()}
+
+        train(steps)
+        done, kept, checks, score = steps, steps, 0, None
+        if until_golden:
+            score, checks = golden_score(model, tokenizer, task), 1
+            if not _learned(score, expected):
+                final, final_score = {k: p.detach().clone() for k, p in trainable.items()}, score
+                for at in sorted(snapshots, reverse=True):
+                    _load_weights(trainable, snapshots[at])
+                    score, checks = golden_score(model, tokenizer, task), checks + 1
+                    if _learned(score, expected):
+                        kept = at
+                        break
+                else:
+                    _load_weights(trainable, final)
+                    score = final_score
+            while not _learned(score, expected) and done < max_steps:
+                train(min(round_steps, max_steps - done))
+                done = kept = len(losses)
+                score, checks = golden_score(model, tokenizer, task), checks + 1
+            if not _learned(score, expected):
+                raise _not_learned(task, seed, done, score, expected, losses[-1] if losses else float("nan"))
     metadata: dict[str, Any] = {
         "task": task,
-        "steps": steps,
+        "steps": kept,
         "lr": lr,
         "seed": seed,
-        "final_loss": round(float(loss.detach()), 6),
+        "final_loss": round(losses[kept - 1], 6) if kept else None,
     }
+    if until_golden:
+        metadata["golden_passed"] = sum(score.passed.values())
+        metadata["golden_total"] = len(score.passed)
+        metadata["golden_min_margin"] = round(
+            min((score.margins[c] for c, want in expected.items() if want), default=0.0), 3
+        )
+        metadata["golden_checks"] = checks
+        if kept < done:
+            metadata["trained_steps"] = done  # the run diverged after ``steps``: the weights are earlier ones
     if queries is not None:
         metadata["queries"] = sorted(queries)
     return save_bundle(
@@ -299,6 +468,37 @@ def train_adapter(
         training_metadata=metadata,
         manifest_extra=manifest_extra,
     )
+
+
+def _load_weights(params: dict[str, Any], weights: dict[str, Any]) -> None:
+    import torch
+
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(weights[name])
+
+
+def _learned(score: GoldenScore, expected: dict[str, bool]) -> bool:
+    return all(
+        score.passed[cid] == want and (not want or score.margins[cid] >= MIN_LOGIT_MARGIN)
+        for cid, want in expected.items()
+    )
+
+
+def _not_learned(
+    task: str, seed: int, steps: int, score: GoldenScore, expected: dict[str, bool], loss: float
+) -> GoldenSetNotLearned:
+    wrong = [cid for cid, want in expected.items() if score.passed[cid] != want]
+    thin = [
+        cid for cid, want in expected.items() if want and score.passed[cid] and score.margins[cid] < MIN_LOGIT_MARGIN
+    ]
+    detail = ", ".join(
+        [f"{cid} {'passes' if score.passed[cid] else 'fails'} ({score.texts[cid][:60]!r})" for cid in wrong]
+        + [f"{cid} margin {score.margins[cid]:.2f}" for cid in thin]
+    )
+    margin = min((score.margins[cid] for cid, want in expected.items() if want), default=0.0)
+    passed = sum(score.passed[cid] == want for cid, want in expected.items())
+    return GoldenSetNotLearned(task, seed, steps, passed, len(expected), margin, f"final loss {loss:.4f}; {detail}")
 
 
 def random_adapter(
@@ -313,22 +513,21 @@ def random_adapter(
     manifest_extra: dict[str, Any] | None = None,
 ) -> Path:
     """An untrained adapter whose B is random (non-zero): registrable, not useful."""
-    import torch
     from peft import LoraConfig, get_peft_model
 
-    torch.manual_seed(seed)
-    base = load_base(base_dir)
-    model = get_peft_model(
-        base,
-        LoraConfig(
-            r=rank,
-            lora_alpha=alpha,
-            target_modules=list(targets),
-            lora_dropout=0.0,
-            task_type="CAUSAL_LM",
-            init_lora_weights=False,
-        ),
-    )
+    with deterministic_torch(seed):
+        base = load_base(base_dir)
+        model = get_peft_model(
+            base,
+            LoraConfig(
+                r=rank,
+                lora_alpha=alpha,
+                target_modules=list(targets),
+                lora_dropout=0.0,
+                task_type="CAUSAL_LM",
+                init_lora_weights=False,
+            ),
+        )
     return save_bundle(
         model,
         dest,
