@@ -42,7 +42,7 @@ from registry.rules.fleet import (
 from registry.rules.lifecycle import Plan, Pointer
 from registry.rules.names import AdapterName
 from registry.service import PointerMove, Registry
-from registry.storage.resolver_index import build_index, read_index, write_index
+from registry.storage.resolver_index import Entries, adapter_entries, replace_entries
 from tasks.replicas import ReplicaClient
 
 Progress = Callable[[str], None]
@@ -203,7 +203,7 @@ class FleetSwitch:
     name: str
     progress: Progress = _quiet
     moves: list[ReplicaMove] = field(default_factory=list)
-    _indexes_before: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _entries_before: dict[str, Entries] = field(default_factory=dict)
 
     def apply(self, plan: Plan) -> None:
         """Raises:
@@ -218,8 +218,10 @@ class FleetSwitch:
         replicas = self.registry.list_replicas(base)
         if not replicas:
             return
-        adapters = self.registry.adapter_pointers(base)
-        current = next((a for a in adapters if a.name == self.name), AdapterPointers(self.name, base, None, None))
+        current = next(
+            (a for a in self.registry.adapter_pointers(base) if a.name == self.name),
+            AdapterPointers(self.name, base, None, None),
+        )
         wanted = _after(current, plan)
         moves = []
         for replica in replicas:
@@ -237,8 +239,7 @@ class FleetSwitch:
                 if move.after.version_id not in expected:
                     expected[move.after.version_id] = self.registry.expected_outputs(move.after.version_id)
         self.moves = moves
-        others = [a for a in adapters if a.name != self.name]
-        self._write_indexes(replicas, [*others, wanted])
+        self._write_indexes(replicas, wanted)
         self.progress(f"switching {self.name} on {len(moves)} replica(s)")
         failures = _in_parallel(moves, lambda m: self._move(m, expected))
         if failures:
@@ -267,10 +268,12 @@ class FleetSwitch:
     def _materialize(self, replica: Replica, placement: Placement) -> None:
         materialize_for(self.registry, replica, placement)
 
-    def _write_indexes(self, replicas: list[Replica], adapters: list[AdapterPointers]) -> None:
-        for adapter_dir, index in build_index(replicas, adapters).items():
-            self._indexes_before.setdefault(adapter_dir, read_index(adapter_dir))
-            write_index(adapter_dir, index)
+    def _write_indexes(self, replicas: list[Replica], wanted: AdapterPointers) -> None:
+        """Point this adapter's index entries at what the move wants -- only its own: other
+        adapters' entries are written by whoever holds their locks."""
+        for adapter_dir, entries in adapter_entries(replicas, wanted).items():
+            before = replace_entries(adapter_dir, self.name, entries)
+            self._entries_before.setdefault(adapter_dir, before)
 
     def _move(self, move: ReplicaMove, expected: dict[str, Any]) -> None:
         settings = self.registry.settings
@@ -304,9 +307,9 @@ class FleetSwitch:
     def revert(self) -> None:
         """Put every touched replica and index back as they were (best effort: reconcile
         repairs a replica that cannot be reached now)."""
-        for adapter_dir, index in self._indexes_before.items():
-            write_index(adapter_dir, index)
-        self._indexes_before = {}
+        for adapter_dir, entries in self._entries_before.items():
+            replace_entries(adapter_dir, self.name, entries)
+        self._entries_before = {}
         touched = [m for m in self.moves if m.switched]
         self.moves = []
 

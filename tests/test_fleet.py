@@ -20,8 +20,9 @@ import pytest
 
 from registry.errors import DeployFailed, ErrorCode, InvalidInput
 from registry.rules.fleet import version_path
+from registry.service import Registry
 from registry.storage.resolver_index import read_index, write_index
-from tasks.fleet import promote_and_switch, switch_replica
+from tasks.fleet import FleetSwitch, promote_and_switch, switch_replica
 from tasks.reconcile import fleet_status, reconcile_fleet
 from tasks.replicas import ReplicaClient
 from tests.support.faults import Fault, FaultProxy
@@ -33,6 +34,7 @@ from tests.support.fleet import (
     record_passed,
     served,
 )
+from tests.support.registries import IN_PROCESS
 
 pytestmark = pytest.mark.slow
 
@@ -313,3 +315,33 @@ def test_replicas_up_starts_answering_replicas_in_the_fleet_and_down_stops_them(
     assert not list((tmp_path / "home" / "replicas").glob("*.json"))
     with ReplicaClient(url) as client:
         assert not client.health()  # nothing listens there any more
+
+
+def test_a_reconcile_during_a_switch_in_flight_waits_for_the_move_and_undoes_nothing(fleet, replica_adapters):
+    """The scheduled reconcile once took a canary switch in flight (replica switched, pointer
+    not yet committed) for drift and unloaded it. It now holds each adapter's row, the lock
+    the move keeps through its switch, so it acts only on what the move committed."""
+    registry, canary = fleet.registry, fleet.replicas["canary"]
+    done = threading.Event()
+    found: dict = {}
+
+    def scheduled_reconcile() -> None:
+        with Registry.open(registry.settings, check_schema=False, principal=IN_PROCESS) as own:
+            found["states"] = reconcile_fleet(own)
+        done.set()
+
+    switch = FleetSwitch(registry, fleet.name)
+    reconciler = threading.Thread(target=scheduled_reconcile)
+    with registry.pointer_move(fleet.v1, "canary") as move:
+        switch.apply(move.plan)
+        assert served(canary)[fleet.name] == fleet.path(fleet.v1)  # switched, not committed
+        reconciler.start()
+        assert not done.wait(10), "the reconcile acted while the move held the adapter"
+        move.audit(switch.report())
+    reconciler.join(timeout=180)
+    assert done.is_set()
+    assert registry.get_adapter(fleet.name).canary == fleet.v1
+    assert served(canary)[fleet.name] == fleet.path(fleet.v1)
+    index = read_index(str(replica_adapters))["roles"]
+    assert index["canary"][fleet.name]["path"] == fleet.path(fleet.v1)
+    assert not [d for s in found["states"] for d in s.done if fleet.name in d]

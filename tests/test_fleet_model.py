@@ -428,3 +428,50 @@ def test_bad_fleet_input_exits_2_naming_the_field_in_one_line(cli, argv, field):
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and f"[{field}]" in result.stderr
     assert json.loads(cli("fleet", "list", "--json").stdout) == []
+
+
+def test_concurrent_index_writers_of_different_adapters_never_lose_each_others_entries(tmp_path):
+    """Each writer changes only its adapter's entries, under the index's file lock: eight
+    adapters written 25 times each from eight threads released at once all end up there."""
+    import threading
+
+    from registry.storage.resolver_index import replace_entries
+
+    adapter_dir = str(tmp_path / "adapters")
+    names = [f"acme/tiny-llama/t{i}" for i in range(8)]
+    barrier = threading.Barrier(len(names))
+    errors: list[BaseException] = []
+
+    def writer(name: str) -> None:
+        try:
+            barrier.wait(timeout=30)
+            for round_ in range(25):
+                entry = {"version": f"v{round_}", "path": f"/p/{name}/v{round_}"}
+                replace_entries(adapter_dir, name, {"canary": entry, "production": entry})
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    roles = read_index(adapter_dir)["roles"]
+    for role in ("canary", "production"):
+        assert {n: e["version"] for n, e in roles[role].items()} == dict.fromkeys(names, "v24")
+
+
+def test_replacing_an_adapters_entries_returns_what_they_were_and_none_removes_it(tmp_path):
+    from registry.storage.resolver_index import replace_entries
+
+    adapter_dir = str(tmp_path / "adapters")
+    one, other = {"version": "v1", "path": "p1"}, {"version": "o1", "path": "q1"}
+    replace_entries(adapter_dir, "acme/tiny-llama/other", {"production": other})
+    assert replace_entries(adapter_dir, NAME, {"production": one, "canary": None}) == {
+        "production": None,
+        "canary": None,
+    }
+    assert replace_entries(adapter_dir, NAME, {"production": None}) == {"production": one}
+    roles = read_index(adapter_dir)["roles"]
+    assert roles["production"] == {"acme/tiny-llama/other": other} and roles["canary"] == {}

@@ -5,16 +5,19 @@ written where a replica loads it from. Switching replicas is ``tasks/fleet.py``'
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from registry.errors import AlreadyExists, ErrorCode, InvalidInput
+from registry.errors import AlreadyExists, ErrorCode, InvalidInput, NotFound
 from registry.intake.bundle import ADAPTER_CONFIG_FILE, BUNDLE_FILES, MANIFEST_FILE, WEIGHTS_FILE, publish_dir
 from registry.intake.digests import digest_of_hex, sha256_file
 from registry.intake.golden import GoldenSet, load_stored_golden_set
 from registry.rules.access import Action
 from registry.rules.fleet import AdapterPointers, Replica, ReplicaRole
-from registry.rules.lifecycle import ValidationStatus
+from registry.rules.lifecycle import Pointer, ValidationStatus
+from registry.rules.names import AdapterName
 from registry.service.base import RegistryBase
 from registry.settings import VLLM_LORA_RANKS
 from registry.storage.scratch import scratch_dir, sweep
@@ -190,3 +193,32 @@ class FleetMixin(RegistryBase):
         version = self._store.versions.get(version_id)
         for hexdigest in version.blob_digests:
             self._artifacts.verify(digest_of_hex(hexdigest))
+
+    @contextmanager
+    def holding_adapter(self, name: str) -> Iterator[AdapterPointers | None]:
+        """Hold the adapter's row -- the lock a pointer move keeps until it commits, switch
+        included -- for a block that acts on replicas for this adapter, with its pointers as
+        they are under that lock. A reconcile inside it cannot undo a switch in flight, and
+        acts on what the move committed. None (and no lock) for a name the registry does not
+        know: no move of it can be in flight. Nothing is written.
+
+        Raises:
+            PermissionDenied: the caller may not act on the fleet.
+        """
+        self._authorize_any(FLEET_MOVES, name)
+        try:
+            base = AdapterName.parse(name).base
+        except InvalidInput:
+            yield None
+            return
+        entered = False
+        try:
+            with self._store.pointers.claim(name=name) as claim:
+                entered = True
+                yield AdapterPointers(
+                    name, base, claim.pointers.get(Pointer.CANARY), claim.pointers.get(Pointer.PRODUCTION)
+                )
+        except NotFound:
+            if entered:
+                raise
+            yield None

@@ -1,13 +1,20 @@
 """The resolver index files replicas read: one per adapter directory, replaced atomically,
 naming by role each adapter's version and immutable path (what the loragate vLLM resolver
-plugin answers from). Built from the pure plan in ``registry.rules.fleet``."""
+plugin answers from). Built from the pure plan in ``registry.rules.fleet``.
+
+Writers change one adapter's entries at a time (``replace_entries``), under an exclusive
+lock on a file beside the index: a switch of one adapter and a reconcile of another never
+write back each other's stale entries. The caller holds that adapter's row lock, so the
+entries it writes agree with its pointers."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +22,9 @@ from registry.rules.fleet import AdapterPointers, Replica, desired_placements
 
 INDEX_FILE = ".loragate-index.json"
 INDEX_FORMAT = 1
+LOCK_FILE = ".loragate-index.lock"
+# one adapter's entries by role; None removes the adapter from that role
+Entries = dict[str, dict[str, str] | None]
 
 
 def build_index(replicas: Iterable[Replica], adapters: list[AdapterPointers]) -> dict[str, dict[str, Any]]:
@@ -49,3 +59,57 @@ def read_index(adapter_dir: str) -> dict[str, Any]:
         return json.loads((Path(adapter_dir) / INDEX_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {"format": INDEX_FORMAT, "roles": {}}
+
+
+def adapter_entries(replicas: Iterable[Replica], adapter: AdapterPointers) -> dict[str, Entries]:
+    """What each adapter directory's index should say of one adapter, by role (None: nothing)."""
+    entries: dict[str, Entries] = {}
+    for replica in replicas:
+        placement = desired_placements(replica, [adapter]).get(adapter.name)
+        by_role = entries.setdefault(replica.adapter_dir, {})
+        if placement is not None:
+            by_role[replica.role.value] = {"version": placement.version_id, "path": placement.path}
+        else:
+            by_role.setdefault(replica.role.value, None)
+    return entries
+
+
+@contextmanager
+def _locked(adapter_dir: str) -> Iterator[None]:
+    directory = Path(adapter_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def replace_entries(adapter_dir: str, name: str, entries: Entries) -> Entries:
+    """Set ``name``'s entries in the directory's index, role by role, leaving every other
+    adapter's as they are; returns what they were (for a revert)."""
+    with _locked(adapter_dir):
+        index = read_index(adapter_dir)
+        roles = index.setdefault("roles", {})
+        before: Entries = {}
+        for role, entry in entries.items():
+            by_name = roles.setdefault(role, {})
+            before[role] = by_name.get(name)
+            if entry is None:
+                by_name.pop(name, None)
+            else:
+                by_name[name] = entry
+        write_index(adapter_dir, index)
+    return before
+
+
+def drop_unknown(adapter_dir: str, known: set[str]) -> None:
+    """Remove the entries of adapters the registry does not know (none of them can be moving)."""
+    with _locked(adapter_dir):
+        index = read_index(adapter_dir)
+        roles = index.setdefault("roles", {})
+        if any(name not in known for by_name in roles.values() for name in by_name):
+            for role, by_name in roles.items():
+                roles[role] = {n: e for n, e in by_name.items() if n in known}
+            write_index(adapter_dir, index)
