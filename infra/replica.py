@@ -42,6 +42,25 @@ PLUGIN = REPO / "infra" / "vllm_plugin"
 VLLM_LOCK = REPO / "requirements-vllm.lock"
 
 
+# what a vLLM process may see of its parent's environment: the system's basics and the
+# knobs of vLLM, torch and their libraries. Never the registry's credentials, the database
+# URL, cloud keys or the orchestrator's auth: a replica host holds no role
+_PASSED_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "TERM", "SHELL"})
+_PASSED_PREFIXES = ("LC_", "VLLM_", "HF_", "TRANSFORMERS_", "TORCH", "OMP_", "MKL_", "KMP_", "CUDA_", "XDG_")
+_SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "AUTH", "CREDENTIAL")
+
+
+def replica_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The part of ``parent`` a replica process inherits (an allowlist, secrets dropped
+    even under an allowed prefix, e.g. ``HF_TOKEN``)."""
+    return {
+        name: value
+        for name, value in parent.items()
+        if (name in _PASSED_NAMES or name.startswith(_PASSED_PREFIXES))
+        and not any(marker in name.upper() for marker in _SECRET_MARKERS)
+    }
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -165,7 +184,7 @@ class VllmReplica:
                 field="python",
             )
         env = {
-            **os.environ,
+            **replica_environment(os.environ),
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "HF_HUB_OFFLINE": "1",

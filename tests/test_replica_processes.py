@@ -115,6 +115,45 @@ def test_a_replica_that_never_answers_is_stopped_and_reported(tmp_path):
     assert not _processes_running(silent)
 
 
+def test_a_replica_process_inherits_no_credential_of_the_shell_that_starts_it(tmp_path, monkeypatch):
+    secrets = {
+        "LORAGATE_TOKEN": "lg_secret_token",
+        "LORAGATE_DATABASE_URL": "postgresql://admin:hunter2@db/loragate",
+        "LORAGATE_SIGNING_KEY": "-----BEGIN PRIVATE KEY-----",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "PREFECT_API_AUTH_STRING": "admin:pass",
+        "HF_TOKEN": "hf_secret",  # an allowed prefix does not carry a secret through
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    replica = VllmReplica(
+        tmp_path / "model",
+        "tiny-llama",
+        python=_silent_python(tmp_path),
+        log_path=tmp_path / "r.log",
+        adapter_dir=tmp_path / "adapters",
+        role="canary",
+    )
+    replica.launch()
+    try:
+        assert replica.process is not None
+        child = psutil.Process(replica.process.pid)
+        # until it execs, the forked child still shows the test's own environment
+        deadline = time.monotonic() + 30
+        while str(replica.python) not in " ".join(child.cmdline()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        environ = child.environ()
+    finally:
+        replica.stop()
+    assert not set(secrets) & set(environ), sorted(set(secrets) & set(environ))
+    assert not [name for name, value in environ.items() if value in secrets.values()]
+    # what vLLM and the resolver plugin need is there
+    assert environ["LORAGATE_ADAPTER_DIR"] == str(tmp_path / "adapters")
+    assert environ["LORAGATE_REPLICA_ROLE"] == "canary"
+    assert environ["VLLM_LOGGING_LEVEL"] == "INFO" and environ["PATH"] == os.environ["PATH"]
+
+
 def _silent_python(tmp_path: Path) -> Path:
     """A "python" that takes vLLM's arguments, never listens, and has a child of its own."""
     script = tmp_path / "silent-python"
