@@ -11,6 +11,7 @@ from typing import Any
 from cli.output import ADMIN_TOKEN_FILE, EXIT_OK, emit, open_registry, progress_printer, write_secret_file
 from registry.records.adapters import AdapterVersion
 from registry.rules.lifecycle import Plan
+from registry.rules.text import printable
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -94,10 +95,12 @@ def cmd_history(args: argparse.Namespace) -> int:
     def text() -> str:
         lines = []
         for e in events:
+            # escaped: text stored before the registry refused control characters, or
+            # written by hand into the database, must not forge lines on a terminal
             what = e.action + (f" {e.stage}" if e.stage else "")
-            move = f"{e.from_value or '-'} -> {e.to_value or '-'}"
-            reason = f"  ({e.reason})" if e.reason else ""
-            lines.append(f"{e.at:%Y-%m-%d %H:%M:%S}  {e.actor:<12} {what:<20} {move}{reason}")
+            move = f"{printable(e.from_value) or '-'} -> {printable(e.to_value) or '-'}"
+            reason = f"  ({printable(e.reason)})" if e.reason else ""
+            lines.append(f"{e.at:%Y-%m-%d %H:%M:%S}  {printable(e.actor):<12} {printable(what):<20} {move}{reason}")
         return "\n".join(lines)
 
     emit(args, [e.as_dict() for e in events], text)

@@ -4,12 +4,16 @@
 Prefect UI render this model as a form beside the paused run, with the canary evidence as
 its description; ``loragate approve`` resumes the same pause with the same fields. A version whose weight
 scan asked for review needs ``acknowledge_scan_review``: without it the flow asks again.
+Reviewer and comment reach the audit log, the logs and Slack with control characters
+escaped: a comment cannot forge a line of history.
 """
 
 from __future__ import annotations
 
 from prefect.input import RunInput
-from pydantic import Field
+from pydantic import Field, field_validator
+
+from registry.rules.text import printable
 
 
 class Approval(RunInput):
@@ -23,3 +27,8 @@ class Approval(RunInput):
         description="I have read the weight scan's review reasons above and promote anyway "
         "(required when the scan asked for review; recorded in the audit log)",
     )
+
+    @field_validator("reviewer", "comment")
+    @classmethod
+    def _one_printable_line(cls, value: str) -> str:
+        return printable(value)

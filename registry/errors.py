@@ -48,6 +48,8 @@ class ErrorCode(StrEnum):
     INVALID_ROLE = "invalid_role"
     INVALID_NAMESPACE = "invalid_namespace"
     INVALID_HOLDER = "invalid_holder"
+    # free text a person writes (a reason, a holder) with characters a terminal obeys
+    INVALID_TEXT = "invalid_text"
     SIGNATURE_REQUIRED = "signature_required"
     SIGNATURE_INVALID = "signature_invalid"
 

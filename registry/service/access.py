@@ -6,6 +6,7 @@ from __future__ import annotations
 from registry.errors import ErrorCode, InvalidInput
 from registry.records.adapters import utcnow
 from registry.rules.access import Action, SigningKey, TokenRecord, check_namespace, issue_token, parse_role
+from registry.rules.text import check_text
 from registry.service.base import RegistryBase
 from registry.storage.signing import key_id
 
@@ -14,7 +15,8 @@ MAX_HOLDER = 64
 
 
 def _holder(value: str, what: str) -> str:
-    holder = value.strip()
+    holder = check_text(value, field="holder", limit=MAX_HOLDER) or ""
+    holder = holder.strip()
     if not holder or len(holder) > MAX_HOLDER:
         raise InvalidInput(
             f"holder must name who holds {what} (1-{MAX_HOLDER} characters)",

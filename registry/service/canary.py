@@ -8,6 +8,7 @@ from registry.errors import ErrorCode, IllegalTransition, InvalidInput, NotFound
 from registry.rules.access import Action, Principal, TokenRecord
 from registry.rules.canary import ACTIVE, CanaryThresholds, CanaryWindow, Observation, WindowStatus
 from registry.rules.lifecycle import Pointer
+from registry.rules.text import check_text
 from registry.service.base import RegistryBase
 
 
@@ -73,10 +74,12 @@ class CanaryMixin(RegistryBase):
         """Move a window to ``status`` (already there: no-op).
 
         Raises:
+            InvalidInput: INVALID_TEXT, a reason that is not one line of printable text.
             NotFound: no such window.
             IllegalTransition: the window cannot move there (a promoted window cannot be
                 rolled back through its canary, say).
         """
+        check_text(reason, field="reason")
         actor = self._authorize(Action.WATCH_CANARY, self._store.canary.window(window_id).adapter_name)
         return self._store.canary.move_window(window_id, status, reason, actor)
 

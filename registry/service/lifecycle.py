@@ -30,6 +30,7 @@ from registry.intake.digests import digest_of_hex
 from registry.rules.access import Action
 from registry.rules.lifecycle import Plan, Pointer, check_scan_acknowledged, plan_promotion, plan_rollback
 from registry.rules.names import AdapterName
+from registry.rules.text import check_text
 from registry.service.signing import SigningMixin
 from registry.service.validation import ValidationMixin
 
@@ -77,7 +78,8 @@ class LifecycleMixin(SigningMixin, ValidationMixin):
         production only with ``acknowledge_scan_review``, which the audit log records.
 
         Raises:
-            InvalidInput: ILLEGAL_TRANSITION for a target that is not canary or production.
+            InvalidInput: ILLEGAL_TRANSITION for a target that is not canary or production;
+                INVALID_TEXT for a reason that is not one line of printable text.
             IllegalTransition: the lifecycle forbids the move (VALIDATION_REQUIRED;
                 SCAN_REVIEW_UNACKNOWLEDGED for production under scan review unacknowledged).
             NotFound: no such version.
@@ -86,6 +88,7 @@ class LifecycleMixin(SigningMixin, ValidationMixin):
             SignatureInvalid: production without a valid signature.
         """
         target = _pointer(to, "to")
+        check_text(reason, field="reason")
         action = Action.PROMOTE_PRODUCTION if target == Pointer.PRODUCTION else Action.PROMOTE_CANARY
         principal = self.principal
         if target == Pointer.PRODUCTION and acknowledge_scan_review and self.scan_under_review(version_id):
@@ -105,7 +108,8 @@ class LifecycleMixin(SigningMixin, ValidationMixin):
         version production returns to has its stored bytes and signature verified first.
 
         Raises:
-            InvalidInput: ILLEGAL_TRANSITION for a stage that is not canary or production.
+            InvalidInput: ILLEGAL_TRANSITION for a stage that is not canary or production;
+                INVALID_TEXT for a reason that is not one line of printable text.
             IllegalTransition: nothing to roll back, or no previous production.
             NotFound: no such adapter.
             PermissionDenied: the caller may not roll this adapter back.
@@ -113,6 +117,7 @@ class LifecycleMixin(SigningMixin, ValidationMixin):
         """
         AdapterName.parse(name)
         target = _pointer(stage, "stage")
+        check_text(reason, field="reason")
         actor = self._authorize(
             Action.ROLLBACK_PRODUCTION if target == Pointer.PRODUCTION else Action.WITHDRAW_CANARY, name
         )
