@@ -192,3 +192,18 @@ def test_a_failed_multipart_upload_is_aborted_and_leaves_nothing(s3):
         s3._multipart(claimed, io.BytesIO(os.urandom(11 << 20)))  # bytes that are not the blob
     assert s3.client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
     assert not s3.exists(claimed)
+
+
+def test_gc_aborts_only_this_stores_unfinished_uploads_not_others_in_the_same_bucket(s3):
+    mine = s3.client.create_multipart_upload(Bucket=s3.bucket, Key=s3._key(digest_of_hex("ab" * 32)))["UploadId"]
+    theirs = {
+        key: s3.client.create_multipart_upload(Bucket=s3.bucket, Key=key)["UploadId"]
+        for key in ("other-team/blobs/sha256/" + "cd" * 32, "backups/db.dump", f"{s3.prefix}-other/blobs/x")
+    }
+    found = s3.litter(max_age_s=-1)
+    assert [item.path.name for item in found] == [mine]
+    s3.remove_litter(found)
+    left = {u["Key"]: u["UploadId"] for u in s3.client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])}
+    assert left == theirs, "uploads outside the store's prefix are untouched"
+    for key, upload_id in theirs.items():
+        s3.client.abort_multipart_upload(Bucket=s3.bucket, Key=key, UploadId=upload_id)

@@ -270,8 +270,13 @@ class S3ArtifactStore:
             raise corrupted_blob(digest, actual, self.location)
         return sink.getvalue()
 
+    @property
+    def _blobs_prefix(self) -> str:
+        """Where every key this store writes lives; the rest of the bucket is someone else's."""
+        return f"{self.prefix}/blobs/sha256/" if self.prefix else "blobs/sha256/"
+
     def blobs(self) -> Iterator[StoredBlob]:
-        prefix = f"{self.prefix}/blobs/sha256/" if self.prefix else "blobs/sha256/"
+        prefix = self._blobs_prefix
         now = time.time()
         with self._calls("listing blobs"):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
@@ -285,21 +290,27 @@ class S3ArtifactStore:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(digest))
 
     def litter(self, max_age_s: float) -> list[Litter]:
-        """Multipart uploads never completed nor aborted, older than ``max_age_s``."""
+        """This store's multipart uploads never completed nor aborted, older than
+        ``max_age_s``. Only under its own prefix: a bucket shared with other stores or
+        tools keeps their uploads in flight."""
         found = []
         now = time.time()
+        prefix = self._blobs_prefix
         with self._calls("listing unfinished uploads"):
-            for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket):
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix)
+            for page in pages:
                 for upload in page.get("Uploads", []):
                     age = now - upload["Initiated"].timestamp()
-                    if age > max_age_s:
+                    # checked again: an S3 look-alike that ignores Prefix must not widen gc
+                    if upload["Key"].startswith(prefix) and age > max_age_s:
                         path = Path(upload["Key"]) / upload["UploadId"]
                         found.append(Litter(path, 0, age, "unfinished multipart upload"))
         return found
 
     def remove_litter(self, litter: list[Litter]) -> int:
         for item in litter:
-            self._abort(str(item.path.parent), item.path.name)
+            if str(item.path.parent).startswith(self._blobs_prefix):
+                self._abort(str(item.path.parent), item.path.name)
         return 0
 
 
