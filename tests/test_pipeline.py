@@ -19,7 +19,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,44 @@ class Stack:
 
         with client_env(self.pipeline.server), get_client(sync_client=True) as client:
             return {a.key for a in client.read_artifacts() if a.key}
+
+    @contextmanager
+    def schedules_paused(self, *deployments: str) -> Iterator[None]:
+        """No scheduled runs of these deployments start inside the block, and none is in
+        flight when it begins: a test that sets up a fault step by step must not be judged
+        (or repaired) half way."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import (
+            DeploymentFilter,
+            DeploymentFilterId,
+            FlowRunFilter,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.client.schemas.objects import StateType
+
+        with client_env(self.pipeline.server), get_client(sync_client=True) as client:
+            ids = [client.read_deployment_by_name(name).id for name in deployments]
+            for deployment_id in ids:
+                client.pause_deployment(deployment_id)
+
+            def in_flight() -> bool:
+                runs = client.read_flow_runs(
+                    deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=ids)),
+                    flow_run_filter=FlowRunFilter(
+                        state=FlowRunFilterState(
+                            type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING])
+                        )
+                    ),
+                )
+                return bool(runs)
+
+            try:
+                wait_until(f"in-flight runs of {', '.join(deployments)}", lambda: not in_flight(), timeout_s=120)
+                yield
+            finally:
+                for deployment_id in ids:
+                    client.resume_deployment(deployment_id)
 
     def flow_run_state(self, flow_run_id: str) -> str:
         from prefect.client.orchestration import get_client
@@ -418,23 +457,28 @@ def test_a_canary_whose_answers_drift_is_rolled_back_automatically(stack, suppor
     name = f"d{uuid.uuid4().hex[:6]}/tiny-llama/support"
     version, other = validated_canary(stack, name, support_bundle, tickets_bundle)
     stack.slack.clear()
-    run = run_canary_deployment(stack, version)
-    assert run.state is not None and run.state.is_completed(), run.state
-    window = stack.registry.latest_canary_window(version)
-    assert window.status == WindowStatus.OPEN
+    # a scheduled reconcile would repair the drift below before the evaluation sees it
+    with stack.schedules_paused("reconcile/reconcile"):
+        # and an evaluation after the (seconds-long) window but before the drift is in place
+        # would judge it in band
+        with stack.schedules_paused("canary-evaluate/canary-evaluate"):
+            run = run_canary_deployment(stack, version)
+            assert run.state is not None and run.state.is_completed(), run.state
+            window = stack.registry.latest_canary_window(version)
+            assert window.status == WindowStatus.OPEN
 
-    # the canary replica starts answering with other weights under the adapter's name
-    # (a bad disk, a wrong path): its golden answers drift from what validation recorded
-    canary = stack.replicas["canary"]
-    wrong = stack.registry.materialize(other, stack.tmp / f"wrong-{other}")
-    with ReplicaClient(canary.url) as client:
-        switch_replica(client, name, str(wrong))
+            # the canary replica starts answering with other weights under the adapter's
+            # name (a bad disk, a wrong path): its golden answers drift from validation's
+            canary = stack.replicas["canary"]
+            wrong = stack.registry.materialize(other, stack.tmp / f"wrong-{other}")
+            with ReplicaClient(canary.url) as client:
+                switch_replica(client, name, str(wrong))
 
-    closed = wait_until(
-        "the automatic rollback",
-        lambda: (w := stack.registry.canary_window(window.id)).status == WindowStatus.ROLLED_BACK and w,
-        timeout_s=120,
-    )
+        closed = wait_until(
+            "the automatic rollback",
+            lambda: (w := stack.registry.canary_window(window.id)).status == WindowStatus.ROLLED_BACK and w,
+            timeout_s=120,
+        )
     assert "golden_drift" in (closed.reason or "")
     assert stack.stage(version) == "rolled_back"
     assert stack.registry.get_adapter(name).canary is None
