@@ -56,6 +56,7 @@ bench: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python bench/registry.py
 	$(BIN)/python bench/validation.py
 	$(BIN)/python bench/fleet.py
+	$(BIN)/python bench/copies.py
 
 clean:
 	rm -rf .loragate demo-out bench/out tests/artifacts

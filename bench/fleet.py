@@ -57,7 +57,7 @@ from registry.rules.access import Principal  # noqa: E402
 from registry.rules.fleet import version_path  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
-from registry.storage.resolver_index import read_index, write_index  # noqa: E402
+from registry.storage.resolver_index import index_entry, read_index, write_index  # noqa: E402
 from registry.storage.signing import generate_key_pair  # noqa: E402
 from tasks.fleet import promote_and_switch, rollback_and_switch, switch_replica  # noqa: E402
 from tasks.reconcile import reconcile_fleet  # noqa: E402
@@ -312,7 +312,7 @@ def bench_parallelism(setup: Setup, urls: list[str], adapter_dir: Path, rounds: 
     for _ in range(rounds):
         for way in timings:
             for version in (other, production):  # there and back: the fleet ends as it was
-                point_index(adapter_dir, setup.name, version, version_path(str(adapter_dir), setup.name, version))
+                point_index(setup, adapter_dir, version, version_path(str(adapter_dir), setup.name, version))
                 started = time.perf_counter()
                 if way == "one_at_a_time":
                     for url in urls:
@@ -400,7 +400,7 @@ def bench_protocols(setup: Setup, url: str, adapter_dir: Path, switches: int, ro
                     client.load(setup.name, target, inplace=True)
                 else:
                     # as the fleet switch does: the resolver's index first, then the replica
-                    point_index(adapter_dir, setup.name, version, target)
+                    point_index(setup, adapter_dir, version, target)
                     switch_replica(client, setup.name, target)
             time.sleep(0.5)
         result[protocol] = {
@@ -413,9 +413,10 @@ def bench_protocols(setup: Setup, url: str, adapter_dir: Path, switches: int, ro
     return result
 
 
-def point_index(adapter_dir: Path, name: str, version: str, path: str) -> None:
+def point_index(setup: Setup, adapter_dir: Path, version: str, path: str) -> None:
     index = read_index(str(adapter_dir))
-    index.setdefault("roles", {}).setdefault("production", {})[name] = {"version": version, "path": path}
+    entry = index_entry(version, path, setup.registry.bundle_digests(version))
+    index.setdefault("roles", {}).setdefault("production", {})[setup.name] = entry
     write_index(str(adapter_dir), index)
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from cli.output import EXIT_OK, emit, open_registry, progress_printer
-from registry.errors import ErrorCode, InvalidInput, NotFound
+from registry.errors import DeployFailed, ErrorCode, InvalidInput, NotFound
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -75,8 +75,17 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
                 max_loras=args.max_loras,
             )
             progress(f"{r.url} answers (pid {r.pid}, log {r.log})")
-        reconcile_fleet(reg, progress=progress)
+        states = reconcile_fleet(reg, progress=progress)
     urls = [r.url for r in started]
+    # a replica that came up but could not be given verified bytes of what it must serve
+    # is a failed start, not a quiet exit 0
+    failed = [s for s in states if s.replica.url in urls and (s.error or not s.reachable)]
+    if failed:
+        raise DeployFailed(
+            "started, but not serving what the registry says: "
+            + "; ".join(f"{s.replica.url}: {s.error or 'unreachable'}" for s in failed),
+            field="url",
+        )
     emit(args, {"urls": urls, "role": args.role, "adapter_dir": str(adapter_dir)}, "\n".join(urls))
     return EXIT_OK
 

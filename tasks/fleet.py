@@ -271,7 +271,7 @@ class FleetSwitch:
     def _write_indexes(self, replicas: list[Replica], wanted: AdapterPointers) -> None:
         """Point this adapter's index entries at what the move wants -- only its own: other
         adapters' entries are written by whoever holds their locks."""
-        for adapter_dir, entries in adapter_entries(replicas, wanted).items():
+        for adapter_dir, entries in adapter_entries(replicas, wanted, self.registry.bundle_digests).items():
             before = replace_entries(adapter_dir, self.name, entries)
             self._entries_before.setdefault(adapter_dir, before)
 

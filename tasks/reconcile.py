@@ -1,18 +1,23 @@
 """The whole fleet against the registry: each replica's drift (what it serves against what
-the pointers want) and reconciliation, which makes every reachable replica serve what the
-pointers say -- loading what a restarted replica lost, correcting a wrong path, unloading
-what no pointer wants -- each action audited."""
+the pointers want, and whether the bytes of each copy it serves still verify) and
+reconciliation, which makes every reachable replica serve what the pointers say -- loading
+what a restarted replica lost, correcting a wrong path, unloading what no pointer wants,
+repairing a damaged copy (quarantined, materialized again, reloaded, its answers
+verified) -- each action audited."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from registry.errors import LoragateError, ReplicaError
-from registry.rules.fleet import ActionKind, FleetAction, Replica, desired_placements, plan_reconcile
+from registry.rules.fleet import ActionKind, FleetAction, Placement, Replica, desired_placements, plan_reconcile
 from registry.service import Registry
+from registry.storage.copies import VerifiedCache, damaged_files, quarantine
 from registry.storage.resolver_index import adapter_entries, drop_unknown, replace_entries
-from tasks.fleet import Progress, materialize_for, replica_client, switch_replica, unload_replica
+from tasks.fleet import Progress, materialize_for, replica_client, switch_replica, unload_replica, verify_replica
 
 
 def _quiet(_: str) -> None:
@@ -38,19 +43,64 @@ class ReplicaState:
         }
 
 
-def fleet_status(registry: Registry) -> list[ReplicaState]:
-    """Each replica's drift: what it serves against what the pointers want."""
+class CopyChecker:
+    """Whether the copies replicas load still hash to their versions' digests; one stat
+    cache per adapter directory, a version's digests read once per check."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self._caches: dict[str, VerifiedCache] = {}
+        self._digests: dict[str, Mapping[str, str]] = {}
+        # copies this reconcile quarantined and fetched again: every replica that served the
+        # damaged bytes reloads, not only the first one found
+        self.repaired: dict[str, tuple[str, ...]] = {}
+
+    def damaged(self, replica: Replica, placements: Mapping[str, Placement]) -> dict[str, list[str]]:
+        """Adapter name -> the damaged files of its copy, for the copies that are there."""
+        cache = self._caches.get(replica.adapter_dir) or self._caches.setdefault(
+            replica.adapter_dir, VerifiedCache.load(replica.adapter_dir)
+        )
+        found = {}
+        for name, placement in placements.items():
+            copy = Path(placement.path)
+            if not copy.exists():
+                continue  # materialized when it is loaded
+            digests = self._digests.get(placement.version_id) or self._digests.setdefault(
+                placement.version_id, self.registry.bundle_digests(placement.version_id)
+            )
+            bad = damaged_files(copy, digests, cache)
+            if bad:
+                found[name] = bad
+        return found
+
+    @property
+    def hashed(self) -> int:
+        return sum(c.hashed for c in self._caches.values())
+
+    def save(self) -> None:
+        for cache in self._caches.values():
+            cache.save()
+
+
+def fleet_status(registry: Registry, checker: CopyChecker | None = None) -> list[ReplicaState]:
+    """Each replica's drift: what it serves against what the pointers want, and the copies
+    whose bytes no longer verify."""
     adapters = registry.adapter_pointers()
+    checker = checker or CopyChecker(registry)
     states = []
-    for replica in registry.list_replicas():
-        desired = desired_placements(replica, adapters)
-        try:
-            with replica_client(registry, replica.url, retries=1) as client:
-                served = client.served_adapters()
-        except ReplicaError as e:
-            states.append(ReplicaState(replica, False, [], error=e.one_line()))
-            continue
-        states.append(ReplicaState(replica, True, plan_reconcile(replica, desired, served)))
+    try:
+        for replica in registry.list_replicas():
+            desired = desired_placements(replica, adapters)
+            try:
+                with replica_client(registry, replica.url, retries=1) as client:
+                    served = client.served_adapters()
+            except ReplicaError as e:
+                states.append(ReplicaState(replica, False, [], error=e.one_line()))
+                continue
+            damaged = checker.damaged(replica, desired)
+            states.append(ReplicaState(replica, True, plan_reconcile(replica, desired, served, damaged)))
+    finally:
+        checker.save()
     return states
 
 
@@ -66,40 +116,66 @@ def reconcile_fleet(registry: Registry, progress: Progress = _quiet) -> list[Rep
     replicas = registry.list_replicas()
     for adapter in adapters:
         with registry.holding_adapter(adapter.name) as held:
-            for adapter_dir, by_role in adapter_entries(replicas, held or adapter).items():
+            for adapter_dir, by_role in adapter_entries(replicas, held or adapter, registry.bundle_digests).items():
                 replace_entries(adapter_dir, adapter.name, by_role)
     for adapter_dir in {r.adapter_dir for r in replicas}:
         drop_unknown(adapter_dir, {a.name for a in adapters})
-    states = fleet_status(registry)
+    checker = CopyChecker(registry)
+    states = fleet_status(registry, checker)
     entries: list[dict[str, Any]] = []
-    for state in states:
-        for name in sorted({a.name for a in state.actions}):
-            try:
-                entries += _reconcile_adapter(registry, state, name, progress)
-            except (ReplicaError, LoragateError) as e:
-                state.error = e.one_line()
-                progress(f"{state.replica.url}: reconciling {name} failed: {e.one_line()}")
+    try:
+        for state in states:
+            for name in sorted({a.name for a in state.actions}):
+                try:
+                    entries += _reconcile_adapter(registry, checker, state, name, progress)
+                except (ReplicaError, LoragateError) as e:
+                    state.error = e.one_line()
+                    progress(f"{state.replica.url}: reconciling {name} failed: {e.one_line()}")
+    finally:
+        checker.save()
     registry.record_fleet_actions("reconcile", entries)
     return states
 
 
-def _reconcile_adapter(registry: Registry, state: ReplicaState, name: str, progress: Progress) -> list[dict[str, Any]]:
+def _reconcile_adapter(
+    registry: Registry, checker: CopyChecker, state: ReplicaState, name: str, progress: Progress
+) -> list[dict[str, Any]]:
     """Under the adapter's lock: what the replica should serve of ``name`` now, against what
-    it serves now, and the actions between them."""
+    it serves now and the state of its copy on disk, and the actions between them."""
     entries = []
-    with registry.holding_adapter(name) as held, replica_client(registry, state.replica.url) as client:
-        desired = {k: v for k, v in desired_placements(state.replica, [held] if held else []).items() if k == name}
+    replica = state.replica
+    with registry.holding_adapter(name) as held, replica_client(registry, replica.url) as client:
+        desired = {k: v for k, v in desired_placements(replica, [held] if held else []).items() if k == name}
         served = {k: v for k, v in client.served_adapters().items() if k == name}
-        for action in plan_reconcile(state.replica, desired, served):
+        damaged = checker.damaged(replica, desired)
+        for wanted in desired.values():
+            if wanted.path in checker.repaired:
+                damaged.setdefault(wanted.name, list(checker.repaired[wanted.path]))
+        for action in plan_reconcile(replica, desired, served, damaged):
+            quarantined = None
             if action.kind == ActionKind.UNLOAD:
                 unload_replica(client, action.name)
             else:
                 assert action.placement is not None
-                materialize_for(registry, state.replica, action.placement)
+                path = action.placement.path
+                if action.damaged and path not in checker.repaired:
+                    # set aside for whoever investigates; the version is fetched afresh
+                    quarantined = quarantine(Path(path), replica.adapter_dir)
+                    checker.repaired[path] = action.damaged
+                    progress(f"{replica.url}: {action.name}'s damaged copy moved to {quarantined}")
+                materialize_for(registry, replica, action.placement)
                 if action.kind == ActionKind.LOAD:
                     client.load(action.name, action.placement.path)
                 else:
                     switch_replica(client, action.name, action.placement.path)
+                if action.kind == ActionKind.REPAIR:
+                    verify_replica(
+                        client,
+                        replica,
+                        action.placement,
+                        registry.expected_outputs(action.placement.version_id),
+                        registry.settings.deploy_agreement,
+                    )
             state.done.append(action.describe())
             progress(action.describe())
             entries.append(
@@ -110,6 +186,8 @@ def _reconcile_adapter(registry: Registry, state: ReplicaState, name: str, progr
                     "from": action.served_path,
                     "to": action.placement.version_id if action.placement else None,
                     "version_id": action.placement.version_id if action.placement else None,
+                    **({"damaged": list(action.damaged)} if action.damaged else {}),
+                    **({"quarantined": str(quarantined)} if quarantined else {}),
                 }
             )
     return entries

@@ -52,3 +52,12 @@ def test_fleet_benchmark_runs_in_smoke_mode_on_the_session_replicas(replicas, re
     assert set(result["rollback"]) == {"1", "2"}
     assert {"switch_flat_in_n", "zero_failed_requests", "after_switch_within_10pct"} <= set(result["verdict"])
     assert result["latency"]["whole_switching_run"]["n"] > 0
+
+
+def test_copies_benchmark_runs_in_smoke_mode(tmp_path):
+    result = run_bench("bench/copies.py", "--smoke", "--out", str(tmp_path / "c.json"))
+    fleet = result["fleet_status_copies"]
+    assert fleet["adapters"] == 5 and fleet["cold"]["files_read"] == 15
+    assert fleet["clean"]["files_read"] == 0 and fleet["after_one_change"]["files_read"] == 1
+    assert fleet["damaged_found"] == 0
+    assert {"first_lookup", "repeat_lookup", "unverified_lookup"} <= set(result["resolver"]["big"])

@@ -21,7 +21,7 @@ import pytest
 from registry.errors import DeployFailed, ErrorCode, InvalidInput
 from registry.rules.fleet import version_path
 from registry.service import Registry
-from registry.storage.resolver_index import read_index, write_index
+from registry.storage.resolver_index import index_entry, read_index, write_index
 from tasks.fleet import FleetSwitch, promote_and_switch, switch_replica
 from tasks.reconcile import fleet_status, reconcile_fleet
 from tasks.replicas import ReplicaClient
@@ -142,7 +142,8 @@ def test_back_to_back_switches_under_load_keep_the_replica_alive_and_every_reque
 
     def point_index_at(version: str) -> None:
         index = read_index(adapter_dir)
-        index["roles"]["production"][fleet.name] = {"version": version, "path": fleet.path(version)}
+        entry = index_entry(version, fleet.path(version), fleet.registry.bundle_digests(version))
+        index["roles"]["production"][fleet.name] = entry
         write_index(adapter_dir, index)
 
     clients = [threading.Thread(target=client, daemon=True) for _ in range(3)]
@@ -315,6 +316,35 @@ def test_replicas_up_starts_answering_replicas_in_the_fleet_and_down_stops_them(
     assert not list((tmp_path / "home" / "replicas").glob("*.json"))
     with ReplicaClient(url) as client:
         assert not client.health()  # nothing listens there any more
+
+
+def test_replicas_up_exits_1_when_a_replica_it_started_cannot_be_given_verified_bytes(
+    catalogued_cli, tmp_path, seeded_bundles
+):
+    from registry.intake.digests import digest_of_hex
+    from registry.settings import Settings
+    from tests.support.registries import artifact_store, mark_validated
+
+    name = "acme/tiny-llama/support"
+    with Registry.open(Settings(home=tmp_path / "home"), principal=IN_PROCESS) as registry:
+        version = registry.register_adapter(seeded_bundles[0], name).version.version_id
+        mark_validated(registry, version)
+        registry.promote(version, "canary")
+        # the stored weights rot: no copy of the canary can be made that verifies
+        weights = artifact_store(registry)._path(digest_of_hex(registry.get_version(version).weights_sha256))
+        weights.chmod(0o644)
+        weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
+    up = catalogued_cli("replicas", "up", "--base", "tiny-llama", "--count", "1", "--role", "canary", timeout=600)
+    try:
+        assert up.returncode == 1, up.stderr
+        [line] = up.stderr.strip().splitlines()
+        assert "deploy_failed" in line and "artifact_corrupted" in line and "127.0.0.1" in line, line
+        listed = json.loads(catalogued_cli("fleet", "list", "--json").stdout)
+        assert [r["role"] for r in listed] == ["canary"], "the replica is up and in the fleet, for reconcile"
+        with ReplicaClient(listed[0]["url"]) as client:
+            assert name not in client.served_adapters(), "nothing unverified was loaded"
+    finally:
+        assert catalogued_cli("replicas", "down").returncode == 0
 
 
 def test_a_reconcile_during_a_switch_in_flight_waits_for_the_move_and_undoes_nothing(fleet, replica_adapters):

@@ -8,6 +8,7 @@ cannot be reached is a closed port, which is real too.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -27,7 +28,14 @@ from registry.rules.fleet import (
     plan_reconcile,
     version_path,
 )
-from registry.storage.resolver_index import INDEX_FILE, build_index, read_index, write_index
+from registry.storage.resolver_index import (
+    INDEX_FILE,
+    INDEX_FORMAT,
+    build_index,
+    index_entry,
+    read_index,
+    write_index,
+)
 from tasks.fleet import promote_and_switch, rollback_and_switch
 from tasks.reconcile import fleet_status, reconcile_fleet
 from tests.support.registries import audit_count, mark_validated
@@ -173,10 +181,11 @@ def test_the_index_holds_each_role_of_each_adapter_directory(tmp_path):
         replica("http://c:1", adapter_dir=two),
     ]
     adapters = [AdapterPointers(NAME, "tiny-llama", canary="v2", production="v1")]
-    indexes = build_index(replicas, adapters)
+    digests = {"v1": {"adapter_model.safetensors": "1" * 64}, "v2": {"adapter_model.safetensors": "2" * 64}}
+    indexes = build_index(replicas, adapters, digests.__getitem__)
     assert indexes[one]["roles"] == {
-        "canary": {NAME: {"version": "v2", "path": version_path(one, NAME, "v2")}},
-        "production": {NAME: {"version": "v1", "path": version_path(one, NAME, "v1")}},
+        "canary": {NAME: {"version": "v2", "path": version_path(one, NAME, "v2"), "files": digests["v2"]}},
+        "production": {NAME: {"version": "v1", "path": version_path(one, NAME, "v1"), "files": digests["v1"]}},
     }
     assert set(indexes[two]["roles"]) == {"production"}
     write_index(one, indexes[one])
@@ -197,10 +206,34 @@ def resolver():
     return module
 
 
+BUNDLE_FILES = ("adapter_model.safetensors", "adapter_config.json", "manifest.json")
+
+
 def _bundle(directory: Path, version: str) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "manifest.json").write_text(json.dumps({"adapter_version": version}))
+    (directory / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    (directory / "adapter_model.safetensors").write_bytes(bytes(range(256)) * 64 + version.encode())
     return str(directory)
+
+
+def _files(directory: str | Path) -> dict[str, str]:
+    return {f: hashlib.sha256((Path(directory) / f).read_bytes()).hexdigest() for f in BUNDLE_FILES}
+
+
+def _flip_a_byte(path: Path) -> None:
+    """In place, same size, mtime put back: only the content (and the ctime) changes."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _swap_for_symlink(path: Path, target: Path) -> None:
+    path.unlink()
+    path.symlink_to(target)
 
 
 RESOLVER_CASES = [
@@ -208,7 +241,25 @@ RESOLVER_CASES = [
     ("the index names it", lambda d, entry: None, True),
     ("no index", lambda d, entry: (d / INDEX_FILE).unlink(), False),
     ("garbage index", lambda d, entry: (d / INDEX_FILE).write_text("{not json"), False),
-    ("another format", lambda d, entry: _rewrite(d, lambda i: {**i, "format": 2}), False),
+    ("another format", lambda d, entry: _rewrite(d, lambda i: {**i, "format": 1}), False),
+    ("a byte flipped in the weights", lambda d, entry: _flip_a_byte(Path(entry["path"]) / BUNDLE_FILES[0]), False),
+    ("the config edited", lambda d, entry: (Path(entry["path"]) / BUNDLE_FILES[1]).write_text('{"r": 64}'), False),
+    ("the weights missing", lambda d, entry: (Path(entry["path"]) / BUNDLE_FILES[0]).unlink(), False),
+    (
+        "the weights a symlink to an identical file",
+        lambda d, entry: _swap_for_symlink(
+            Path(entry["path"]) / BUNDLE_FILES[0], d.parent / "elsewhere" / BUNDLE_FILES[0]
+        ),
+        False,
+    ),
+    ("an entry without digests", lambda d, entry: _rewrite(d, lambda i: _set_entry(i, {**entry, "files": {}})), False),
+    (
+        "a digest naming a path",
+        lambda d, entry: _rewrite(
+            d, lambda i: _set_entry(i, {**entry, "files": {**entry["files"], "../../elsewhere/x": "0" * 64}})
+        ),
+        False,
+    ),
     ("entry not an object", lambda d, entry: _rewrite(d, lambda i: _set_entry(i, "v1")), False),
     (
         "path outside the directory",
@@ -246,10 +297,12 @@ def test_the_resolver_answers_only_with_the_version_the_index_names_and_the_bund
 ):
     adapter_dir = tmp_path / "adapters"
     path = _bundle(Path(version_path(str(adapter_dir), NAME, "v1")), "v1")
-    entry = {"version": "v1", "path": path}
-    write_index(str(adapter_dir), {"format": 1, "roles": {"production": {NAME: entry}}})
+    entry = index_entry("v1", path, _files(path))
+    write_index(str(adapter_dir), {"format": INDEX_FORMAT, "roles": {"production": {NAME: entry}}})
     (tmp_path / "elsewhere").mkdir()
     _bundle(tmp_path / "elsewhere", "v1")
+    # hashed once while good: what is remembered must not hide a later change
+    assert resolver.lookup(str(adapter_dir), "production", NAME) == ("v1", path)
     change(adapter_dir, entry)
     found = resolver.lookup(str(adapter_dir), "production", NAME)
     assert found == (("v1", path) if resolves else None)
@@ -286,7 +339,8 @@ def test_a_request_admitted_before_an_unload_is_served_from_the_index_not_refuse
     vllm_python = ROOT / ".venv-vllm" / "bin" / "python"
     adapter_dir = tmp_path / "adapters"
     path = _bundle(Path(version_path(str(adapter_dir), NAME, "v2")), "v2")
-    write_index(str(adapter_dir), {"format": 1, "roles": {"production": {NAME: {"version": "v2", "path": path}}}})
+    entry = index_entry("v2", path, _files(path))
+    write_index(str(adapter_dir), {"format": INDEX_FORMAT, "roles": {"production": {NAME: entry}}})
     probe = subprocess.run(
         [str(vllm_python), "-c", WINDOW_PROBE, str(PLUGIN.parent.parent), str(adapter_dir), NAME],
         capture_output=True,
@@ -334,7 +388,8 @@ def test_a_replica_that_cannot_be_reached_leaves_the_pointer_and_the_index_unmov
     url = closed_port_url()
     adapter_dir = tmp_path / "adapters"
     registry.add_replica(url, "tiny-llama", "production", str(adapter_dir))
-    write_index(str(adapter_dir), {"format": 1, "roles": {"production": {NAME: {"version": v1, "path": "p1"}}}})
+    entry = index_entry(v1, "p1", registry.bundle_digests(v1))
+    write_index(str(adapter_dir), {"format": INDEX_FORMAT, "roles": {"production": {NAME: entry}}})
     history_before = len(registry.history(NAME))
     with pytest.raises(DeployFailed) as err:
         promote_and_switch(registry, v2, "production")

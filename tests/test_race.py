@@ -37,7 +37,7 @@ from registry.records.adapters import AuditEvent
 from registry.rules.fleet import version_path
 from registry.service import Registry
 from registry.settings import Settings
-from registry.storage.resolver_index import read_index
+from registry.storage.resolver_index import index_entry, read_index
 from tasks.fleet import promote_and_switch
 from tasks.replicas import ReplicaClient
 from tests.support.registries import IN_PROCESS, mark_validated
@@ -352,7 +352,7 @@ def test_64_concurrent_promotes_and_rollbacks_tell_one_story(
             serves = _served(r.url, name)
             assert serves == path[wanted], (r.url, r.role, serves, wanted)
             assert fleet_story[r.url] == wanted, (r.url, r.role, fleet_story[r.url], wanted)
-            assert index[r.role][name] == {"version": wanted, "path": path[wanted]}
+            assert index[r.role][name] == index_entry(wanted, path[wanted], registry.bundle_digests(wanted))
 
         seconds = sorted(c.seconds for c in done)
         figures = {

@@ -108,6 +108,7 @@ class ActionKind(StrEnum):
     LOAD = "load"  # the name is not served: load it from its path
     SWITCH = "switch"  # served from another path: switch it to the wanted one
     UNLOAD = "unload"  # served, but no pointer wants it here
+    REPAIR = "repair"  # served from the wanted path, but the bytes there do not verify
 
 
 @dataclass(frozen=True)
@@ -117,29 +118,46 @@ class FleetAction:
     name: str
     served_path: str | None  # what the replica serves the name from now
     placement: Placement | None  # what it should serve (None for an unload)
+    # files of the wanted copy that are missing or do not match their digests
+    damaged: tuple[str, ...] = ()
 
     def describe(self) -> str:
         if self.kind == ActionKind.UNLOAD:
             return f"{self.replica}: unload {self.name} (served from {self.served_path}, no pointer wants it)"
         assert self.placement is not None
+        damage = (
+            f" ({', '.join(self.damaged)} at {self.placement.path} do not match their digests)" if self.damaged else ""
+        )
+        if self.kind == ActionKind.REPAIR:
+            return f"{self.replica}: repair {self.name} = {self.placement.version_id}{damage}"
         if self.kind == ActionKind.LOAD:
-            return f"{self.replica}: load {self.name} = {self.placement.version_id}"
-        return f"{self.replica}: switch {self.name} from {self.served_path} to {self.placement.version_id}"
+            return f"{self.replica}: load {self.name} = {self.placement.version_id}{damage}"
+        return f"{self.replica}: switch {self.name} from {self.served_path} to {self.placement.version_id}{damage}"
 
 
-def plan_reconcile(replica: Replica, desired: Mapping[str, Placement], served: Mapping[str, str]) -> list[FleetAction]:
-    """The actions that make what ``replica`` serves (adapter name -> path) what is desired.
+def plan_reconcile(
+    replica: Replica,
+    desired: Mapping[str, Placement],
+    served: Mapping[str, str],
+    damaged: Mapping[str, list[str]] | None = None,
+) -> list[FleetAction]:
+    """The actions that make what ``replica`` serves (adapter name -> path) what is desired,
+    given which wanted copies on disk do not verify (adapter name -> damaged files).
 
     Only adapters bound to the replica's base are loragate's to unload: a name that is not
     ``<namespace>/<base>/<task>`` of this base was put there by someone else and stays.
     """
+    damaged = damaged or {}
     actions = []
     for name, placement in sorted(desired.items()):
         current = served.get(name)
+        bad = tuple(damaged.get(name, ()))
         if current is None:
-            actions.append(FleetAction(replica.url, ActionKind.LOAD, name, None, placement))
+            actions.append(FleetAction(replica.url, ActionKind.LOAD, name, None, placement, bad))
         elif current != placement.path:
-            actions.append(FleetAction(replica.url, ActionKind.SWITCH, name, current, placement))
+            actions.append(FleetAction(replica.url, ActionKind.SWITCH, name, current, placement, bad))
+        elif bad:
+            actions.append(FleetAction(replica.url, ActionKind.REPAIR, name, current, placement, bad))
     for name, path in sorted(served.items()):
         if name not in desired and _base_of(name) == replica.base_model_id:
             actions.append(FleetAction(replica.url, ActionKind.UNLOAD, name, path, None))

@@ -153,6 +153,19 @@ class FleetMixin(RegistryBase):
         golden = load_stored_golden_set(self._artifacts.read_bytes(run.golden_set_digest), run.golden_set_digest)
         return golden, run.report.outputs
 
+    def bundle_digests(self, version_id: str) -> dict[str, str]:
+        """The hex SHA-256 each file of the version's bundle must have, wherever it is copied.
+
+        Raises:
+            NotFound: no such version.
+        """
+        version = self._store.versions.get(version_id)
+        return {
+            WEIGHTS_FILE: version.weights_sha256,
+            ADAPTER_CONFIG_FILE: version.adapter_config_sha256,
+            MANIFEST_FILE: version.manifest_sha256,
+        }
+
     def materialize(self, version_id: str, dest: Path) -> Path:
         """Write the version's bundle to ``dest`` atomically, for a replica to load.
 
@@ -164,12 +177,7 @@ class FleetMixin(RegistryBase):
             AlreadyExists: ``dest`` exists with other content.
             IntegrityFailure: a stored blob is missing or corrupted.
         """
-        version = self._store.versions.get(version_id)
-        expected = {
-            WEIGHTS_FILE: version.weights_sha256,
-            ADAPTER_CONFIG_FILE: version.adapter_config_sha256,
-            MANIFEST_FILE: version.manifest_sha256,
-        }
+        expected = self.bundle_digests(version_id)
         dest = Path(dest)
         if dest.exists():
             if all((dest / f).is_file() and sha256_file(dest / f) == h for f, h in expected.items()):

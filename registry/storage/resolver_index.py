@@ -1,6 +1,7 @@
 """The resolver index files replicas read: one per adapter directory, replaced atomically,
-naming by role each adapter's version and immutable path (what the loragate vLLM resolver
-plugin answers from). Built from the pure plan in ``registry.rules.fleet``.
+naming by role each adapter's version, its immutable path and the SHA-256 of each file of
+the bundle there (what the loragate vLLM resolver plugin answers from, and checks before it
+hands vLLM a path). Built from the pure plan in ``registry.rules.fleet``.
 
 Writers change one adapter's entries at a time (``replace_entries``), under an exclusive
 lock on a file beside the index: a switch of one adapter and a reconcile of another never
@@ -13,7 +14,7 @@ import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,20 +22,30 @@ from typing import Any
 from registry.rules.fleet import AdapterPointers, Replica, desired_placements
 
 INDEX_FILE = ".loragate-index.json"
-INDEX_FORMAT = 1
+# 2: entries carry the bundle's file digests (the plugin serves no format-1 entry)
+INDEX_FORMAT = 2
 LOCK_FILE = ".loragate-index.lock"
 # one adapter's entries by role; None removes the adapter from that role
-Entries = dict[str, dict[str, str] | None]
+Entries = dict[str, dict[str, Any] | None]
+# a version id -> the hex SHA-256 of each file of its bundle (Registry.bundle_digests)
+Digests = Callable[[str], Mapping[str, str]]
 
 
-def build_index(replicas: Iterable[Replica], adapters: list[AdapterPointers]) -> dict[str, dict[str, Any]]:
-    """The resolver index of each adapter directory: by role, adapter name -> version and path."""
+def index_entry(version_id: str, path: str, files: Mapping[str, str]) -> dict[str, Any]:
+    """One adapter's entry for one role: the version, where its bundle is, what it hashes to."""
+    return {"version": version_id, "path": path, "files": dict(files)}
+
+
+def build_index(
+    replicas: Iterable[Replica], adapters: list[AdapterPointers], digests: Digests
+) -> dict[str, dict[str, Any]]:
+    """The resolver index of each adapter directory: by role, adapter name -> entry."""
     indexes: dict[str, dict[str, Any]] = {}
     for replica in replicas:
         index = indexes.setdefault(replica.adapter_dir, {"format": INDEX_FORMAT, "roles": {}})
         entries = index["roles"].setdefault(replica.role.value, {})
         for name, placement in desired_placements(replica, adapters).items():
-            entries[name] = {"version": placement.version_id, "path": placement.path}
+            entries[name] = index_entry(placement.version_id, placement.path, digests(placement.version_id))
     return indexes
 
 
@@ -55,20 +66,27 @@ def write_index(adapter_dir: str, index: Mapping[str, Any]) -> None:
 
 
 def read_index(adapter_dir: str) -> dict[str, Any]:
+    """The directory's index; an empty one when there is none, it is unreadable, or it is
+    of an older format (its entries carry no digests: reconcile writes them again)."""
     try:
-        return json.loads((Path(adapter_dir) / INDEX_FILE).read_text(encoding="utf-8"))
+        index = json.loads((Path(adapter_dir) / INDEX_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        index = None
+    if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
         return {"format": INDEX_FORMAT, "roles": {}}
+    return index
 
 
-def adapter_entries(replicas: Iterable[Replica], adapter: AdapterPointers) -> dict[str, Entries]:
+def adapter_entries(replicas: Iterable[Replica], adapter: AdapterPointers, digests: Digests) -> dict[str, Entries]:
     """What each adapter directory's index should say of one adapter, by role (None: nothing)."""
     entries: dict[str, Entries] = {}
     for replica in replicas:
         placement = desired_placements(replica, [adapter]).get(adapter.name)
         by_role = entries.setdefault(replica.adapter_dir, {})
         if placement is not None:
-            by_role[replica.role.value] = {"version": placement.version_id, "path": placement.path}
+            by_role[replica.role.value] = index_entry(
+                placement.version_id, placement.path, digests(placement.version_id)
+            )
         else:
             by_role.setdefault(replica.role.value, None)
     return entries

@@ -9,6 +9,12 @@ the replica's role (``LORAGATE_REPLICA_ROLE``). It needs no database driver and 
 Prefect -- only the index file -- and never raises: an exception inside a resolver becomes
 a 500 and skips later resolvers, so anything unexpected is "no adapter" instead.
 
+It hands vLLM only bytes that verify: each index entry carries the SHA-256 the registry
+recorded for every file of the bundle, and a copy whose files do not match (a flipped byte
+on disk, a file swapped) is refused and logged -- a 404 is better than garbage. What was
+hashed is remembered by inode, size, mtime and ctime, so a name resolved again after an
+unload costs a few ``stat`` calls.
+
 It also mends two faults of vLLM 0.32 that a switch in place meets under load (README,
 "Fleet control"): a request admitted just before its name was unloaded (served from the
 index instead of a 404), and a batch holding two versions of one name (both activated
@@ -17,12 +23,17 @@ instead of the engine dying).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 
 INDEX_FILE = ".loragate-index.json"
-INDEX_FORMAT = 1
+# 2: entries carry the bundle's file digests (format 1 had none: its entries are not served)
+INDEX_FORMAT = 2
+_HEX = frozenset("0123456789abcdef")
+# (path, inode, size, mtime, ctime) -> SHA-256 of files hashed before; bounded
+_hashed: dict[tuple[str, int, int, int, int], str] = {}
 
 log = logging.getLogger("loragate_resolver")
 
@@ -60,9 +71,61 @@ def lookup(adapter_dir: str, role: str, lora_name: str) -> tuple[str, str] | Non
         return None
     if not isinstance(manifest, dict) or manifest.get("adapter_version") != version:
         return None
+    damaged = damaged_files(real_path, entry.get("files"))
+    if damaged:
+        log.error(
+            "loragate: refusing %s = %s at %s: %s do(es) not match the digests the registry recorded",
+            lora_name,
+            version,
+            path,
+            ", ".join(damaged),
+        )
+        return None
     # the path as loragate wrote it: it is what /v1/models shows as the adapter's root, and
     # what loragate compares against what it expects
     return version, path
+
+
+def damaged_files(directory: str, files: object) -> list[str]:
+    """The files of ``directory`` that are missing, not regular, or do not hash to what
+    ``files`` (name -> hex SHA-256) says; ``["(no digests)"]`` when the entry has none."""
+    if not isinstance(files, dict) or not files:
+        return ["(no digests)"]
+    damaged = []
+    for name, digest in sorted(files.items()):
+        if not (isinstance(name, str) and isinstance(digest, str) and len(digest) == 64 and set(digest) <= _HEX):
+            damaged.append(str(name))
+            continue
+        if os.sep in name or name in ("", ".", ".."):
+            damaged.append(name)
+            continue
+        if _sha256(os.path.join(directory, name)) != digest:
+            damaged.append(name)
+    return damaged
+
+
+def _sha256(path: str) -> str | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not os.path.isfile(path) or os.path.islink(path):
+        return None
+    key = (path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    known = _hashed.get(key)
+    if known is not None:
+        return known
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError:
+        return None
+    if len(_hashed) >= 4096:
+        _hashed.clear()
+    _hashed[key] = digest.hexdigest()
+    return _hashed[key]
 
 
 def register() -> None:

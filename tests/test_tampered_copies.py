@@ -1,0 +1,92 @@
+"""A replica serves only bytes that verify, on real vLLM replicas: one byte flipped in the
+copy production replicas load (in place, its mtime put back) is reported by ``fleet status``
+as drift naming the file, refused by the resolver when a replica asks for the name again
+(as after a restart: a 404, never garbage), and repaired by ``fleet reconcile`` --
+quarantined, materialized afresh, reloaded on every replica that served it, answers
+verified. A clean fleet is checked again without reading a byte.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from registry.errors import ReplicaError
+from registry.rules.fleet import ActionKind
+from registry.storage.copies import QUARANTINE_DIR
+from tasks.reconcile import CopyChecker, fleet_status, reconcile_fleet
+from tasks.replicas import ReplicaClient
+from tests.support.fleet import answer, make_fleet, served
+
+pytestmark = pytest.mark.slow
+
+WEIGHTS = "adapter_model.safetensors"
+
+
+@pytest.fixture
+def fleet(tmp_path, replicas, replica_adapters, validated_adapters):
+    made = make_fleet(tmp_path, replicas, replica_adapters, validated_adapters)
+    yield made
+    made.registry.close()
+
+
+def flip_a_byte(path: Path) -> None:
+    """What a bad disk or a hand on the host does: same size, mtime put back."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def own_actions(fleet, url: str):
+    state = next(s for s in fleet_status(fleet.registry) if s.replica.url == url)
+    return [a for a in state.actions if a.name == fleet.name]
+
+
+def test_a_tampered_copy_is_reported_refused_by_the_resolver_and_repaired_by_reconcile(fleet):
+    fleet.promote(fleet.v1, "canary")
+    fleet.promote(fleet.v1, "production")
+    expected = fleet.registry.expected_outputs(fleet.v1)
+    assert expected is not None
+    good = expected[1]["support-0"].strip()
+    prod_a, prod_b = fleet.replicas["prod-a"], fleet.replicas["prod-b"]
+    copy = Path(fleet.path(fleet.v1))
+    assert all(not own_actions(fleet, r.url) for r in (prod_a, prod_b)), "in sync before"
+
+    flip_a_byte(copy / WEIGHTS)
+
+    # status: drift on both production replicas (they share the adapter directory), naming the file
+    for replica in (prod_a, prod_b):
+        [action] = own_actions(fleet, replica.url)
+        assert action.kind == ActionKind.REPAIR and action.damaged == (WEIGHTS,)
+        assert WEIGHTS in action.describe() and str(copy) in action.describe()
+
+    # the resolver: a replica that asks for the name again (as after a restart) is refused
+    with ReplicaClient(prod_a.url) as client:
+        client.unload(fleet.name)
+    with pytest.raises(ReplicaError):
+        answer(prod_a.url, fleet.name)
+    assert fleet.name not in served(prod_a), "the tampered copy was never loaded"
+    assert "refusing" in Path(prod_a.log_path).read_text(errors="replace")
+
+    # reconcile: quarantined, fetched afresh, loaded where it was missing, reloaded and
+    # verified where it was served
+    states = reconcile_fleet(fleet.registry)
+    assert all(not s.error for s in states if s.replica.url in (prod_a.url, prod_b.url))
+    quarantined = list((Path(prod_a.adapter_dir) / QUARANTINE_DIR).glob(f"*{fleet.v1}*"))
+    assert len(quarantined) == 1 and (quarantined[0] / WEIGHTS).read_bytes() != (copy / WEIGHTS).read_bytes()
+    for replica in (prod_a, prod_b):
+        assert served(replica)[fleet.name] == str(copy)
+        assert answer(replica.url, fleet.name) == good
+        assert not own_actions(fleet, replica.url), "in sync after"
+    events = [e for e in fleet.registry.history(fleet.name) if e.action == "reconcile"]
+    assert any(WEIGHTS in str(e.details) and "quarantined" in str(e.details) for e in events)
+
+    # a clean fleet checked again reads no byte: stat stamps answer
+    checker = CopyChecker(fleet.registry)
+    fleet_status(fleet.registry, checker)
+    assert checker.hashed == 0
