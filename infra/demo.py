@@ -9,8 +9,9 @@ creates a token per gate role (kept in Prefect Secret blocks) and a signing key,
 ``loragate.training.completed`` events and follows each gate as it happens: register,
 shadow validation (which signs what passed), canary, the scheduled canary evaluations, the
 promotion waiting for a sign-off -- given from the CLI, with the UI link where a person could give it instead --,
-production switched in place, and a rollback. It ends with a summary table and stops every
-process it started, also on Ctrl-C. History stays under ``.loragate/`` (registry, Prefect
+production switched in place, a rollback, and a replica copy tampered on disk (seen by
+``fleet status``, refused by the resolver, repaired by ``fleet reconcile``). It ends with a
+summary table and stops every process it started, also on Ctrl-C. History stays under ``.loragate/`` (registry, Prefect
 database, logs); ``make ui`` reopens the Prefect UI on it.
 """
 
@@ -230,6 +231,30 @@ def ask(urls: dict[str, str], prompt: str) -> None:
         say(f"{role:<10} {url} serves {SUPPORT} = {served}: {text!r}")
 
 
+def tampered_copy_repaired(urls: dict[str, str], version: str, prompt: str, as_admin: dict[str, str]) -> None:
+    """One byte flipped in the copy the replicas serve: seen, refused, repaired."""
+    from infra.tamper import flip_a_byte
+    from registry.errors import ReplicaError
+    from registry.rules.fleet import version_path
+    from tasks.replicas import ReplicaClient
+
+    weights = Path(version_path(str(HOME / "adapters"), SUPPORT, version)) / "adapter_model.safetensors"
+    flip_a_byte(weights)
+    say(f"one byte flipped in {weights} (size and mtime as they were)")
+    loragate("fleet", "status")
+    # as after a restart: the replica is asked for a name it no longer holds, and its
+    # resolver finds the copy the index names does not verify
+    with ReplicaClient(urls["production"]) as client:
+        client.unload(SUPPORT)
+        try:
+            client.complete(SUPPORT, prompt, 8)
+            raise SystemExit("the production replica served the tampered copy")
+        except ReplicaError as e:
+            say(f"production replica, asked again: {e.one_line()} (refused, not garbage)")
+    loragate("fleet", "reconcile", env=as_admin)
+    ask(urls, prompt)
+
+
 def summary(pipeline) -> None:
     banner("summary")
     with registry() as reg:
@@ -408,6 +433,9 @@ def main() -> None:
         )
         wait_for(f"rollback flow: production is {v1} again", lambda: stage_of(v1)[0] == "production")
         ask(urls, prompt)
+
+        banner("a replica copy tampered on disk: fleet status sees it, the resolver refuses it, reconcile repairs it")
+        tampered_copy_repaired(urls, v1, prompt, as_admin)
         loragate("history", SUPPORT)
         summary(pipeline)
     finally:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.tamper import flip_a_byte
 from registry.errors import AlreadyExists, DeployFailed, ErrorCode, InvalidInput, NotFound
 from registry.rules.fleet import (
     ActionKind,
@@ -221,16 +222,6 @@ def _files(directory: str | Path) -> dict[str, str]:
     return {f: hashlib.sha256((Path(directory) / f).read_bytes()).hexdigest() for f in BUNDLE_FILES}
 
 
-def _flip_a_byte(path: Path) -> None:
-    """In place, same size, mtime put back: only the content (and the ctime) changes."""
-    st = path.stat()
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    with open(path, "r+b") as f:
-        f.write(data)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
 def _swap_for_symlink(path: Path, target: Path) -> None:
     path.unlink()
     path.symlink_to(target)
@@ -242,7 +233,7 @@ RESOLVER_CASES = [
     ("no index", lambda d, entry: (d / INDEX_FILE).unlink(), False),
     ("garbage index", lambda d, entry: (d / INDEX_FILE).write_text("{not json"), False),
     ("another format", lambda d, entry: _rewrite(d, lambda i: {**i, "format": 1}), False),
-    ("a byte flipped in the weights", lambda d, entry: _flip_a_byte(Path(entry["path"]) / BUNDLE_FILES[0]), False),
+    ("a byte flipped in the weights", lambda d, entry: flip_a_byte(Path(entry["path"]) / BUNDLE_FILES[0]), False),
     ("the config edited", lambda d, entry: (Path(entry["path"]) / BUNDLE_FILES[1]).write_text('{"r": 64}'), False),
     ("the weights missing", lambda d, entry: (Path(entry["path"]) / BUNDLE_FILES[0]).unlink(), False),
     (

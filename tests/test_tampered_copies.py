@@ -8,11 +8,11 @@ verified. A clean fleet is checked again without reading a byte.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from infra.tamper import flip_a_byte
 from registry.errors import ReplicaError
 from registry.rules.fleet import ActionKind
 from registry.storage.copies import QUARANTINE_DIR
@@ -30,16 +30,6 @@ def fleet(tmp_path, replicas, replica_adapters, validated_adapters):
     made = make_fleet(tmp_path, replicas, replica_adapters, validated_adapters)
     yield made
     made.registry.close()
-
-
-def flip_a_byte(path: Path) -> None:
-    """What a bad disk or a hand on the host does: same size, mtime put back."""
-    st = path.stat()
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    with open(path, "r+b") as f:
-        f.write(data)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def own_actions(fleet, url: str):
