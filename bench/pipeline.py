@@ -43,7 +43,7 @@ import httpx  # noqa: E402
 
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
 from infra.pipeline import save_pipeline_secrets, start_pipeline  # noqa: E402
-from infra.prefect_local import start_prefect_server  # noqa: E402
+from infra.prefect_local import PrefectServer, start_prefect_server  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
 from registry.rules.access import Principal, Role  # noqa: E402
 from registry.rules.fleet import version_path  # noqa: E402
@@ -76,11 +76,11 @@ def _seconds(a, b) -> float | None:
     return None if a is None or b is None else round((b - a).total_seconds(), 3)
 
 
-def flow_breakdown(api_url: str, since: float, name: str, version_id: str) -> dict[str, Any]:
+def flow_breakdown(server: PrefectServer, since: float, name: str, version_id: str) -> dict[str, Any]:
     """The flow runs of one trial and where their time went, from the Prefect API."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     wanted = {
         "register": lambda p: p.get("name") == name,
@@ -88,7 +88,7 @@ def flow_breakdown(api_url: str, since: float, name: str, version_id: str) -> di
         "canary": lambda p: p.get("version_id") == version_id,
     }
     out: dict[str, Any] = {}
-    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+    with temporary_settings(server.client_settings()), get_client(sync_client=True) as client:
         runs = client.read_flow_runs(limit=200)
         for flow_name, matches in wanted.items():
             flow_id = client.read_flow_by_name(flow_name).id
@@ -117,13 +117,13 @@ def flow_breakdown(api_url: str, since: float, name: str, version_id: str) -> di
 
 def trial(pipeline, registry: Registry, canary_url: str, adapter_dir: Path, bundle: Path, golden: Path) -> dict:
     from prefect.events.worker import EventsWorker
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     from flows.events import announce_training_completed
 
     name = f"b{uuid.uuid4().hex[:6]}/tiny-llama/support"
     t0 = time.time()
-    with temporary_settings({PREFECT_API_URL: pipeline.server.api_url}):
+    with temporary_settings(pipeline.server.client_settings()):
         announce_training_completed(str(bundle), name, {"bench": True}, str(golden))
         EventsWorker.drain_all(timeout=30, at_exit=False)
     deadline = time.monotonic() + 300
@@ -139,7 +139,7 @@ def trial(pipeline, registry: Registry, canary_url: str, adapter_dir: Path, bund
     assert path == version_path(str(adapter_dir), name, version_id)
     report = registry.validation_runs(version_id)[-1].report
     time.sleep(2)  # let the canary flow run finish and report its end
-    flows = flow_breakdown(pipeline.server.api_url, t0, name, version_id)
+    flows = flow_breakdown(pipeline.server, t0, name, version_id)
     forward = report.timing.get("forward_s", 0.0) + report.timing.get("base_forward_s", 0.0)
     validate_task = flows.get("shadow-validate", {}).get("tasks_s", {}).get("shadow-validate", 0.0)
     register_task = flows.get("register", {}).get("tasks_s", {}).get("register-bundle", 0.0)

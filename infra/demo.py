@@ -136,9 +136,9 @@ def window_status(version_id: str) -> tuple[str, int, str | None]:
 def flow_runs(pipeline, flow_name: str) -> list[Any]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
-    with temporary_settings({PREFECT_API_URL: pipeline.server.api_url}), get_client(sync_client=True) as client:
+    with temporary_settings(pipeline.server.client_settings()), get_client(sync_client=True) as client:
         return client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])))
 
 
@@ -364,6 +364,7 @@ def main() -> None:
         pipeline.owns_server = True
         save_pipeline_secrets(server, tokens, (keys / "signing.key").read_bytes())
         say(f"Prefect UI: {ui}  (deployments: register, shadow-validate, canary, canary-evaluate, promote, rollback)")
+        say(f"the server has API authentication on: log in with the credential in {server.home}/api-auth")
         for r in replicas:
             loragate(
                 "fleet",

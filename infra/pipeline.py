@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from infra.prefect_local import PrefectServer, prefect_bin, start_prefect_server, start_worker, stop, stop_process
+from infra.prefect_local import (
+    AUTH_FILE,
+    PrefectServer,
+    prefect_bin,
+    start_prefect_server,
+    start_worker,
+    stop,
+    stop_process,
+)
 from registry.rules.access import Role
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,9 +75,9 @@ def deploy(server: PrefectServer, env: dict[str, str], *, evaluate_every_s: floa
 def set_interval(server: PrefectServer, deployment: str, seconds: float) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.schedules import IntervalSchedule
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
-    with temporary_settings({PREFECT_API_URL: server.api_url}), get_client(sync_client=True) as client:
+    with temporary_settings(server.client_settings()), get_client(sync_client=True) as client:
         found = client.read_deployment_by_name(deployment)
         for schedule in client.read_deployment_schedules(found.id):
             client.delete_deployment_schedule(found.id, schedule.id)
@@ -109,6 +117,7 @@ def reopen_ui(home: Path = Path(".loragate/prefect"), port: int = 4200) -> None:
         raise SystemExit(f"no Prefect history under {home}: run `make demo` first")
     server = start_prefect_server(home, port)
     print(f"Prefect UI on the demo's history: {server.ui_url}  (Ctrl-C stops it)", flush=True)
+    print(f"log in with the server's credential, kept in {server.home / AUTH_FILE}", flush=True)
     try:
         while server.process.poll() is None:
             time.sleep(1)
@@ -126,9 +135,9 @@ def save_pipeline_secrets(
     server: PrefectServer, tokens: dict[Role, str], signing_key_pem: bytes | None, slack_token: str | None = None
 ) -> None:
     """The gates' tokens, the signing key and the Slack token as Secret blocks on ``server``."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     from tasks.credentials import store_pipeline_secrets
 
-    with temporary_settings({PREFECT_API_URL: server.api_url}):
+    with temporary_settings(server.client_settings()):
         store_pipeline_secrets(tokens, signing_key_pem, slack_token)

@@ -8,12 +8,21 @@ process worker against it. Every poll and service loop that sits between "someth
 happened" and "a flow runs" is lowered from Prefect's production defaults (10-60 s) to
 1-2 s, so a pipeline reacts within seconds here. Importing this module does not import
 Prefect (it costs ~2 s); the processes do.
+
+The server runs with API authentication on (``PREFECT_SERVER_API_AUTH_STRING``, HTTP basic
+auth): a credential of its own, generated at its first start and kept beside its database
+(``api-auth``, 0600), so nothing that can merely reach the port -- the UI, the API, the
+events endpoint -- gets past the login. Workers, the ``prefect`` and ``loragate`` CLIs and
+the tests carry it as ``PREFECT_API_AUTH_STRING`` (``PrefectServer.env``); a browser types it
+into the UI's login form.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -50,6 +59,7 @@ SERVER_LOOP_ENV: dict[str, str] = {
 }
 
 HEALTH_DEADLINE_S = 90.0
+AUTH_FILE = "api-auth"
 
 
 def prefect_bin() -> str:
@@ -68,12 +78,42 @@ class PrefectServer:
     api_url: str  # http://127.0.0.1:PORT/api
     ui_url: str  # http://127.0.0.1:PORT
     home: Path  # PREFECT_HOME of the server (SQLite database, UI build, server.log)
-    env: dict[str, str]  # what a worker or the `prefect` CLI needs to talk to this server
+    env: dict[str, str] = field(repr=False)  # what a worker or the `prefect` CLI needs to talk to it
     process: subprocess.Popen = field(repr=False)
+    auth_string: str = field(default="", repr=False)  # "user:password" of the API's basic auth
 
     @property
     def log(self) -> Path:
         return self.home / "server.log"
+
+    def auth_headers(self) -> dict[str, str]:
+        """For a plain HTTP client (``httpx``) calling the API."""
+        return {"Authorization": "Basic " + base64.b64encode(self.auth_string.encode()).decode()}
+
+    def client_settings(self) -> dict:
+        """For ``prefect.settings.temporary_settings``: Prefect clients in this process
+        talk to this server, with its credential."""
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL
+
+        return {PREFECT_API_URL: self.api_url, PREFECT_API_AUTH_STRING: self.auth_string}
+
+
+def server_auth_string(home: Path) -> str:
+    """The server's API credential: the one kept under ``home``, or a new one (kept there,
+    readable by its owner only, before any server uses it)."""
+    path = Path(home) / AUTH_FILE
+    try:
+        found = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        found = ""
+    if found:
+        return found
+    made = f"loragate:{secrets.token_urlsafe(24)}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(made + "\n")
+    return made
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -100,10 +140,19 @@ def start_prefect_server(
     port = port or free_port()
     ui_url = f"http://127.0.0.1:{port}"
     api_url = f"{ui_url}/api"
-    client_env = {"PREFECT_API_URL": api_url, "PREFECT_HOME": str(home), **FAST_POLL_ENV}
+    auth_string = server_auth_string(home)
+    client_env = {
+        "PREFECT_API_URL": api_url,
+        "PREFECT_API_AUTH_STRING": auth_string,
+        "PREFECT_HOME": str(home),
+        **FAST_POLL_ENV,
+    }
     server_env = {
         **os.environ,
         "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_API_AUTH_STRING": auth_string,
+        # the server's own clients (its services) authenticate like everyone else
+        "PREFECT_API_AUTH_STRING": auth_string,
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_SERVER_UI_ENABLED": "true",
         # the UI asks this URL for the API; by default it is built from
@@ -125,7 +174,9 @@ def start_prefect_server(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    server = PrefectServer(api_url=api_url, ui_url=ui_url, home=home, env=client_env, process=process)
+    server = PrefectServer(
+        api_url=api_url, ui_url=ui_url, home=home, env=client_env, process=process, auth_string=auth_string
+    )
     end = time.monotonic() + deadline_s
     while True:
         if process.poll() is not None:

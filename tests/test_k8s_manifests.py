@@ -299,6 +299,11 @@ def test_workers_take_the_api_url_from_the_config_map_and_secrets_only_from_the_
         api_url = env.get("PREFECT_API_URL", {}).get("valueFrom", {}).get("configMapKeyRef", {})
         assert api_url.get("name") == "loragate-config" or "loragate-config" in from_config_map, name
         assert "PREFECT_API_URL" in objects("ConfigMap")["loragate-config"]["data"]
+        # the Prefect server has API authentication on: every worker carries its credential
+        assert env["PREFECT_API_AUTH_STRING"]["valueFrom"]["secretKeyRef"] == {
+            "name": "loragate-secrets",
+            "key": "PREFECT_API_AUTH_STRING",
+        }, name
         for var in ("LORAGATE_DATABASE_URL", "LORAGATE_SLACK_TOKEN"):
             if var in env:
                 assert "value" not in env[var], f"{name}: {var} is a literal"

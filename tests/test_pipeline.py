@@ -127,13 +127,15 @@ class Stack:
         response = httpx.post(
             f"{self.pipeline.server.api_url}/events/filter",
             json={"filter": {"event": {"prefix": [prefix]}, "order": "ASC"}, "limit": 50},
+            headers=self.pipeline.server.auth_headers(),
             timeout=30,
         )
         response.raise_for_status()
         page = response.json()
         found = page["events"]
         while page.get("next_page"):
-            page = httpx.get(page["next_page"], timeout=30).raise_for_status().json()
+            page = httpx.get(page["next_page"], headers=self.pipeline.server.auth_headers(), timeout=30)
+            page = page.raise_for_status().json()
             found += page["events"]
         return found
 
@@ -346,6 +348,7 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
         reviewer="bob",
         comment="approved in the UI",
         screenshot=ARTIFACTS / "pipeline-approval-form.png",
+        login=stack.pipeline.server.auth_string,
     )
     wait_until("v2 in production", lambda: stack.stage(v2) == "production")
     wait_for_state(stack.pipeline.server, uuid.UUID(run2), "COMPLETED", timeout_s=120)

@@ -106,6 +106,7 @@ def test_the_ui_form_resumes_the_run_with_what_the_reviewer_chose_and_typed(
         comment=comment,
         acknowledge_scan_review=acknowledge,
         screenshot=shot,
+        login=prefect_server.auth_string,
     )
 
     assert run.result() == {

@@ -70,8 +70,11 @@ def approve_in_ui(
     comment: str,
     acknowledge_scan_review: bool = False,
     screenshot: Path | None = None,
+    login: str | None = None,
 ) -> None:
-    """Resume the paused flow run ``flow_run_id`` through the Prefect UI at ``ui_url``.
+    """Resume the paused flow run ``flow_run_id`` through the Prefect UI at ``ui_url``,
+    first typing ``login`` (the server's ``user:password``) into the UI's login form when
+    the server has authentication on.
 
     ``screenshot`` receives a PNG of the filled dialog (description and form) taken just
     before ``Submit``. Returns once the dialog has closed. Raises UIApprovalError naming the
@@ -98,10 +101,18 @@ def approve_in_ui(
             page.set_default_timeout(STEP_TIMEOUT_MS)
             page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type == "error" else None)
             try:
+                if login is not None:
+                    step = "logging in (the server has API authentication on)"
+                    page.goto(f"{ui_url.rstrip('/')}/login", timeout=PAGE_TIMEOUT_MS)
+                    password = page.get_by_placeholder("admin:pass")
+                    password.wait_for(timeout=PAGE_TIMEOUT_MS)
+                    password.fill(login)
+                    page.get_by_role("button", name="Login", exact=True).click()
+                    page.wait_for_url(lambda at: "/login" not in at, timeout=PAGE_TIMEOUT_MS)
                 step = f"opening {url}"
                 page.goto(url, timeout=PAGE_TIMEOUT_MS)
-                step = "waiting for the Resume button (is the run paused?)"
                 resume = page.get_by_role("button", name="Resume", exact=True)
+                step = "waiting for the Resume button (is the run paused?)"
                 resume.wait_for(timeout=PAGE_TIMEOUT_MS)
                 resume.click()
                 step = "waiting for the Resume Flow Run dialog"

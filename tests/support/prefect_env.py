@@ -89,12 +89,12 @@ def _drain_clients(timeout_s: float = 15.0) -> None:
 def client_env(server: PrefectServer) -> Iterator[None]:
     """Point Prefect clients and flows in this thread at ``server`` (settings are
     context-local: a thread of its own must enter this itself)."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import temporary_settings
 
     # Prefect's events and logs workers are one per process, bound to the API of the moment
     # they started: drained on the way in and out, the next one starts against the right API
     _drain_clients()
-    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+    with temporary_settings(updates=server.client_settings()):
         try:
             yield
         finally:
