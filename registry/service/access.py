@@ -15,7 +15,8 @@ MAX_HOLDER = 64
 
 
 def _holder(value: str, what: str) -> str:
-    holder = check_text(value, field="holder", limit=MAX_HOLDER) or ""
+    # control characters first (invalid_text); the length is the holder rule's own
+    holder = check_text(value, field="holder", limit=len(value)) or ""
     holder = holder.strip()
     if not holder or len(holder) > MAX_HOLDER:
         raise InvalidInput(
