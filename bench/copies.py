@@ -41,7 +41,7 @@ from registry.rules.access import Principal  # noqa: E402
 from registry.rules.fleet import Placement, Replica, ReplicaRole, version_path  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
-from registry.storage.copies import CACHE_FILE  # noqa: E402
+from registry.storage.copies import cache_file  # noqa: E402
 from registry.storage.resolver_index import INDEX_FORMAT, index_entry, write_index  # noqa: E402
 from tasks.reconcile import CopyChecker  # noqa: E402
 
@@ -152,7 +152,7 @@ def fleet_costs(work: Path, adapters: int) -> tuple[dict[str, Any], Path]:
         checker.save()
         return ns, checker.hashed, len(damaged)
 
-    (adapter_dir / CACHE_FILE).unlink(missing_ok=True)
+    cache_file(settings.home, adapter_dir).unlink(missing_ok=True)
     cold_ns, cold_hashed, _ = check()
     clean = [check() for _ in range(20)]
     changed = []

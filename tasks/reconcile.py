@@ -15,7 +15,7 @@ from typing import Any
 from registry.errors import LoragateError, ReplicaError
 from registry.rules.fleet import ActionKind, FleetAction, Placement, Replica, desired_placements, plan_reconcile
 from registry.service import Registry
-from registry.storage.copies import VerifiedCache, damaged_files, quarantine
+from registry.storage.copies import VerifiedCache, cache_file, damaged_files, quarantine
 from registry.storage.resolver_index import adapter_entries, drop_unknown, replace_entries
 from tasks.fleet import Progress, materialize_for, replica_client, switch_replica, unload_replica, verify_replica
 
@@ -58,7 +58,7 @@ class CopyChecker:
     def damaged(self, replica: Replica, placements: Mapping[str, Placement]) -> dict[str, list[str]]:
         """Adapter name -> the damaged files of its copy, for the copies that are there."""
         cache = self._caches.get(replica.adapter_dir) or self._caches.setdefault(
-            replica.adapter_dir, VerifiedCache.load(replica.adapter_dir)
+            replica.adapter_dir, VerifiedCache.load(cache_file(self.registry.settings.home, replica.adapter_dir))
         )
         found = {}
         for name, placement in placements.items():

@@ -15,7 +15,7 @@ import pytest
 from infra.tamper import flip_a_byte
 from registry.errors import ReplicaError
 from registry.rules.fleet import ActionKind
-from registry.storage.copies import QUARANTINE_DIR
+from registry.storage.copies import QUARANTINE_DIR, cache_file
 from tasks.reconcile import CopyChecker, fleet_status, reconcile_fleet
 from tasks.replicas import ReplicaClient
 from tests.support.fleet import answer, make_fleet, served
@@ -80,3 +80,6 @@ def test_a_tampered_copy_is_reported_refused_by_the_resolver_and_repaired_by_rec
     checker = CopyChecker(fleet.registry)
     fleet_status(fleet.registry, checker)
     assert checker.hashed == 0
+    # kept where loragate runs, never on the adapter volume a replica host can write
+    assert cache_file(fleet.registry.settings.home, prod_a.adapter_dir).is_file()
+    assert not list(Path(prod_a.adapter_dir).glob("*verified*"))

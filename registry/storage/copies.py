@@ -3,10 +3,12 @@ aside.
 
 A version's copy on a replica's adapter directory (``<dir>/<name>/<version>/``) is
 immutable: its three files must hash to the digests the registry recorded at registration.
-Checking is a full read, so what was checked is remembered per adapter directory in
-``.loragate-verified.json``, keyed by each file's inode, size, mtime and ctime: a clean fleet
-is checked again by a few ``stat`` calls. Any write to a file (even one that restores its
-mtime) changes its ctime, which no one but the kernel sets, so a tampered file is read again.
+Checking is a full read, so what was checked is remembered per adapter directory, keyed by
+each file's inode, size, mtime and ctime: a clean fleet is checked again by a few ``stat``
+calls. Any write to a file (even one that restores its mtime) changes its ctime, which no
+one but the kernel sets, so a tampered file is read again. The memory is kept under
+loragate's own home (``<home>/verified-copies/``), never on the adapter volume: whoever can
+write a copy there could also write a cache entry vouching for it.
 
 A damaged copy is moved into ``.loragate-quarantine/`` (kept for whoever investigates,
 never served: the resolver only trusts paths the index names) so the version can be
@@ -15,6 +17,7 @@ materialized afresh at its own path.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -25,8 +28,14 @@ from pathlib import Path
 
 from registry.intake.digests import sha256_file
 
-CACHE_FILE = ".loragate-verified.json"
+CACHE_DIR = "verified-copies"
 QUARANTINE_DIR = ".loragate-quarantine"
+
+
+def cache_file(home: str | Path, adapter_dir: str | Path) -> Path:
+    """Where what was checked in ``adapter_dir`` is remembered, under loragate's ``home``."""
+    key = hashlib.sha256(str(Path(adapter_dir).resolve()).encode()).hexdigest()[:24]
+    return Path(home) / CACHE_DIR / f"{key}.json"
 
 
 def _stamp(st: os.stat_result) -> list[int]:
@@ -35,21 +44,21 @@ def _stamp(st: os.stat_result) -> list[int]:
 
 @dataclass
 class VerifiedCache:
-    """What was last found hashing each file of one adapter directory, by stat stamp."""
+    """What was last found hashing each file of one adapter directory, by stat stamp, kept
+    in ``path`` (``cache_file``)."""
 
-    adapter_dir: Path
+    path: Path
     entries: dict[str, dict] = field(default_factory=dict)
     changed: bool = False
     hashed: int = 0  # files read in full this time (the cost a warm cache avoids)
 
     @classmethod
-    def load(cls, adapter_dir: str | Path) -> VerifiedCache:
-        path = Path(adapter_dir) / CACHE_FILE
+    def load(cls, path: Path) -> VerifiedCache:
         try:
             entries = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             entries = {}
-        return cls(Path(adapter_dir), entries if isinstance(entries, dict) else {})
+        return cls(path, entries if isinstance(entries, dict) else {})
 
     def digest(self, path: Path) -> str | None:
         """The file's SHA-256, from the cache when its stamp is unchanged; None when it is
@@ -74,12 +83,12 @@ class VerifiedCache:
         """Write the cache back atomically (a lost update costs only a re-read)."""
         if not self.changed:
             return
-        self.adapter_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".loragate-verified-", dir=self.adapter_dir)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.stem}-", dir=self.path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(self.entries, f)
-            os.replace(tmp, self.adapter_dir / CACHE_FILE)
+            os.replace(tmp, self.path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
