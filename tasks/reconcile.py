@@ -65,13 +65,16 @@ class CopyChecker:
             copy = Path(placement.path)
             if not copy.exists():
                 continue  # materialized when it is loaded
-            digests = self._digests.get(placement.version_id) or self._digests.setdefault(
-                placement.version_id, self.registry.bundle_digests(placement.version_id)
-            )
-            bad = damaged_files(copy, digests, cache)
+            bad = damaged_files(copy, self.digests(placement.version_id), cache)
             if bad:
                 found[name] = bad
         return found
+
+    def digests(self, version_id: str) -> Mapping[str, str]:
+        """The version's file digests, read from the registry once per check."""
+        if version_id not in self._digests:
+            self._digests[version_id] = self.registry.bundle_digests(version_id)
+        return self._digests[version_id]
 
     @property
     def hashed(self) -> int:
@@ -114,13 +117,13 @@ def reconcile_fleet(registry: Registry, progress: Progress = _quiet) -> list[Rep
     lock, and the replica's state for it read again there."""
     adapters = registry.adapter_pointers()
     replicas = registry.list_replicas()
+    checker = CopyChecker(registry)
     for adapter in adapters:
         with registry.holding_adapter(adapter.name) as held:
-            for adapter_dir, by_role in adapter_entries(replicas, held or adapter, registry.bundle_digests).items():
+            for adapter_dir, by_role in adapter_entries(replicas, held or adapter, checker.digests).items():
                 replace_entries(adapter_dir, adapter.name, by_role)
     for adapter_dir in {r.adapter_dir for r in replicas}:
         drop_unknown(adapter_dir, {a.name for a in adapters})
-    checker = CopyChecker(registry)
     states = fleet_status(registry, checker)
     entries: list[dict[str, Any]] = []
     try:

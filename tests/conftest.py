@@ -186,6 +186,18 @@ def validated_adapters(tmp_path_factory, tiny_base, support_bundle, tickets_bund
     return validate_adapters(tmp_path_factory.mktemp("fleet-validation"), tiny_base, support_bundle, tickets_bundle)
 
 
+@pytest.fixture
+def fleet(tmp_path, replicas, replica_adapters, validated_adapters):
+    """A registry of the test's own and an adapter name of its own on the session's
+    replicas; the validation reports are the session's (the same weights and golden set),
+    recorded under this test's ids."""
+    from tests.support.fleet import make_fleet
+
+    made = make_fleet(tmp_path, replicas, replica_adapters, validated_adapters)
+    yield made
+    made.registry.close()
+
+
 # -- Prefect --------------------------------------------------------------------------
 
 

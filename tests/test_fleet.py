@@ -40,15 +40,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def fleet(tmp_path, replicas, replica_adapters, validated_adapters):
-    """A registry of the test's own and an adapter name of its own; the validation reports
-    are the session's (the same weights and golden set), recorded under this test's ids."""
-    made = make_fleet(tmp_path, replicas, replica_adapters, validated_adapters)
-    yield made
-    made.registry.close()
-
-
-@pytest.fixture
 def outputs(fleet):
     """What each version answers the support prompt: v1 the support reply, v2 a ticket."""
     v1 = fleet.registry.expected_outputs(fleet.v1)

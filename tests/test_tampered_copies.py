@@ -18,18 +18,11 @@ from registry.rules.fleet import ActionKind
 from registry.storage.copies import QUARANTINE_DIR, cache_file
 from tasks.reconcile import CopyChecker, fleet_status, reconcile_fleet
 from tasks.replicas import ReplicaClient
-from tests.support.fleet import answer, make_fleet, served
+from tests.support.fleet import answer, served
 
 pytestmark = pytest.mark.slow
 
 WEIGHTS = "adapter_model.safetensors"
-
-
-@pytest.fixture
-def fleet(tmp_path, replicas, replica_adapters, validated_adapters):
-    made = make_fleet(tmp_path, replicas, replica_adapters, validated_adapters)
-    yield made
-    made.registry.close()
 
 
 def own_actions(fleet, url: str):

@@ -22,12 +22,12 @@ def _is_control(ch: str) -> bool:
     return unicodedata.category(ch).startswith("C")
 
 
-def check_text(value: str | None, *, field: str, limit: int = MAX_REASON) -> str | None:
+def check_text(value: str | None, *, field: str, limit: int | None = MAX_REASON) -> str | None:
     """``value`` unchanged, or None for None.
 
     Raises:
         InvalidInput: INVALID_TEXT when it holds a control or format character or is
-            longer than ``limit``.
+            longer than ``limit`` (None: a caller with a length rule of its own).
     """
     if value is None:
         return None
@@ -38,7 +38,7 @@ def check_text(value: str | None, *, field: str, limit: int = MAX_REASON) -> str
             code=ErrorCode.INVALID_TEXT,
             field=field,
         )
-    if len(value) > limit:
+    if limit is not None and len(value) > limit:
         raise InvalidInput(
             f"{field} is {len(value)} characters; at most {limit}", code=ErrorCode.INVALID_TEXT, field=field
         )

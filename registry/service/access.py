@@ -15,9 +15,8 @@ MAX_HOLDER = 64
 
 
 def _holder(value: str, what: str) -> str:
-    # control characters first (invalid_text); the length is the holder rule's own
-    holder = check_text(value, field="holder", limit=len(value)) or ""
-    holder = holder.strip()
+    # control characters are invalid_text; the length is the holder rule's own, below
+    holder = (check_text(value, field="holder", limit=None) or "").strip()
     if not holder or len(holder) > MAX_HOLDER:
         raise InvalidInput(
             f"holder must name who holds {what} (1-{MAX_HOLDER} characters)",
