@@ -14,14 +14,20 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
-from registry.errors import DeployFailed, Unavailable
+from registry.db.database import make_engine
+from registry.errors import DeployFailed, ErrorCode, Unavailable
 from registry.service import Registry
 from tasks.fleet import FleetSwitch, promote_and_switch
 from tests.support.fleet import Fleet, answer, make_fleet, served
@@ -232,3 +238,43 @@ def test_the_s3_server_stopped_under_a_promotion_refuses_it_and_a_rerun_after_it
     finally:
         on_s3.close()
         server.stop()
+
+
+def _take_every_slot(url: str) -> list[psycopg.Connection]:
+    """Connections until the server refuses one: it is full."""
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
+    held: list[psycopg.Connection] = []
+    while True:
+        try:
+            held.append(psycopg.connect(dsn, connect_timeout=5))
+        except psycopg.OperationalError:
+            return held
+
+
+def test_a_full_database_makes_a_call_wait_for_a_free_slot_and_a_database_that_stays_full_fails_in_one_deadline(
+    private_postgres,
+):
+    held = _take_every_slot(private_postgres.url)
+    engine = make_engine(make_url(private_postgres.url), connect_timeout_s=4)
+    try:
+        assert len(held) >= 90  # the default 100 slots, less the ones kept for the superuser
+        release = threading.Timer(1.0, held.pop().close)
+        release.start()
+        started = time.monotonic()
+        with engine.connect() as conn:
+            assert conn.execute(text("select 1")).scalar() == 1
+        waited = time.monotonic() - started
+        release.join()
+        assert 0.9 <= waited < 4
+
+        engine.dispose()  # the slot is back in the pool's hands: give it to a new holder
+        held.extend(_take_every_slot(private_postgres.url))
+        started = time.monotonic()
+        with pytest.raises(Unavailable) as refused:
+            engine.connect()
+        assert refused.value.code == ErrorCode.DATABASE_UNAVAILABLE
+        assert 4 <= time.monotonic() - started < 4 + 2 + 1  # the deadline, plus one attempt's libpq timeout at most
+    finally:
+        engine.dispose()
+        for conn in held:
+            conn.close()

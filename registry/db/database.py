@@ -9,6 +9,8 @@ are turned into records before the connection is released.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -22,7 +24,7 @@ from registry.db import migrate
 from registry.db.schema import audit_events
 from registry.errors import ConcurrentUpdate, ErrorCode, InvalidInput, PermissionDenied, Unavailable
 from registry.records.adapters import utcnow
-from registry.retrying import call_with_retries
+from registry.retrying import call_with_retries, until_deadline
 
 T = TypeVar("T")
 MAX_ATTEMPTS = 8
@@ -57,6 +59,7 @@ def make_engine(url: URL, connect_timeout_s: int = 10) -> Engine:
 
     else:
         engine = create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": connect_timeout_s})
+        _connect_within(engine, connect_timeout_s)
     shown = url.render_as_string(hide_password=True)
 
     @event.listens_for(engine, "handle_error")
@@ -78,6 +81,30 @@ def make_engine(url: URL, connect_timeout_s: int = 10) -> Engine:
             ) from context.original_exception
 
     return engine
+
+
+def _connect_within(engine: Engine, deadline_s: int) -> None:
+    """A new Postgres connection is tried again until ``deadline_s`` has passed in all.
+
+    A full server ("too many clients"), one starting up or failing over refuses the
+    connection for a moment; 64 CLI calls at once must queue for a slot, not fail. libpq
+    reports those refusals without a SQLSTATE, so every failed connect is retried, each
+    attempt limited to what is left of the deadline: a database that is down still fails
+    after ``deadline_s``, as one line.
+    """
+    operational_error = engine.dialect.loaded_dbapi.OperationalError
+
+    @event.listens_for(engine, "do_connect")
+    def _patiently(dialect, _record, cargs, cparams):
+        ends_at = time.monotonic() + deadline_s
+
+        def attempt():
+            # libpq's own timeout counts per attempt, and it rounds anything under 2 s up to 2
+            left = max(2, math.ceil(ends_at - time.monotonic()))
+            return dialect.connect(*cargs, **{**cparams, "connect_timeout": left})
+
+        retrying = until_deadline(deadline_s, step_s=0.05, retry_if=lambda e: isinstance(e, operational_error))
+        return retrying(attempt)
 
 
 class Database:
