@@ -42,7 +42,7 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 import httpx  # noqa: E402
 
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
-from infra.pipeline import save_pipeline_secrets, start_pipeline  # noqa: E402
+from infra.pipeline import PipelineSecrets, start_pipeline  # noqa: E402
 from infra.prefect_local import PrefectServer, start_prefect_server  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
 from registry.rules.access import Principal, Role  # noqa: E402
@@ -186,8 +186,8 @@ def run_configuration(label, polls, trials, bundles, golden, base_dir, canary, r
     log(f"{label}: starting a Prefect server, deploying, starting workers")
     t0 = time.monotonic()
     server = start_prefect_server(home / "prefect")
-    save_pipeline_secrets(server, tokens, key.private_pem)
-    pipeline = start_pipeline(home / "prefect", settings_env, evaluate_every_s=3600, server=server)
+    secrets = PipelineSecrets(tokens, key.private_pem)
+    pipeline = start_pipeline(home / "prefect", settings_env, secrets, evaluate_every_s=3600, server=server)
     pipeline.owns_server = True
     setup_s = time.monotonic() - t0
     results = []

@@ -5,7 +5,8 @@ prefix was renamed -- a silent failure the registry refuses at the door -- and o
 4-bit compute dtype overflows, which only shadow validation sees). Then it starts what a
 platform runs: a local Prefect server with loragate's deployments (``prefect deploy --all``)
 and a worker per work pool, and two vLLM CPU replicas, one canary and one production. It
-creates a token per gate role (kept in Prefect Secret blocks) and a signing key, emits
+creates a token per gate role (each in its own work pool's secrets directory, never on the
+Prefect server) and a signing key, emits
 ``loragate.training.completed`` events and follows each gate as it happens: register,
 shadow validation (which signs what passed), canary, the scheduled canary evaluations, the
 promotion waiting for a sign-off -- given from the CLI, with the UI link where a person could give it instead --,
@@ -283,7 +284,7 @@ def summary(pipeline) -> None:
 
 
 def main() -> None:
-    from infra.pipeline import save_pipeline_secrets, start_pipeline
+    from infra.pipeline import PipelineSecrets, start_pipeline
     from infra.prefect_local import start_prefect_server
     from infra.replica import VllmReplica, start_replicas, stop_replicas
     from registry.rules.access import Role
@@ -330,7 +331,8 @@ def main() -> None:
     PEOPLE["alice"] = json.loads(
         loragate("token", "create", "--role", "activation", "--holder", "alice", "--json", quiet=True, env=as_admin)
     )["token"]
-    say("tokens are shown once (kept here in Prefect Secret blocks, never in parameters or logs):")
+    say("tokens are shown once; each work pool's worker gets its role's token in a directory of its own,")
+    say("never on the Prefect server (no Secret block, parameter, variable or log holds one):")
     loragate("token", "list", env=as_admin)
     keys = HOME / "keys"
     loragate("key", "generate", "--out", str(keys))
@@ -360,9 +362,11 @@ def main() -> None:
         ui = server.ui_url
         os.environ["LORAGATE_UI_URL"] = ui
         settings_env["LORAGATE_UI_URL"] = ui
-        pipeline = start_pipeline(HOME / "prefect", settings_env, evaluate_every_s=EVALUATE_EVERY_S, server=server)
+        secrets = PipelineSecrets(tokens, (keys / "signing.key").read_bytes())
+        pipeline = start_pipeline(
+            HOME / "prefect", settings_env, secrets, evaluate_every_s=EVALUATE_EVERY_S, server=server
+        )
         pipeline.owns_server = True
-        save_pipeline_secrets(server, tokens, (keys / "signing.key").read_bytes())
         say(f"Prefect UI: {ui}  (deployments: register, shadow-validate, canary, canary-evaluate, promote, rollback)")
         say(f"the server has API authentication on: log in with the credential in {server.home}/api-auth")
         for r in replicas:

@@ -6,8 +6,9 @@ end-to-end tests and ``bench/pipeline.py``.
 are then tightened (an evaluation every few seconds instead of every ten minutes), because
 a demo canary window lasts seconds, not a day. The workers get the loragate settings as
 environment variables, which every flow run they start inherits: settings never travel as
-flow parameters, and tokens and keys never as either (``save_pipeline_secrets`` puts them
-in Secret blocks).
+flow parameters. Credentials travel as neither: each pool's worker holds one role's token
+(and the signing pool the signing key) in a secrets directory of its own, as a Kubernetes
+Secret mounted into that pool's pods would (``tasks/credentials.py``).
 """
 
 from __future__ import annotations
@@ -28,9 +29,50 @@ from infra.prefect_local import (
     stop_process,
 )
 from registry.rules.access import Role
+from tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets
 
 ROOT = Path(__file__).resolve().parents[1]
-POOLS = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A work pool and the one gate role its worker acts as."""
+
+    name: str
+    role: Role
+    holds_signing_key: bool = False
+
+
+# prefect.yaml puts each deployment on the pool of the role its gates need
+POOLS = (
+    Pool("intake", Role.TRAINING),
+    Pool("gpu", Role.SIGNING, holds_signing_key=True),
+    Pool("release", Role.ACTIVATION),
+    Pool("fleet", Role.ADMIN),
+)
+
+
+@dataclass(frozen=True)
+class PipelineSecrets:
+    """What the pipeline's workers act with, split between them by ``write_secrets``."""
+
+    tokens: dict[Role, str] = field(repr=False)
+    signing_key_pem: bytes | None = field(default=None, repr=False)
+    slack_token: str | None = field(default=None, repr=False)
+
+
+def write_secrets(directory: Path, secrets: PipelineSecrets) -> dict[str, Path]:
+    """One secrets directory per pool under ``directory``: its role's token, the signing key
+    for the signing pool only, the Slack token for every pool (each one notifies)."""
+    return {
+        pool.name: write_pool_secrets(
+            directory / pool.name,
+            {pool.role: secrets.tokens[pool.role]} if pool.role in secrets.tokens else {},
+            secrets.signing_key_pem if pool.holds_signing_key else None,
+            secrets.slack_token,
+        )
+        for pool in POOLS
+    }
 
 
 @dataclass
@@ -66,7 +108,7 @@ def _prefect(server: PrefectServer, env: dict[str, str], *args: str, check: bool
 def deploy(server: PrefectServer, env: dict[str, str], *, evaluate_every_s: float, reconcile_every_s: float) -> None:
     """Create the work pools, ``prefect deploy --all``, then tighten the two schedules."""
     for pool in POOLS:
-        _prefect(server, env, "work-pool", "create", pool, "--type", "process", "--overwrite")
+        _prefect(server, env, "work-pool", "create", pool.name, "--type", "process", "--overwrite")
     _prefect(server, env, "deploy", "--all")
     set_interval(server, "canary-evaluate/canary-evaluate", evaluate_every_s)
     set_interval(server, "reconcile/reconcile", reconcile_every_s)
@@ -87,22 +129,25 @@ def set_interval(server: PrefectServer, deployment: str, seconds: float) -> None
 def start_pipeline(
     home: Path,
     loragate_env: dict[str, str],
+    secrets: PipelineSecrets,
     *,
     evaluate_every_s: float = 5.0,
     reconcile_every_s: float = 60.0,
     server: PrefectServer | None = None,
 ) -> LocalPipeline:
     """A Prefect server under ``home`` (or the one given), loragate deployed on it, and one
-    worker per pool whose flow runs see ``loragate_env``."""
+    worker per pool whose flow runs see ``loragate_env`` and act with that pool's share of
+    ``secrets`` (written under ``<server home>/secrets/<pool>``)."""
     owns_server = server is None
     server = server or start_prefect_server(home)
     pipeline = LocalPipeline(server, {**server.env, **loragate_env}, owns_server=owns_server)
     try:
         deploy(server, loragate_env, evaluate_every_s=evaluate_every_s, reconcile_every_s=reconcile_every_s)
+        secret_dirs = write_secrets(server.home / "secrets", secrets)
         for pool in POOLS:
-            pipeline.workers.append(
-                start_worker(server, pool, loragate_env, cwd=ROOT, log=server.home / f"worker-{pool}.log")
-            )
+            worker_env = {**loragate_env, SECRETS_DIR_VARIABLE: str(secret_dirs[pool.name])}
+            log = server.home / f"worker-{pool.name}.log"
+            pipeline.workers.append(start_worker(server, pool.name, worker_env, cwd=ROOT, log=log))
     except BaseException:
         pipeline.stop()
         raise
@@ -129,15 +174,3 @@ def reopen_ui(home: Path = Path(".loragate/prefect"), port: int = 4200) -> None:
 
 if __name__ == "__main__":
     reopen_ui()
-
-
-def save_pipeline_secrets(
-    server: PrefectServer, tokens: dict[Role, str], signing_key_pem: bytes | None, slack_token: str | None = None
-) -> None:
-    """The gates' tokens, the signing key and the Slack token as Secret blocks on ``server``."""
-    from prefect.settings import temporary_settings
-
-    from tasks.credentials import store_pipeline_secrets
-
-    with temporary_settings(server.client_settings()):
-        store_pipeline_secrets(tokens, signing_key_pem, slack_token)

@@ -230,6 +230,8 @@ def start_worker(
     if name:
         cmd += ["--name", name]
     full_env = {**os.environ, **server.env, **(env or {})}
+    # a worker acts with its pool's secrets directory, never with the caller's own token
+    full_env.pop("LORAGATE_TOKEN", None)
     log = log or server.home / f"worker-{pool}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:

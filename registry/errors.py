@@ -45,6 +45,13 @@ class ErrorCode(StrEnum):
     DEPLOY_FAILED = "deploy_failed"
     # who may do what, and signatures
     PERMISSION_DENIED = "permission_denied"
+    MISSING_CREDENTIAL = "missing_credential"
+    APPROVAL_CODE_INVALID = "approval_code_invalid"
+    APPROVAL_CODE_USED = "approval_code_used"
+    APPROVAL_CODE_EXPIRED = "approval_code_expired"
+    APPROVAL_CODE_MISMATCH = "approval_code_mismatch"
+    APPROVAL_CODE_REVOKED = "approval_code_revoked"
+    APPROVAL_CODE_SELF = "approval_code_self"
     INVALID_ROLE = "invalid_role"
     INVALID_NAMESPACE = "invalid_namespace"
     INVALID_HOLDER = "invalid_holder"
@@ -97,6 +104,13 @@ class PermissionDenied(LoragateError):
 
     def one_line(self) -> str:
         return f"permission denied: {' '.join(self.message.split())}"
+
+
+class ApprovalRefused(PermissionDenied):
+    """A sign-off whose approval code does not prove it: forged, used, expired, issued for
+    another window, decision or reviewer, to a revoked token, or to the acting token."""
+
+    default_code = ErrorCode.APPROVAL_CODE_INVALID
 
 
 class IntegrityFailure(LoragateError):

@@ -1,43 +1,73 @@
-"""What a flow run acts with: one API token per gate role, the signing key and the Slack
-token, read from Prefect Secret blocks inside the run.
+"""What a flow run acts with: the API token of the one gate role its worker holds, the
+signing key (the signing worker only) and the Slack token, read from files in the
+worker's secrets directory (``LORAGATE_SECRETS_DIR``).
 
-Never parameters (Prefect stores and shows those) and never the deployment's environment:
-a Secret block is encrypted at rest by the Prefect server, shown masked in the UI, and
-rotated in one place. Each gate opens the registry with the token of the least role it
-needs, so a register run cannot move a pointer even if its code were wrong. Where a block
-is missing (a developer's shell), the worker's ``LORAGATE_*`` settings are used instead.
+Nothing of it lives on the Prefect server. A self-hosted server has no RBAC: whoever
+reaches its API reads a Secret block with ``include_secrets=true``, every parameter,
+variable and artifact. So each work pool has its own worker, and each worker its own
+directory (on Kubernetes one Secret per pool, mounted only into that pool's pods; locally
+a 0700 directory per pool): a flow run can act only as the role of the pool it runs on,
+and asking for another role is ``missing_credential``. The directory's path travels in
+the environment; the secrets never do. Without a secrets directory (a developer's shell)
+the caller's own ``LORAGATE_TOKEN`` settings are used.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+from registry.errors import ErrorCode, PermissionDenied
 from registry.rules.access import Role
 from registry.service import Registry
 from registry.settings import Settings
 
-
-def token_block(role: Role) -> str:
-    return f"loragate-token-{role.value}"
-
-
-SIGNING_KEY_BLOCK = "loragate-signing-key"
-SLACK_TOKEN_BLOCK = "loragate-slack-token"
+SECRETS_DIR_VARIABLE = "LORAGATE_SECRETS_DIR"
+SIGNING_KEY_FILE = "signing-key.pem"
+SLACK_TOKEN_FILE = "slack-token"
 
 
-def read_secret(block: str) -> str | None:
-    """The Secret block's value, None when there is no such block."""
-    from prefect.blocks.system import Secret
+def token_file(role: Role) -> str:
+    return f"token-{role.value}"
 
-    try:
-        secret = Secret.load(block, _sync=True)  # type: ignore[call-arg]
-    except ValueError:  # Prefect's "no block document named ..."
+
+def secrets_dir() -> Path | None:
+    value = os.environ.get(SECRETS_DIR_VARIABLE)
+    return Path(value) if value else None
+
+
+def read_secret(name: str) -> str | None:
+    """The file's content without surrounding whitespace; None without a secrets directory
+    or without that file in it."""
+    directory = secrets_dir()
+    if directory is None:
         return None
-    value = secret.get()  # type: ignore[union-attr]
-    return str(value) if value else None
+    try:
+        value = (directory / name).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return value or None
 
 
 def settings_for(role: Role) -> Settings:
-    token = read_secret(token_block(role))
-    return Settings(token=token) if token else Settings()
+    """The worker's settings, acting with its ``role`` token.
+
+    Raises:
+        PermissionDenied: MISSING_CREDENTIAL when the worker has a secrets directory that
+            holds no token of ``role``: the flow runs on another role's work pool.
+    """
+    directory = secrets_dir()
+    if directory is None:
+        return Settings()
+    token = read_secret(token_file(role))
+    if token is None:
+        raise PermissionDenied(
+            f"this worker holds no {role.value} token ({directory / token_file(role)}): "
+            f"the flow runs on a work pool of another role",
+            code=ErrorCode.MISSING_CREDENTIAL,
+            field=SECRETS_DIR_VARIABLE,
+        )
+    return Settings(token=token)
 
 
 def registry_as(role: Role) -> Registry:
@@ -46,23 +76,38 @@ def registry_as(role: Role) -> Registry:
 
 
 def slack_settings() -> Settings:
-    token = read_secret(SLACK_TOKEN_BLOCK)
+    token = read_secret(SLACK_TOKEN_FILE)
     return Settings(slack_token=token) if token else Settings()
 
 
 def signing_key() -> bytes | None:
-    pem = read_secret(SIGNING_KEY_BLOCK)
+    pem = read_secret(SIGNING_KEY_FILE)
     return pem.encode() if pem else None
 
 
-def store_pipeline_secrets(tokens: dict[Role, str], signing_key_pem: bytes | None, slack_token: str | None) -> None:
-    """Save the pipeline's credentials as Secret blocks (``make demo``, tests, an operator's
-    bootstrap script); an existing block is overwritten."""
-    from prefect.blocks.system import Secret
-
-    for role, token in tokens.items():
-        Secret(value=token).save(token_block(role), overwrite=True)
+def write_pool_secrets(
+    directory: Path,
+    tokens: dict[Role, str],
+    signing_key_pem: bytes | None = None,
+    slack_token: str | None = None,
+) -> Path:
+    """A worker's secrets directory (0700, files 0600), as a Kubernetes Secret volume lays
+    it out: one file per key. For ``make demo``, the tests and an operator's bootstrap on
+    one machine; an existing directory is rewritten."""
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    files = {token_file(role): token for role, token in tokens.items()}
     if signing_key_pem is not None:
-        Secret(value=signing_key_pem.decode()).save(SIGNING_KEY_BLOCK, overwrite=True)
+        files[SIGNING_KEY_FILE] = signing_key_pem.decode()
     if slack_token is not None:
-        Secret(value=slack_token).save(SLACK_TOKEN_BLOCK, overwrite=True)
+        files[SLACK_TOKEN_FILE] = slack_token
+    for stale in directory.iterdir():
+        if stale.name not in files:
+            stale.unlink()
+    for name, value in files.items():
+        path = directory / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(value)
+        path.chmod(0o600)
+    return directory

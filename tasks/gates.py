@@ -1,7 +1,7 @@
 """Prefect wrappers of the pipeline's gates: thin, each opening the registry the worker's
-``LORAGATE_*`` environment names with the token of the least role the gate needs, from a
-Prefect Secret block (settings and secrets never travel as parameters: Prefect stores and
-shows them).
+``LORAGATE_*`` environment names with the token of the least role the gate needs, from the
+worker's secrets directory (settings and secrets never travel as parameters: Prefect stores
+and shows them; ``tasks/credentials.py``).
 
 Retries are declared only where repeating is harmless: registering (content-addressed:
 the same bytes again write nothing), reading, probing, and fleet moves that re-plan from the
@@ -314,7 +314,7 @@ def sign_validated(version_id: str) -> bool:
     is a no-op); False, logged, when no key is configured: it cannot reach production."""
     key = signing_key()
     if key is None:
-        get_run_logger().warning(f"{version_id} not signed: no Secret block loragate-signing-key")
+        get_run_logger().warning(f"{version_id} not signed: this worker holds no signing key")
         return False
     with registry_as(Role.SIGNING) as registry:
         signature, created = registry.sign_version(version_id, key)

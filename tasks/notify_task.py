@@ -2,7 +2,7 @@
 
 The notice is the only parameter: Prefect stores task parameters and shows them in its
 UI, so the settings are read inside the run, from the worker's environment, and the Slack
-token from a Secret block. Kept apart from ``tasks.notify`` so the plain function imports
+token from the worker's secrets directory. Kept apart from ``tasks.notify`` so the plain function imports
 without Prefect (~2.4 s), as ``tasks.validation`` keeps its wrapper in ``prefect_tasks``.
 """
 

@@ -210,6 +210,20 @@ def prefect_harness():
         yield
 
 
+@pytest.fixture
+def worker_secrets(tmp_path, monkeypatch):
+    """``worker_secrets({Role.SIGNING: token})``: the flows of this test run as a worker of
+    that role's pool would, with a secrets directory holding those credentials only."""
+    from tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets
+
+    def hold(tokens, signing_key_pem: bytes | None = None, slack_token: str | None = None) -> Path:
+        directory = write_pool_secrets(tmp_path / "worker-secrets", tokens, signing_key_pem, slack_token)
+        monkeypatch.setenv(SECRETS_DIR_VARIABLE, str(directory))
+        return directory
+
+    return hold
+
+
 # -- S3 -------------------------------------------------------------------------------
 
 

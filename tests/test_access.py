@@ -309,43 +309,60 @@ def test_a_signature_is_recorded_once_per_key_and_run(world):
     assert first.id == again.id and len(world.registry.signatures(world.versions[3])) == 1
 
 
-# -- the flows: each gate acts with its role's token from a Secret block -------------------
+# -- the flows: each gate acts with the token its pool's worker holds --------------------
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("role", list(Role), ids=lambda r: r.value)
-def test_the_register_gate_acts_only_with_a_training_token_from_its_secret_block(
-    world, random_bundle, prefect_harness, role
+def test_the_register_gate_acts_only_with_a_training_token_from_its_workers_secrets(
+    world, random_bundle, prefect_harness, role, monkeypatch, worker_secrets
 ):
-    """Whatever token the training role's Secret block holds is what the gate acts as: a
-    token of another role is refused and nothing is written."""
+    """Whatever token the worker's training file holds is what the gate acts as: a token of
+    another role is refused and nothing is written."""
     from prefect import flow
 
-    from tasks.credentials import store_pipeline_secrets
     from tasks.gates import register_bundle
 
     _, token = world.registry.create_token(role.value, f"pipeline-{role.value}")
-    store_pipeline_secrets({Role.TRAINING: token}, None, None)
-    os.environ["LORAGATE_DATABASE_URL"] = world.registry.settings.database_url
-    os.environ["LORAGATE_ARTIFACTS"] = world.registry.settings.artifacts
+    worker_secrets({Role.TRAINING: token})
+    monkeypatch.setenv("LORAGATE_DATABASE_URL", world.registry.settings.database_url)
+    monkeypatch.setenv("LORAGATE_ARTIFACTS", world.registry.settings.artifacts)
 
     @flow
     def register_once() -> dict:
         return register_bundle.fn(str(random_bundle), NAME)
 
-    try:
-        before = registry_snapshot(world.registry.settings)
-        state = register_once(return_state=True)
-        if role == Role.TRAINING:
-            assert state.is_completed(), state
-            assert state.result()["created"] is True
-        else:
-            assert state.is_failed() and "PermissionDenied" in (state.message or ""), state
-            assert "takes training" in (state.message or "")
-            assert registry_snapshot(world.registry.settings) == before
-    finally:
-        os.environ.pop("LORAGATE_DATABASE_URL", None)
-        os.environ.pop("LORAGATE_ARTIFACTS", None)
+    before = registry_snapshot(world.registry.settings)
+    state = register_once(return_state=True)
+    if role == Role.TRAINING:
+        assert state.is_completed(), state
+        assert state.result()["created"] is True
+    else:
+        assert state.is_failed() and "PermissionDenied" in (state.message or ""), state
+        assert "takes training" in (state.message or "")
+        assert registry_snapshot(world.registry.settings) == before
+
+
+@pytest.mark.parametrize("held", [Role.SIGNING, Role.ACTIVATION, Role.ADMIN], ids=lambda r: r.value)
+def test_a_worker_of_another_pool_cannot_act_as_training_even_with_a_token_in_its_environment(
+    world, random_bundle, held, monkeypatch, worker_secrets
+):
+    """A worker's secrets directory is all it acts with: asking it for a role it holds no
+    token of is missing_credential, whatever ``LORAGATE_TOKEN`` says, and nothing is written."""
+    from tasks.credentials import SECRETS_DIR_VARIABLE, registry_as
+
+    worker_secrets({held: world.registry.create_token(held.value, f"pipeline-{held.value}")[1]})
+    monkeypatch.setenv("LORAGATE_TOKEN", world.registry.create_token("training", "someone")[1])
+    monkeypatch.setenv("LORAGATE_DATABASE_URL", world.registry.settings.database_url)
+    monkeypatch.setenv("LORAGATE_ARTIFACTS", world.registry.settings.artifacts)
+    before = registry_snapshot(world.registry.settings)
+    with pytest.raises(PermissionDenied) as refused:
+        registry_as(Role.TRAINING)
+    assert (refused.value.code, refused.value.field) == (ErrorCode.MISSING_CREDENTIAL, SECRETS_DIR_VARIABLE)
+    assert "no training token" in refused.value.message
+    with registry_as(held) as registry:  # what it does hold, it acts as
+        assert registry.principal.roles == {held}
+    assert registry_snapshot(world.registry.settings) == before
 
 
 def _public_key() -> bytes:

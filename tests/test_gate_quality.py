@@ -250,18 +250,17 @@ def test_a_candidate_better_overall_but_worse_on_a_slice_is_rejected_naming_the_
 
 @pytest.mark.slow
 def test_the_prefect_validation_artifacts_show_the_regressed_slice(
-    orders_in_production, orders_bundles, prefect_harness, monkeypatch
+    orders_in_production, orders_bundles, prefect_harness, monkeypatch, worker_secrets
 ):
     from prefect import flow
     from prefect.artifacts import Artifact
 
     from registry.rules.access import Role
-    from tasks.credentials import store_pipeline_secrets
     from tasks.validation.prefect_tasks import shadow_validate
 
     registry, production = orders_in_production
     candidate = registry.register_adapter(orders_bundles["candidate"], ORDERS).version.version_id
-    store_pipeline_secrets({Role.SIGNING: role_tokens(registry)["signing"]}, None, None)
+    worker_secrets({Role.SIGNING: role_tokens(registry)["signing"]})
     monkeypatch.setenv("LORAGATE_VALIDATION_THRESHOLD", "0.5")  # the worker's settings: 7/9 clears it
 
     @flow
@@ -409,14 +408,13 @@ def test_a_review_verdict_reaches_production_only_with_an_acknowledgement(
 
 @pytest.mark.slow
 def test_the_promote_flow_asks_again_when_an_approval_does_not_acknowledge_a_scan_review(
-    deep_registry, deep_adapters, prefect_server, monkeypatch, capsys, tmp_path
+    deep_registry, deep_adapters, prefect_server, monkeypatch, capsys, tmp_path, worker_secrets
 ):
     from prefect.artifacts import Artifact
     from prefect.flow_runs import resume_flow_run
 
     from flows.promote import promote_flow
     from registry.rules.access import Role
-    from tasks.credentials import store_pipeline_secrets
 
     registry = deep_registry
     vid = _register(registry, deep_adapters["trained-planted"], SUPPORT, "support", tmp_path)
@@ -427,8 +425,7 @@ def test_the_promote_flow_asks_again_when_an_approval_does_not_acknowledge_a_sca
     window, _ = registry.open_canary_window(vid)
     registry.close_canary_window(window.id, WindowStatus.READY, "in band")
     registry.create_token("activation", "alice")
-    with client_env(prefect_server):
-        store_pipeline_secrets({Role.ACTIVATION: role_tokens(registry)["activation"]}, None, None)
+    worker_secrets({Role.ACTIVATION: role_tokens(registry)["activation"]})
 
     outcome: dict = {}
 

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from infra.k8s.make_gpu_pool_template import gpu_pool_template, render
+from infra.pipeline import POOLS
 from registry.settings import VLLM_LORA_RANKS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +32,9 @@ NAMESPACE = "loragate"
 # the oldest Kubernetes the manifests are meant for, and the newest kubernetes-validate knows
 K8S_VERSIONS = ("1.33", kubernetes_validate.latest_version())
 GPU = "nvidia.com/gpu"
+SECRETS_PATH = "/var/run/secrets/loragate"
+# each work pool's worker holds one gate role's token (prefect.yaml, infra/pipeline.POOLS)
+POOL_ROLES = {pool.name: pool.role.value for pool in POOLS}
 
 
 @pytest.fixture(autouse=True)
@@ -130,7 +134,7 @@ def test_every_object_lives_in_the_loragate_namespace_under_a_name_of_its_own():
 
 def test_kubernetes_validate_checks_offline_and_can_fail():
     """Guard against a validator that passes everything: a misspelt field fails strict."""
-    deployment = objects("Deployment")["prefect-worker-cpu"]
+    deployment = objects("Deployment")["prefect-worker-release"]
     broken = json.loads(json.dumps(deployment))
     broken["spec"]["template"]["spec"]["containers"][0]["imagePullPolice"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -158,6 +162,7 @@ def test_every_config_map_secret_and_claim_a_pod_names_is_here_or_documented():
         named_claims |= {
             v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v
         }
+        named_secrets |= {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
         for c in pod["containers"]:
             for source in c.get("envFrom", []):
                 named_maps |= {source["configMapRef"]["name"]} if "configMapRef" in source else set()
@@ -169,8 +174,9 @@ def test_every_config_map_secret_and_claim_a_pod_names_is_here_or_documented():
     assert named_maps <= config_maps
     assert named_claims <= claims
     readme = (K8S / "README.md").read_text()
-    assert named_secrets == {"loragate-secrets"}
-    assert "kubectl -n loragate create secret generic loragate-secrets" in readme
+    assert named_secrets == {"loragate-secrets", *(f"loragate-{pool}" for pool in POOL_ROLES)}
+    for secret in named_secrets:
+        assert f"kubectl -n loragate create secret generic {secret}" in readme, secret
 
 
 # -- the gpu work pool ---------------------------------------------------------------------
@@ -273,7 +279,7 @@ def test_the_gpu_pool_template_refuses_a_negative_gpu_limit_and_unknown_selector
 
 def test_each_prefect_yaml_pool_has_a_worker_of_the_right_type_with_a_health_check():
     pools = {p["name"] for p in prefect_yaml()["definitions"]["pools"].values()}
-    expected_types = {"gpu": "kubernetes", "cpu": "process"}
+    expected_types = {"gpu": "kubernetes", "intake": "process", "release": "process", "fleet": "process"}
     workers = {}
     for name, deployment in objects("Deployment").items():
         command = container(deployment, "worker")["command"]
@@ -304,7 +310,7 @@ def test_workers_take_the_api_url_from_the_config_map_and_secrets_only_from_the_
             "name": "loragate-secrets",
             "key": "PREFECT_API_AUTH_STRING",
         }, name
-        for var in ("LORAGATE_DATABASE_URL", "LORAGATE_SLACK_TOKEN"):
+        for var in ("LORAGATE_DATABASE_URL",):
             if var in env:
                 assert "value" not in env[var], f"{name}: {var} is a literal"
                 assert env[var]["valueFrom"]["secretKeyRef"] == {"name": "loragate-secrets", "key": var} | (
@@ -313,12 +319,63 @@ def test_workers_take_the_api_url_from_the_config_map_and_secrets_only_from_the_
         literal_secrets = [
             n
             for n, e in env.items()
-            if "value" in e and any(w in n for w in ("TOKEN", "PASSWORD", "SECRET", "DATABASE_URL"))
+            if "value" in e
+            and n != "LORAGATE_SECRETS_DIR"  # a path: the secrets are the files there
+            and any(w in n for w in ("TOKEN", "PASSWORD", "SECRET", "DATABASE_URL"))
         ]
         assert literal_secrets == [], name
         assert "requests" in c["resources"] and "limits" in c["resources"], name
-    cpu_env = env_of(container(objects("Deployment")["prefect-worker-cpu"], "worker"))
-    assert "secretKeyRef" in cpu_env["LORAGATE_DATABASE_URL"]["valueFrom"]
+    release_env = env_of(container(objects("Deployment")["prefect-worker-release"], "worker"))
+    assert "secretKeyRef" in release_env["LORAGATE_DATABASE_URL"]["valueFrom"]
+
+
+def pool_pods() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod spec, flow container) where each pool's flow runs run: the process pools' worker
+    pods, and the gpu pool's Job pod."""
+    found = {}
+    for pool in POOL_ROLES:
+        if pool == "gpu":
+            pod = render_gpu_job({})["spec"]["template"]["spec"]
+            found[pool] = (pod, next(c for c in pod["containers"] if c["name"] == "prefect-job"))
+        else:
+            pod = objects("Deployment")[f"prefect-worker-{pool}"]["spec"]["template"]["spec"]
+            found[pool] = (pod, container(objects("Deployment")[f"prefect-worker-{pool}"], "worker"))
+    return found
+
+
+def test_each_pools_flow_runs_mount_that_pools_secret_and_no_other_and_hold_no_token_in_their_environment():
+    """One role per pool: a pod mounts its own pool's Secret read-only where
+    LORAGATE_SECRETS_DIR points, and no pod (worker, Job or replica) takes a token, key or
+    Slack token as an environment variable."""
+    pool_secrets = {f"loragate-{pool}" for pool in POOL_ROLES}
+    for pool, (pod, flow_container) in pool_pods().items():
+        mounted = {v["name"]: v["secret"] for v in pod.get("volumes", []) if "secret" in v}
+        assert {s["secretName"] for s in mounted.values()} == {f"loragate-{pool}"}, pool
+        (volume, secret), *_ = mounted.items()
+        assert secret.get("defaultMode") == 0o400, pool
+        mount = next(m for m in flow_container["volumeMounts"] if m["name"] == volume)
+        assert mount["mountPath"] == SECRETS_PATH and mount["readOnly"] is True, pool
+        env = flow_container.get("env", [])
+        env = {e["name"]: e.get("value") for e in env} if isinstance(env, list) else {}
+        assert env.get("LORAGATE_SECRETS_DIR") == SECRETS_PATH, pool
+    workloads = [*objects("Deployment").values(), *objects("StatefulSet").values()]
+    for workload in workloads:
+        pod = workload["spec"]["template"]["spec"]
+        if workload["metadata"]["name"].startswith("vllm"):
+            assert not {v.get("secret", {}).get("secretName") for v in pod.get("volumes", [])} & pool_secrets
+        for c in pod["containers"]:
+            names = {e["name"] for e in c.get("env", [])}
+            assert not names & {"LORAGATE_TOKEN", "LORAGATE_SLACK_TOKEN", "LORAGATE_SIGNING_KEY"}, c["name"]
+
+
+def test_the_canary_deployment_runs_on_the_signing_pool_without_a_gpu():
+    canary = next(d for d in prefect_yaml()["deployments"] if d["name"] == "canary")
+    assert canary["work_pool"]["name"] == "gpu"
+    job = render_gpu_job(canary["work_pool"]["job_variables"])
+    pod = job["spec"]["template"]["spec"]
+    flow_container = next(c for c in pod["containers"] if c["name"] == "prefect-job")
+    assert flow_container["resources"]["limits"][GPU] == 0
+    assert not pod.get("nodeSelector")
 
 
 def test_the_gpu_worker_may_run_and_watch_jobs_and_read_their_pods_in_its_namespace():
@@ -340,13 +397,23 @@ def test_the_gpu_worker_may_run_and_watch_jobs_and_read_their_pods_in_its_namesp
     assert env["PREFECT_INTEGRATIONS_KUBERNETES_OBSERVER_NAMESPACES"]["value"] == NAMESPACE
 
 
-def test_loragate_writes_bundles_where_the_replicas_read_them():
-    """The cpu pool's flows materialize into the adapter dir the replicas were registered with."""
-    worker = objects("Deployment")["prefect-worker-cpu"]
-    worker_mounts = {m["name"]: m for m in container(worker, "worker")["volumeMounts"]}
-    worker_claims = {
-        v["name"]: v["persistentVolumeClaim"]["claimName"] for v in worker["spec"]["template"]["spec"]["volumes"]
+def writer_pods() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod spec, flow container) of each pool whose flows write to the adapter volume:
+    release (promote, rollback), fleet (reconcile) and gpu (canary)."""
+    pods = {
+        pool: (objects("Deployment")[f"prefect-worker-{pool}"]["spec"]["template"]["spec"], None)
+        for pool in ("release", "fleet")
     }
+    found = {
+        pool: (pod, next(c for c in pod["containers"] if c["name"] == "worker")) for pool, (pod, _) in pods.items()
+    }
+    gpu_pod = render_gpu_job({})["spec"]["template"]["spec"]
+    found["gpu"] = (gpu_pod, next(c for c in gpu_pod["containers"] if c["name"] == "prefect-job"))
+    return found
+
+
+def test_loragate_writes_bundles_where_the_replicas_read_them():
+    """The flows that materialize write into the adapter dir the replicas were registered with."""
     for name, statefulset in vllm_statefulsets().items():
         c = container(statefulset, "vllm")
         adapter_dir = env_of(c)["LORAGATE_ADAPTER_DIR"]["value"]
@@ -354,8 +421,14 @@ def test_loragate_writes_bundles_where_the_replicas_read_them():
         volume = next(v for v in statefulset["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
         claim = volume["persistentVolumeClaim"]["claimName"]
         assert objects("PersistentVolumeClaim")[claim]["spec"]["accessModes"] == ["ReadWriteMany"], name
-        writer = next(m for n, m in worker_mounts.items() if worker_claims.get(n) == claim)
-        assert writer["mountPath"] == adapter_dir and not writer.get("readOnly", False), name
+        for pool, (pod, flow_container) in writer_pods().items():
+            claims = {
+                v["name"]: v["persistentVolumeClaim"]["claimName"]
+                for v in pod["volumes"]
+                if "persistentVolumeClaim" in v
+            }
+            writer = next(m for m in flow_container["volumeMounts"] if claims.get(m["name"]) == claim)
+            assert writer["mountPath"] == adapter_dir and not writer.get("readOnly", False), (name, pool)
 
 
 # -- the vLLM replicas -----------------------------------------------------------------------
@@ -385,7 +458,7 @@ def test_vllm_lora_limits_come_from_the_fleet_config_map():
         ):
             assert arg_after(c["args"], flag) == f"$({variable})", name
             assert env[variable]["valueFrom"]["configMapKeyRef"] == {"name": "loragate-fleet", "key": key}, name
-    worker_env = env_of(container(objects("Deployment")["prefect-worker-cpu"], "worker"))
+    worker_env = env_of(container(objects("Deployment")["prefect-worker-release"], "worker"))
     assert worker_env["LORAGATE_MAX_LORA_RANK"]["valueFrom"]["configMapKeyRef"] == {
         "name": "loragate-fleet",
         "key": "max_lora_rank",

@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from infra.modelkit import golden_cases
-from infra.pipeline import LocalPipeline, save_pipeline_secrets, start_pipeline
+from infra.pipeline import LocalPipeline, PipelineSecrets, start_pipeline
 from registry.errors import NotFound
 from registry.rules.access import Role
 from registry.rules.canary import ACTIVE, WindowStatus
@@ -79,7 +79,7 @@ class Stack:
     ):
         self.pipeline = pipeline
         self.people = people  # activation tokens of the people who sign off
-        self.tokens = tokens  # the gates', in Secret blocks
+        self.tokens = tokens  # the gates', one per pool's secrets directory
         self.settings = settings
         self.slack = slack
         self.replicas = replicas
@@ -140,11 +140,17 @@ class Stack:
         return found
 
     def everything_prefect_holds(self) -> str:
-        """Flow-run parameters, artifacts and logs as Prefect stores and shows them."""
+        """Everything the Prefect API hands whoever holds its credential: block documents
+        with their secrets revealed, variables, deployments (parameters, job variables),
+        work pools (base job templates), flow-run parameters, artifacts and logs."""
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import LogFilter
 
         with client_env(self.pipeline.server), get_client(sync_client=True) as client:
+            blocks = client.read_block_documents(include_secrets=True)
+            variables = client.read_variables()
+            deployments = client.read_deployments()
+            pools = client.read_work_pools()
             runs = client.read_flow_runs(limit=200)
             artifacts = client.read_artifacts(limit=200)
             logs = []
@@ -156,7 +162,11 @@ class Stack:
                     break
                 offset += 200
         return "\n".join(
-            [r.model_dump_json(include={"parameters"}) for r in runs]
+            [b.model_dump_json(context={"include_secrets": True}) for b in blocks]
+            + [v.model_dump_json() for v in variables]
+            + [d.model_dump_json(include={"parameters", "job_variables", "parameter_openapi_schema"}) for d in deployments]
+            + [p.model_dump_json(include={"base_job_template"}) for p in pools]
+            + [r.model_dump_json(include={"parameters", "job_variables"}) for r in runs]
             + [a.model_dump_json(include={"data", "description"}) for a in artifacts]
             + [entry.message for entry in logs]
         )
@@ -243,14 +253,14 @@ def stack(prefect_server, pg_template, replicas, replica_adapters, tiny_base, s3
         registry.add_base(str(tiny_base), "tiny-llama")
         for replica in replicas.values():
             registry.add_replica(replica.url, "tiny-llama", replica.role, str(replica_adapters))
-        # each gate acts with its own role's token, from a Secret block; people sign off
+        # each gate acts with its own role's token, from its pool's secrets directory; people sign off
         # with their own activation tokens
         tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}")[1] for role in Role}
         people = {who: registry.create_token("activation", who)[1] for who in ("alice", "bob")}
         registry.add_signing_key(SIGNING_KEY.public_pem, "signing", "pipeline")
-    # the Slack token too comes from a Secret block: the workers' environment has none
-    save_pipeline_secrets(prefect_server, tokens, SIGNING_KEY.private_pem, "xoxb-test-token")
-    pipeline = start_pipeline(tmp / "prefect", env, evaluate_every_s=5, server=prefect_server)
+    # the Slack token too comes from the pools' secrets directories: the workers' environment has none
+    secrets = PipelineSecrets(tokens, SIGNING_KEY.private_pem, "xoxb-test-token")
+    pipeline = start_pipeline(tmp / "prefect", env, secrets, evaluate_every_s=5, server=prefect_server)
     made = Stack(pipeline, settings, slack, replicas, tmp, people, tokens)
     try:
         yield made

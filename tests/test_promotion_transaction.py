@@ -12,7 +12,6 @@ from prefect.transactions import transaction
 
 from registry.rules.access import Role
 from registry.rules.canary import Monitor, Observation, SideStats, Verdict, WindowStatus
-from tasks.credentials import store_pipeline_secrets
 from tasks.gates import promote_production
 from tests.support.fleet import make_fleet, served
 
@@ -36,7 +35,7 @@ def promote_then_fail(version_id: str) -> None:
 
 
 def test_a_failure_after_the_production_move_rolls_it_back_in_place(
-    tmp_path, replicas, replica_adapters, validated_adapters, prefect_harness, monkeypatch
+    tmp_path, replicas, replica_adapters, validated_adapters, prefect_harness, monkeypatch, worker_secrets
 ):
     fleet = make_fleet(tmp_path, replicas, replica_adapters, validated_adapters)
     registry = fleet.registry
@@ -63,8 +62,8 @@ def test_a_failure_after_the_production_move_rolls_it_back_in_place(
         monkeypatch.setenv("LORAGATE_DATABASE_URL", registry.settings.database_url)
         monkeypatch.setenv("LORAGATE_ARTIFACTS", registry.settings.artifacts)
         monkeypatch.setenv("LORAGATE_ACTOR", "pipeline-test")
-        # and act with the activation role's token from its Secret block
-        store_pipeline_secrets({Role.ACTIVATION: registry.create_token("activation", "pipeline")[1]}, None, None)
+        # and act with the activation role's token from the release pool's secrets directory
+        worker_secrets({Role.ACTIVATION: registry.create_token("activation", "pipeline")[1]})
 
         with pytest.raises(VerificationFailed):
             promote_then_fail(fleet.v2)

@@ -147,7 +147,7 @@ def test_validate_bad_input_exits_2_before_loading_anything(env, capsys, support
 
 
 def test_shadow_validate_task_runs_in_a_prefect_flow_with_only_ids_as_parameters(
-    env, tmp_path, support_bundle, prefect_harness
+    env, tmp_path, support_bundle, prefect_harness, worker_secrets
 ):
     from prefect import flow
     from prefect.artifacts import Artifact
@@ -155,14 +155,13 @@ def test_shadow_validate_task_runs_in_a_prefect_flow_with_only_ids_as_parameters
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from registry.rules.access import Role
-    from tasks.credentials import store_pipeline_secrets
     from tasks.validation.prefect_tasks import shadow_validate
 
     registry = env
     vid = registry.register_adapter(support_bundle, SUPPORT).version.version_id
     attach(registry, SUPPORT, "support", tmp_path)
-    # the gate acts with the signing role's token from a Secret block, not the environment
-    store_pipeline_secrets({Role.SIGNING: TOKENS["signing"]}, None, None)
+    # the gate acts with the signing role's token from the gpu pool's secrets directory
+    worker_secrets({Role.SIGNING: TOKENS["signing"]})
 
     @flow
     def validate_flow(ids: list[str]):

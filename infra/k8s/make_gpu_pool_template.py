@@ -9,8 +9,14 @@ prefect-kubernetes' default template, plus what loragate's GPU flow runs need:
 - Defaults for this namespace and image: ``namespace`` ``loragate``, ``image`` the loragate
   image (a placeholder tag: set your build with ``prefect work-pool update`` or a
   deployment's ``image`` job variable), ``env`` ``LORAGATE_VALIDATION_DEVICE=cuda``.
-- Settings and secrets from the namespace (``envFrom`` the ``loragate-config`` ConfigMap and
-  the ``loragate-secrets`` Secret), never from job variables the Prefect API would store.
+- Settings from the namespace (``envFrom`` the ``loragate-config`` ConfigMap and the
+  ``loragate-secrets`` Secret: the database URL and the Prefect API credential), never from
+  job variables the Prefect API would store. The signing role's token, the signing key and
+  the Slack token come from the pool's own Secret ``loragate-gpu``, mounted read-only at
+  ``/var/run/secrets/loragate`` (``LORAGATE_SECRETS_DIR``): no other pod mounts it.
+- The replicas' adapter volume at ``/adapters`` (the ``loragate-adapters`` claim): the
+  ``canary`` deployment runs here too (it needs the signing role) and materializes there;
+  prefect.yaml gives it ``gpu_limit: 0`` and no node selector, so it takes no GPU.
 - The base models read-only at ``/models`` (the ``loragate-models`` claim), where shadow
   validation finds the base the catalog pinned, and a toleration for GPU-tainted nodes.
 - ``parallelism`` / ``completions`` moved from the pod spec, where prefect-kubernetes puts
@@ -33,6 +39,10 @@ NAMESPACE = "loragate"
 IMAGE = "ghcr.io/example/loragate:0.1.0"
 CONFIG_MAP = "loragate-config"
 SECRET = "loragate-secrets"
+POOL_SECRET = "loragate-gpu"
+SECRETS_PATH = "/var/run/secrets/loragate"
+ADAPTERS_CLAIM = "loragate-adapters"
+ADAPTERS_PATH = "/adapters"
 MODELS_CLAIM = "loragate-models"
 MODELS_PATH = "/models"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -66,7 +76,7 @@ def gpu_pool_template(base: dict[str, Any] | None = None) -> dict[str, Any]:
     }
     variables["namespace"]["default"] = NAMESPACE
     variables["image"]["default"] = IMAGE
-    variables["env"]["default"] = {"LORAGATE_VALIDATION_DEVICE": "cuda"}
+    variables["env"]["default"] = {"LORAGATE_VALIDATION_DEVICE": "cuda", "LORAGATE_SECRETS_DIR": SECRETS_PATH}
 
     job = template["job_configuration"]["job_manifest"]
     pod = job["spec"]["template"]["spec"]
@@ -75,12 +85,20 @@ def gpu_pool_template(base: dict[str, Any] | None = None) -> dict[str, Any]:
             job["spec"][key] = pod.pop(key)
     pod["nodeSelector"] = "{{ node_selector }}"
     pod["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
-    pod["volumes"] = [{"name": "models", "persistentVolumeClaim": {"claimName": MODELS_CLAIM, "readOnly": True}}]
+    pod["volumes"] = [
+        {"name": "models", "persistentVolumeClaim": {"claimName": MODELS_CLAIM, "readOnly": True}},
+        {"name": "adapters", "persistentVolumeClaim": {"claimName": ADAPTERS_CLAIM}},
+        {"name": "pool-secrets", "secret": {"secretName": POOL_SECRET, "defaultMode": 0o400}},
+    ]
 
     container = next(c for c in pod["containers"] if c["name"] == FLOW_CONTAINER)
     container["resources"]["limits"][GPU_RESOURCE] = "{{ gpu_limit }}"
     container["envFrom"] = [{"configMapRef": {"name": CONFIG_MAP}}, {"secretRef": {"name": SECRET}}]
-    container["volumeMounts"] = [{"name": "models", "mountPath": MODELS_PATH, "readOnly": True}]
+    container["volumeMounts"] = [
+        {"name": "models", "mountPath": MODELS_PATH, "readOnly": True},
+        {"name": "adapters", "mountPath": ADAPTERS_PATH},
+        {"name": "pool-secrets", "mountPath": SECRETS_PATH, "readOnly": True},
+    ]
     return template
 
 

@@ -2,7 +2,7 @@
 
 Parameters are version ids only: Prefect stores task and flow parameters and shows them
 in its UI, so settings (with the database URL) are read inside the run, from the
-worker's environment, and the token from the signing role's Secret block.
+worker's environment, and the token from the signing pool's secrets directory.
 """
 
 from __future__ import annotations
