@@ -2,7 +2,9 @@
 promotion pipeline from a shell.
 
 ``approve`` resumes the very pause the ``promote`` flow run waits in -- the one the Prefect
-UI shows as a form -- with the same fields; the flow records the decision. ``canary``
+UI shows as a form -- with the same fields and an approval code it issues to the caller's
+own activation token; the flow redeems the code and records the decision. ``approve-code``
+issues such a code alone, for a person to type into the UI's form. ``canary``
 shows windows and their observations from the registry. ``training-completed`` emits the
 event a training job emits, which starts the pipeline.
 """
@@ -13,39 +15,66 @@ import argparse
 from uuid import UUID
 
 from cli.output import EXIT_OK, emit, open_registry
-from registry.errors import ErrorCode, IllegalTransition, InvalidInput, Unavailable
+from registry.errors import ErrorCode, IllegalTransition, InvalidInput, PermissionDenied, Unavailable
 from registry.intake.jsonio import loads_object
 from registry.rules.access import Action
 from registry.rules.canary import ACTIVE, WindowStatus
 from registry.rules.lifecycle import check_scan_acknowledged
 
 
-def cmd_approve(args: argparse.Namespace) -> int:
-    with open_registry(args) as reg:
-        window = reg.latest_canary_window(args.version)
-        # the caller signs off with their own activation token, for someone who holds one
-        # (the flow checks the reviewer again before it moves anything)
-        reg.principal.require(Action.APPROVE, window.adapter_name)
-        if args.reviewer.strip():
-            reg.check_reviewer(args.reviewer.strip(), window.adapter_name)
-        review = reg.scan_under_review(args.version)
+def _waiting_window(reg, version: str):
+    """The version's window, when a promote run waits for its sign-off.
+
+    Raises:
+        IllegalTransition: the window is not waiting for a sign-off.
+        InvalidInput: ILLEGAL_TRANSITION, no promote run has paused for it yet.
+    """
+    window = reg.latest_canary_window(version)
     if window.status != WindowStatus.READY:
         raise IllegalTransition(
-            f"{args.version}'s canary window is {window.status.value}: there is no sign-off to give",
-            field="version",
+            f"{version}'s canary window is {window.status.value}: there is no sign-off to give", field="version"
         )
     if window.approval_flow_run_id is None:
         raise InvalidInput(
-            f"no promotion waits for a sign-off of {args.version} yet (the promote flow run has not paused)",
+            f"no promotion waits for a sign-off of {version} yet (the promote flow run has not paused)",
             code=ErrorCode.ILLEGAL_TRANSITION,
             field="version",
         )
-    if not args.reviewer.strip():
-        raise InvalidInput("a decision needs a reviewer", code=ErrorCode.INVALID_NAME, field="reviewer")
-    if not args.reject:
-        check_scan_acknowledged(
-            args.version, review.describe() if review else None, acknowledged=args.acknowledge_scan_review
-        )
+    return window
+
+
+def cmd_approve_code(args: argparse.Namespace) -> int:
+    with open_registry(args) as reg:
+        window = _waiting_window(reg, args.version)
+        record, code = reg.issue_approval_code(args.version, approve=not args.reject, ttl_s=args.ttl)
+    until = record.expires_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    emit(
+        args,
+        {**record.as_dict(), "code": code, "flow_run_id": window.approval_flow_run_id},
+        f"approval code to {record.decision.value} {args.version} as {record.reviewer}, "
+        f"good once until {until} (shown once):\n{code}",
+    )
+    return EXIT_OK
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    with open_registry(args) as reg:
+        window = _waiting_window(reg, args.version)
+        # the caller signs off as the holder of their own activation token, nobody else
+        reg.principal.require(Action.APPROVE, window.adapter_name)
+        holder = reg.principal.holder
+        if args.reviewer is not None and args.reviewer.strip() != holder:
+            raise PermissionDenied(
+                f"your token is {holder or 'no one'}'s: you sign off as {holder or 'no one'}, "
+                f"not as {args.reviewer.strip()!r}: nothing was moved",
+                field="reviewer",
+            )
+        review = reg.scan_under_review(args.version)
+        if not args.reject:
+            check_scan_acknowledged(
+                args.version, review.describe() if review else None, acknowledged=args.acknowledge_scan_review
+            )
+        record, code = reg.issue_approval_code(args.version, approve=not args.reject)
     # Prefect costs ~2 s to import: only the command that talks to it pays
     import httpx
     from prefect.exceptions import FlowPauseTimeout, NotPausedError, ObjectNotFound
@@ -55,12 +84,12 @@ def cmd_approve(args: argparse.Namespace) -> int:
     run_id = window.approval_flow_run_id
     decision = {
         "approve": not args.reject,
-        "reviewer": args.reviewer.strip(),
+        "reviewer": record.reviewer,
         "comment": args.comment,
         "acknowledge_scan_review": args.acknowledge_scan_review,
     }
     try:
-        resume_flow_run(UUID(run_id), run_input=decision)
+        resume_flow_run(UUID(run_id), run_input={**decision, "code": code})
     except (NotPausedError, FlowPauseTimeout, ObjectNotFound) as e:
         raise InvalidInput(
             f"flow run {run_id} no longer waits for a sign-off of {args.version} ({type(e).__name__})",
@@ -74,8 +103,16 @@ def cmd_approve(args: argparse.Namespace) -> int:
     verb = "approved" if decision["approve"] else "rejected"
     emit(
         args,
-        {"version_id": args.version, "flow_run_id": run_id, "window_id": window.id, **decision},
-        f"{verb} {args.version} as {decision['reviewer']}; the promote run resumes: {link}",
+        {
+            "version_id": args.version,
+            "flow_run_id": run_id,
+            "window_id": window.id,
+            "approval_code": record.code_id,
+            "token_id": record.token_id,
+            **decision,
+        },
+        f"{verb} {args.version} as {record.reviewer} (approval code {record.code_id}, "
+        f"token {record.token_id}); the promote run resumes: {link}",
     )
     return EXIT_OK
 
@@ -137,7 +174,9 @@ def cmd_training_completed(args: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("approve", parents=[common], help="sign a canary off (resumes the paused promote run)")
     p.add_argument("version")
-    p.add_argument("--reviewer", required=True, help="who decides (recorded in the audit log)")
+    p.add_argument(
+        "--reviewer", help="who decides: the holder of your token (given, it must match; recorded in the audit log)"
+    )
     p.add_argument("--reject", action="store_true", help="reject instead: the canary is withdrawn")
     p.add_argument("--comment", default="", help="why (recorded in the audit log)")
     p.add_argument(
@@ -146,6 +185,16 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         help="approve a version whose weight scan asked for review (recorded in the audit log)",
     )
     p.set_defaults(func=cmd_approve)
+
+    p = sub.add_parser(
+        "approve-code",
+        parents=[common],
+        help="a single-use code proving your sign-off, for the Prefect UI's form (your own activation token)",
+    )
+    p.add_argument("version")
+    p.add_argument("--reject", action="store_true", help="a code to reject instead")
+    p.add_argument("--ttl", type=float, help="seconds the code stays good (default LORAGATE_APPROVAL_CODE_TTL_S)")
+    p.set_defaults(func=cmd_approve_code)
 
     canary = sub.add_parser("canary", help="canary windows and their observations").add_subparsers(
         dest="canary_command", required=True

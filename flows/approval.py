@@ -2,8 +2,11 @@
 
 ``pause_flow_run(wait_for_input=Approval.with_initial_data(description=...))`` makes the
 Prefect UI render this model as a form beside the paused run, with the canary evidence as
-its description; ``loragate approve`` resumes the same pause with the same fields. A version whose weight
-scan asked for review needs ``acknowledge_scan_review``: without it the flow asks again.
+its description; ``loragate approve`` resumes the same pause with the same fields. The
+approval code proves who decides: ``loragate approve-code VERSION`` issues it to the
+reviewer's own activation token, and the flow redeems it before it records or moves
+anything (``registry/rules/approvals.py``). A version whose weight scan asked for review
+needs ``acknowledge_scan_review``: without it the flow asks again.
 Reviewer and comment reach the audit log, the logs and Slack with control characters
 escaped: a comment cannot forge a line of history.
 """
@@ -20,6 +23,12 @@ class Approval(RunInput):
     approve: bool = Field(default=False, description="Promote this canary to production")
     # required: a resume without a reviewer is refused and the run stays paused
     reviewer: str = Field(min_length=1, pattern=r"\S", description="Who decides (recorded in the audit log)")
+    # the proof: issued to the reviewer's own activation token, for this version and decision
+    code: str = Field(
+        default="",
+        description="Approval code from `loragate approve-code VERSION` (or `--reject`), issued to your "
+        "own activation token: single-use, it expires; without it nothing is recorded",
+    )
     comment: str = Field(default="", description="Why (recorded in the audit log)")
     # a version whose weight scan asked for review is promoted only with this set
     acknowledge_scan_review: bool = Field(

@@ -4,9 +4,12 @@ Triggered by ``loragate.canary.ready``. The run claims the window's sign-off (on
 run per window, even when the event arrives twice), publishes the canary evidence, sends
 the UI link to Slack and pauses with ``pause_flow_run(wait_for_input=Approval)``: the
 Prefect UI shows the form with the evidence as its description, and ``loragate approve``
-resumes the same pause from a shell. The decision, reviewer and comment go into the audit
-log. A version whose weight scan asked for review needs the approval to acknowledge it;
-one that does not is refused and the run waits for a new decision. An approval moves
+resumes the same pause from a shell. The form's approval code proves who decides: it is
+redeemed before anything is recorded or moved, and a forged, expired, used or someone
+else's code is refused -- as an artifact -- and the run waits again. The decision,
+reviewer, comment and the token that proved it go into the audit log. A version whose
+weight scan asked for review needs the approval to acknowledge it; one that does not is
+refused and the run waits for a new decision. An approval moves
 production and reloads every production replica in place inside a Prefect transaction:
 if the check that every replica serves it fails, the transaction's rollback puts the
 previous production back. A rejection withdraws the canary.
@@ -27,7 +30,7 @@ from prefect.transactions import transaction
 
 from flows import events
 from flows.approval import Approval
-from registry.errors import IllegalTransition
+from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition
 from registry.render.canary import canary_evidence_markdown
 from registry.rules.canary import WindowStatus
 from registry.rules.lifecycle import check_scan_acknowledged
@@ -92,21 +95,23 @@ def promote_flow(version_id: str) -> dict[str, Any]:
         f"{len(observations)} observation(s) in band; last: {'; '.join(last.reasons)}" if last else "no observations"
     )
     notify_task(notify.awaiting_approval(name, version_id, link, summary))
-    logger.info(f"waiting for a sign-off of {version_id}: {link} or `loragate approve {version_id} --reviewer NAME`")
+    logger.info(f"waiting for a sign-off of {version_id}: {link} or `loragate approve {version_id}`")
     settings = settings_now()
     ask = (
         f"\n\nApprove to promote `{version_id}` to production on every replica in place. "
-        + f"From a shell: `loragate approve {version_id} --reviewer NAME [--reject] [--comment ...]`."
+        + f"Prove it is you: `loragate approve-code {version_id}` (add `--reject` to reject) issues a "
+        + "single-use code to your own activation token; type it in `code` with your name as reviewer. "
+        + f"Or from a shell in one step: `loragate approve {version_id} [--reject] [--comment ...]`."
     )
     if review is not None:
         ask += (
             f"\n\n**The weight scan asked for review**: {review}. An approval must tick "
             "`acknowledge_scan_review` (`--acknowledge-scan-review` from a shell)."
         )
-    attempt = 0
+    attempt, notice = 0, ""
     while True:
         decision = pause_flow_run(
-            wait_for_input=Approval.with_initial_data(description=evidence + ask, approve=False),
+            wait_for_input=Approval.with_initial_data(description=notice + evidence + ask, approve=False),
             timeout=int(settings.approval_timeout_s),
             poll_interval=int(max(1, settings.approval_poll_s)),
             key=f"approval-{window.id}" + (f"-{attempt}" if attempt else ""),
@@ -114,16 +119,24 @@ def promote_flow(version_id: str) -> dict[str, Any]:
         try:
             if decision.approve:
                 check_scan_acknowledged(version_id, review, acknowledged=decision.acknowledge_scan_review)
+            # the code proves who decides; it is used up here, before anything moves
+            record_approval(window.id, decision.approve, decision.reviewer, decision.comment, decision.code, me)
             break
+        except ApprovalRefused as refusal:
+            refused = f"sign-off as {decision.reviewer} refused ({refusal.code.value}): {refusal.message}"
         except IllegalTransition as unacknowledged:
+            if unacknowledged.code != ErrorCode.SCAN_REVIEW_UNACKNOWLEDGED:
+                raise
             # the registry would refuse the move anyway: ask again rather than fail the sign-off
-            refused = f"approval by {decision.reviewer} refused: {unacknowledged.message}; waiting for a new decision"
+            refused = f"approval by {decision.reviewer} refused: {unacknowledged.message}"
         attempt += 1
+        refused += "; waiting for a new decision"
+        notice = f"**{refused}**\n\n"
         logger.warning(refused)
         create_markdown_artifact(
-            key=artifact_key("approval", name), markdown=f"**{refused}**\n\n{evidence}", description=refused
+            key=artifact_key("approval-refused", name), markdown=f"**{refused}**", description=refused
         )
-    record_approval(window.id, decision.approve, decision.reviewer, decision.comment, me)
+        create_markdown_artifact(key=artifact_key("approval", name), markdown=notice + evidence, description=refused)
     logger.info(
         f"{'approved' if decision.approve else 'rejected'} by {decision.reviewer}: {decision.comment or '(no comment)'}"
     )

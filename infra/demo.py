@@ -1,19 +1,17 @@
 """`make demo`: the promotion pipeline end to end, on embedded defaults.
 
-Builds a tiny Llama base and trains tenant adapters offline (good ones, one whose layer
-prefix was renamed -- a silent failure the registry refuses at the door -- and one whose
-4-bit compute dtype overflows, which only shadow validation sees). Then it starts what a
-platform runs: a local Prefect server with loragate's deployments (``prefect deploy --all``)
-and a worker per work pool, and two vLLM CPU replicas, one canary and one production. It
-creates a token per gate role (each in its own work pool's secrets directory, never on the
-Prefect server) and a signing key, emits
-``loragate.training.completed`` events and follows each gate as it happens: register,
-shadow validation (which signs what passed), canary, the scheduled canary evaluations, the
-promotion waiting for a sign-off -- given from the CLI, with the UI link where a person could give it instead --,
-production switched in place, a rollback, and a replica copy tampered on disk (seen by
-``fleet status``, refused by the resolver, repaired by ``fleet reconcile``). It ends with a
-summary table and stops every process it started, also on Ctrl-C. History stays under ``.loragate/`` (registry, Prefect
-database, logs); ``make ui`` reopens the Prefect UI on it.
+Builds a tiny Llama base and trains tenant adapters offline (good ones, one with a renamed
+layer prefix the registry refuses at the door, one whose 4-bit compute dtype overflows,
+which only shadow validation sees). Starts a local Prefect server with loragate's
+deployments, a worker per work pool (each holding only its role's token, never on the
+Prefect server) and two vLLM CPU replicas (canary, production). Then it emits
+``loragate.training.completed`` events and follows each gate: register, shadow validation
+(which signs what passed), canary, the scheduled evaluations, the promotion waiting for a
+sign-off -- a forged one through the Prefect API refused, then alice's from the CLI with an
+approval code of her own --, production switched in place, a rollback, and a replica copy
+tampered on disk (seen by ``fleet status``, refused by the resolver, repaired by ``fleet
+reconcile``). It ends with a summary and stops what it started, also on Ctrl-C. History
+stays under ``.loragate/``; ``make ui`` reopens the Prefect UI on it.
 """
 
 from __future__ import annotations
@@ -25,11 +23,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-HOME = Path(".loragate").resolve()
+from infra.demo_console import HOME, STARTED, banner, loragate, say, wait_for
+
 MODELS = HOME / "demo-models"
 SUPPORT = "acme/tiny-llama/support"
 WINDOW_S = 30
@@ -37,32 +35,8 @@ WINDOW_S = 30
 # few seconds (each a flow run, most cancelled while the last one runs) locked it for a
 # minute at a time on two cores
 EVALUATE_EVERY_S = 10
-STARTED = time.monotonic()
 # activation tokens of the people who sign off
 PEOPLE: dict[str, str] = {}
-
-
-def banner(text: str) -> None:
-    print(f"\n=== [{time.monotonic() - STARTED:5.0f}s] {text} " + "=" * max(0, 62 - len(text)), flush=True)
-
-
-def say(text: str) -> None:
-    print(f"  [{time.monotonic() - STARTED:5.0f}s] {text}", flush=True)
-
-
-def loragate(*args: str, expect: int = 0, quiet: bool = False, env: dict[str, str] | None = None) -> str:
-    cmd = [str(Path(sys.executable).parent / "loragate"), *args]
-    print("$ loragate " + " ".join(args), flush=True)
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env={**os.environ, **(env or {}), "LORAGATE_PROGRESS": "1"}
-    )
-    if proc.stderr.strip():
-        print("\n".join("  " + line for line in proc.stderr.strip().splitlines()))
-    if proc.stdout.strip() and not quiet:
-        print(proc.stdout.rstrip())
-    if proc.returncode != expect:
-        raise SystemExit(f"demo: `loragate {' '.join(args)}` exited {proc.returncode}, expected {expect}")
-    return proc.stdout.strip()
 
 
 def build_models() -> dict[str, Path]:
@@ -85,19 +59,6 @@ def build_models() -> dict[str, Path]:
     say("a 4-bit base that overflows to NaN (only a forward pass shows it)")
     bundles["golden"] = write_golden_set("support", HOME / "golden-support.jsonl")
     return bundles
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 240.0, every_s: float = 1.0) -> Any:
-    """Poll ``check`` until it returns something truthy; say what is awaited, and how long it took."""
-    t0 = time.monotonic()
-    while True:
-        found = check()
-        if found:
-            say(f"{what} ({time.monotonic() - t0:.0f}s)")
-            return found
-        if time.monotonic() - t0 > timeout_s:
-            raise SystemExit(f"demo: gave up waiting for {what} after {timeout_s:.0f}s (logs under {HOME})")
-        time.sleep(every_s)
 
 
 def registry():
@@ -177,7 +138,33 @@ def _regression_line(regression: dict) -> str:
     )
 
 
-def through_the_pipeline(pipeline, bundle: Path, golden: Path, ui_url: str, label: str) -> str:
+def forged_sign_off_refused(pipeline, run_id: str, version: str) -> None:
+    """What anyone who reaches the Prefect API could try: resume the paused promotion in
+    alice's name with a made-up approval code. The flow refuses it and waits again."""
+    from uuid import UUID
+
+    from prefect.flow_runs import resume_flow_run
+    from prefect.settings import temporary_settings
+
+    banner("a forged sign-off: the Prefect API resumes the run as alice, with a made-up code")
+    forged = {"approve": True, "reviewer": "alice", "comment": "ship it", "code": "lac_" + "0" * 12 + "_" + "A" * 22}
+    with temporary_settings(pipeline.server.client_settings()):
+        resume_flow_run(UUID(run_id), run_input=forged)
+
+    def refusal() -> str | None:
+        with registry() as reg:
+            found = [e for e in reg.history(SUPPORT) if e.action == "approval_refused" and e.version_id == version]
+        return found[-1].reason if found else None
+
+    def paused_again() -> bool:
+        runs = flow_runs(pipeline, "promote")
+        return any(str(r.id) == run_id and r.state_type is not None and r.state_type.value == "PAUSED" for r in runs)
+
+    say(f"refused before anything moved: {wait_for('the refusal', refusal, timeout_s=120)}")
+    wait_for("the promote run waits for a sign-off again (the refusal is its artifact too)", paused_again)
+
+
+def through_the_pipeline(pipeline, bundle: Path, golden: Path, ui_url: str, label: str, *, forge: bool = False) -> str:
     banner(f"{label}: training finished -> register -> shadow-validate -> canary")
     loragate(
         "training-completed",
@@ -203,18 +190,13 @@ def through_the_pipeline(pipeline, bundle: Path, golden: Path, ui_url: str, labe
         lambda: follow_canary(version),
         timeout_s=300,
     )
-    say(f"a person can sign off in the Prefect UI: {ui_url}/runs/flow-run/{run_id}")
+    say(f"a person signs off in the Prefect UI ({ui_url}/runs/flow-run/{run_id}) with `loragate approve-code`")
     loragate("canary", "show", version)
-    banner(f"{label}: sign-off from the CLI (the same pause the UI form resumes)")
-    loragate(
-        "approve",
-        version,
-        "--reviewer",
-        "alice",
-        "--comment",
-        f"{label}: canary clean",
-        env={**pipeline.env, "LORAGATE_TOKEN": PEOPLE["alice"]},
-    )
+    if forge:
+        forged_sign_off_refused(pipeline, run_id, version)
+    banner(f"{label}: sign-off from the CLI (the same pause the UI form resumes, with a code of alice's own)")
+    as_alice = {**pipeline.env, "LORAGATE_TOKEN": PEOPLE["alice"]}
+    loragate("approve", version, "--comment", f"{label}: canary clean", env=as_alice)
     wait_for(
         "promoted: production replica switched in place and verified", lambda: stage_of(version)[0] == "production"
     )
@@ -273,7 +255,7 @@ def summary(pipeline) -> None:
         print(f"\n{SUPPORT}: production {adapter.production}, previous {adapter.previous}, canary {adapter.canary}")
         decisions = [e for e in reg.history(SUPPORT) if e.action == "approval"]
         for e in decisions:
-            print(f"sign-off: {e.version_id} {e.to_value} by {e.details['reviewer']}: {e.details['comment']}")
+            print(f"sign-off: {e.version_id} {e.to_value} by {e.details['reviewer']} (token {e.details['token_id']})")
     print("\nflow runs:")
     for name in ("register", "shadow-validate", "canary", "canary-evaluate", "promote", "rollback"):
         runs = flow_runs(pipeline, name)
@@ -397,7 +379,7 @@ def main() -> None:
         message = wait_for("register flow failed", lambda: rejected_at_register(pipeline))
         say(f"why: {message}")
 
-        v1 = through_the_pipeline(pipeline, m["support-v1"], m["golden"], ui, "support v1")
+        v1 = through_the_pipeline(pipeline, m["support-v1"], m["golden"], ui, "support v1", forge=True)
         prompt = json.loads(m["golden"].read_text().splitlines()[0])["prompt"]
         ask(urls, prompt)
         banner("separation of duties: a training token cannot touch production")

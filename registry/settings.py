@@ -105,6 +105,8 @@ class Settings(BaseSettings):
     canary_probe_rounds: int = Field(default=2, ge=1)
     # how long a promotion waits for a person's decision, and how often it looks
     approval_timeout_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    # how long an approval code (`loragate approve-code`) stays good: issued, typed, used
+    approval_code_ttl_s: float = Field(default=900.0, ge=30, le=24 * 3600)
     approval_poll_s: float = Field(default=2.0, gt=0)
     # the Prefect UI a notification links to (approval forms live there)
     ui_url: str = "http://127.0.0.1:4200"

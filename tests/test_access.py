@@ -200,20 +200,6 @@ def test_no_usable_token_is_denied_and_the_message_never_repeats_it(world, token
     assert world.registry.get_adapter(NAME).production == world.versions[1]
 
 
-def test_a_sign_off_needs_a_reviewer_who_holds_an_activation_token(world):
-    world.registry.create_token("activation", "alice")
-    world.registry.create_token("training", "mallory")
-    _, revoked = world.registry.create_token("activation", "ex-employee")
-    world.registry.revoke_token(split_token(revoked)[0])
-    assert world.registry.check_reviewer("alice", NAME).holder == "alice"
-    for who in ("mallory", "ex-employee", "nobody"):
-        with pytest.raises(PermissionDenied, match="holds no active activation token"):
-            world.registry.check_reviewer(who, NAME)
-    world.registry.create_token("activation", "scoped", "other/*")
-    with pytest.raises(PermissionDenied):
-        world.registry.check_reviewer("scoped", NAME)
-
-
 def test_the_audit_log_names_the_token_holder_and_never_a_secret(world):
     registry = acting_as(world, Role.ACTIVATION)
     try:

@@ -1,5 +1,6 @@
 """The canary watch: the verdict as a pure function (every rule a row), and windows,
-observations and sign-offs in the store, on SQLite and on Postgres."""
+observations and the claim of a sign-off in the store, on SQLite and on Postgres (the
+sign-off itself: tests/test_approvals.py)."""
 
 from __future__ import annotations
 
@@ -163,37 +164,6 @@ def test_the_sign_off_is_claimed_by_one_run_only(canaried):
     assert registry.request_approval(w.id, "run-a").approval_flow_run_id == "run-a"
     assert registry.request_approval(w.id, "run-b").approval_flow_run_id == "run-a"
     assert registry.request_approval(w.id, "run-b", replacing="run-a").approval_flow_run_id == "run-b"
-
-
-@pytest.mark.parametrize("approve", [True, False], ids=["approve", "reject"])
-def test_a_decision_is_audited_with_reviewer_and_comment(canaried, approve):
-    registry, name, v1, _ = canaried
-    w, _ = registry.open_canary_window(v1)
-    observe(registry, w.id, Verdict.READY)
-    after = registry.record_approval(w.id, approve=approve, reviewer=" alice ", comment="looks good", flow_run_id="r1")
-    assert after.status == (WindowStatus.READY if approve else WindowStatus.REJECTED)
-    event = [e for e in registry.history(name) if e.action == "approval"][-1]
-    assert event.details == {
-        "window_id": w.id,
-        "approve": approve,
-        "reviewer": "alice",
-        "comment": "looks good",
-        "flow_run_id": "r1",
-    }
-    assert event.to_value == ("approved" if approve else "rejected")
-
-
-def test_a_decision_needs_a_reviewer_and_a_ready_window(canaried):
-    registry, name, v1, _ = canaried
-    w, _ = registry.open_canary_window(v1)
-    before = len(registry.history(name))
-    with pytest.raises(IllegalTransition):
-        registry.record_approval(w.id, approve=True, reviewer="alice")
-    observe(registry, w.id, Verdict.READY)
-    with pytest.raises(InvalidInput) as e:
-        registry.record_approval(w.id, approve=True, reviewer="  ")
-    assert e.value.field == "reviewer"
-    assert len(registry.history(name)) == before + 1  # only the move to ready
 
 
 @pytest.mark.parametrize(

@@ -12,21 +12,22 @@ them must surface as PermissionDenied and change nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg.errors
 import pytest
-from sqlalchemy import create_engine, func, inspect, select, text
+from sqlalchemy import create_engine, func, insert, inspect, select, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError
 
 from infra.modelkit import write_golden_set
 from registry.db import migrate
-from registry.db.schema import adapters, metadata
+from registry.db.schema import adapters, approval_codes, metadata
 from registry.db.store import make_engine
 from registry.errors import PermissionDenied
+from registry.rules.approvals import issue_code
 from registry.rules.canary import Observation, SideStats, Verdict, WindowStatus
 from registry.service import Registry
 from registry.settings import Settings
@@ -66,6 +67,7 @@ class Populated:
     window_id: int
     token_id: str
     base_commit: str
+    reviewer_token: str = field(repr=False)
 
     def settings(self, role: str | None = None) -> Settings:
         url = self.url if role is None else db_user_url(self.url, role)
@@ -107,9 +109,27 @@ def populate(url: str, root: Path, tiny_base: Path, bundle: Path) -> Populated:
         window, _ = registry.open_canary_window(v1)
         registry.record_canary_observation(observation(window.id, Verdict.CONTINUE))
         registry.add_replica("http://127.0.0.1:9", "tiny-llama", "canary", str(root / "replica-adapters"))
-        token, _ = registry.create_token("activation", REVIEWER)
+        token, reviewer_token = registry.create_token("activation", REVIEWER)
     engine = make_engine(settings.database)
     try:
+        with engine.begin() as conn:
+            # a code issued for the window, as the owner: the application issues one only for
+            # a window ready for sign-off, and this one stays open for the cases below
+            issued = issue_code()
+            conn.execute(
+                insert(approval_codes).values(
+                    code_id=issued.code_id,
+                    secret_sha256=issued.secret_hash,
+                    window_id=window.id,
+                    version_id=v1,
+                    adapter_name=NAME,
+                    token_id=token.token_id,
+                    reviewer=REVIEWER,
+                    decision="approve",
+                    issued_at=datetime.now(UTC),
+                    expires_at=datetime.now(UTC),
+                )
+            )
         with engine.connect() as conn:
             adapter_id = conn.execute(select(adapters.c.id).where(adapters.c.name == NAME)).scalar_one()
             empty = [
@@ -118,7 +138,9 @@ def populate(url: str, root: Path, tiny_base: Path, bundle: Path) -> Populated:
     finally:
         engine.dispose()
     assert empty == [], f"the fixture leaves tables without rows: {empty}"
-    return Populated(root, url, v1, adapter_id, run.id, window.id, token.token_id, base.base_model_commit)
+    return Populated(
+        root, url, v1, adapter_id, run.id, window.id, token.token_id, base.base_model_commit, reviewer_token
+    )
 
 
 @pytest.fixture(scope="module")
@@ -278,6 +300,26 @@ MATRIX = [
         "VALUES (:window_id, now(), 'continue', '{}')",
         LIFECYCLE,
     ),
+    # activation alone: approval codes, issued and used -- never chosen as used, rebound or removed
+    (
+        "issue-an-approval-code",
+        "INSERT INTO approval_codes (code_id, secret_sha256, window_id, version_id, adapter_name, token_id, "
+        f"reviewer, decision, issued_at, expires_at) VALUES ('c0ffee000001', '{ZEROS}', :window_id, :v, :name, "
+        ":token_id, 'reviewer', 'approve', now(), now() + interval '5 minutes')",
+        frozenset({"activation"}),
+    ),
+    ("use-an-approval-code", "UPDATE approval_codes SET used_at = now(), used_by = 'probe'", frozenset({"activation"})),
+    (
+        "issue-an-approval-code-already-used",
+        "INSERT INTO approval_codes (code_id, secret_sha256, window_id, version_id, adapter_name, token_id, "
+        f"reviewer, decision, issued_at, expires_at, used_at) VALUES ('c0ffee000002', '{ZEROS}', :window_id, :v, "
+        ":name, :token_id, 'reviewer', 'approve', now(), now() + interval '5 minutes', now())",
+        NOBODY,
+    ),
+    ("rewrite-an-approval-code", f"UPDATE approval_codes SET secret_sha256 = '{ZEROS}'", NOBODY),
+    ("rebind-an-approval-code", "UPDATE approval_codes SET reviewer = 'mallory', decision = 'approve'", NOBODY),
+    ("extend-an-approval-code", "UPDATE approval_codes SET expires_at = now() + interval '1 year'", NOBODY),
+    ("delete-an-approval-code", "DELETE FROM approval_codes", NOBODY),
     # signing alone: validation results and signatures
     (
         "set-a-validation-status",
@@ -409,7 +451,12 @@ def test_activation_signs_off_and_promotes_to_production_but_cannot_record_a_val
     with fresh.open("activation") as activation:
         activation.record_canary_observation(observation(fresh.window_id, Verdict.READY))
         activation.request_approval(fresh.window_id, "flow-run-1")
-        activation.record_approval(fresh.window_id, approve=True, reviewer=REVIEWER, flow_run_id="flow-run-1")
+        reviewer = Registry.open(fresh.settings("activation").model_copy(update={"token": fresh.reviewer_token}))
+        with reviewer:
+            _, code = reviewer.issue_approval_code(fresh.v1)
+        activation.record_approval(
+            fresh.window_id, approve=True, reviewer=REVIEWER, code=code, flow_run_id="flow-run-1"
+        )
         activation.promote(fresh.v1, "production")
         activation.close_canary_window(fresh.window_id, WindowStatus.PROMOTED, "signed off")
         assert activation.resolve_stage(NAME, "production") == fresh.v1

@@ -385,7 +385,7 @@ def test_a_review_verdict_reaches_production_only_with_an_acknowledgement(
     registry.close_canary_window(window.id, WindowStatus.READY, "in band")
     registry.request_approval(window.id, str(uuid.uuid4()))
     registry.create_token("activation", "alice")
-    rc, _, err = _cli(registry, monkeypatch, capsys, "approve", vid, "--reviewer", "alice")
+    rc, _, err = _cli(registry, monkeypatch, capsys, "approve", vid)
     assert rc == 2 and err.count("\n") == 1
     assert "under weight-scan review" in err and "--acknowledge-scan-review" in err
 
@@ -424,7 +424,7 @@ def test_the_promote_flow_asks_again_when_an_approval_does_not_acknowledge_a_sca
     registry.promote(vid, "canary")
     window, _ = registry.open_canary_window(vid)
     registry.close_canary_window(window.id, WindowStatus.READY, "in band")
-    registry.create_token("activation", "alice")
+    _, alice = registry.create_token("activation", "alice")
     worker_secrets({Role.ACTIVATION: role_tokens(registry)["activation"]})
 
     outcome: dict = {}
@@ -456,11 +456,25 @@ def test_the_promote_flow_asks_again_when_an_approval_does_not_acknowledge_a_sca
     assert refused.description.startswith("approval by alice refused:") and "weight-scan review" in refused.description
     assert registry.get_adapter(SUPPORT).production is None, "nothing moved"
 
+    # acknowledged, but with a forged approval code: refused as an artifact, asked again
+    forged = {**decision, "acknowledge_scan_review": True, "code": "lac_" + "0" * 12 + "_" + "A" * 22}
     with client_env(prefect_server):
-        resume_flow_run(uuid.UUID(run_id), run_input={**decision, "acknowledge_scan_review": True})
+        resume_flow_run(uuid.UUID(run_id), run_input=forged)
+    wait_for_state(prefect_server, run_id, "PAUSED")
+    with client_env(prefect_server):
+        refused = Artifact.get("approval-refused-acme-deep-llama-support")
+    assert refused.description.startswith("sign-off as alice refused (approval_code_invalid)")
+    assert registry.get_adapter(SUPPORT).production is None, "nothing moved"
+
+    with Registry.open(registry.settings.model_copy(update={"token": alice})) as as_alice:
+        record, code = as_alice.issue_approval_code(vid)
+    with client_env(prefect_server):
+        resume_flow_run(uuid.UUID(run_id), run_input={**forged, "code": code})
     thread.join(120)
     assert "error" not in outcome, outcome.get("error")
     assert outcome["result"]["decision"] == "approved"
     assert registry.get_adapter(SUPPORT).production == vid
     moved = [e for e in registry.history(SUPPORT) if e.stage == "production" and e.to_value == vid][-1]
     assert moved.reason == "approved by alice: looks fine; weight-scan review acknowledged"
+    (approval,) = [e for e in registry.history(SUPPORT) if e.action == "approval"]
+    assert approval.details["token_id"] == record.token_id and approval.details["approval_code"] == record.code_id

@@ -31,13 +31,14 @@ import pytest
 from infra.modelkit import golden_cases
 from infra.pipeline import LocalPipeline, PipelineSecrets, start_pipeline
 from registry.errors import NotFound
-from registry.rules.access import Role
+from registry.rules.access import Role, split_token
 from registry.rules.canary import ACTIVE, WindowStatus
 from registry.rules.fleet import version_path
 from registry.service import Registry
 from registry.settings import Settings
 from registry.storage.signing import key_id
 from tasks.fleet import switch_replica
+from tasks.naming import artifact_key
 from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions
 from tests.support.browser import approve_in_ui
@@ -164,12 +165,24 @@ class Stack:
         return "\n".join(
             [b.model_dump_json(context={"include_secrets": True}) for b in blocks]
             + [v.model_dump_json() for v in variables]
-            + [d.model_dump_json(include={"parameters", "job_variables", "parameter_openapi_schema"}) for d in deployments]
+            + [
+                d.model_dump_json(include={"parameters", "job_variables", "parameter_openapi_schema"})
+                for d in deployments
+            ]
             + [p.model_dump_json(include={"base_job_template"}) for p in pools]
             + [r.model_dump_json(include={"parameters", "job_variables"}) for r in runs]
             + [a.model_dump_json(include={"data", "description"}) for a in artifacts]
             + [entry.message for entry in logs]
         )
+
+    def artifact_descriptions(self, key: str) -> list[str]:
+        """Every version of the artifact ``key``, oldest first: what each one said."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+        with client_env(self.pipeline.server), get_client(sync_client=True) as client:
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+        return [a.description or "" for a in sorted(found, key=lambda a: a.created or 0)]
 
     def artifact_keys(self) -> set[str]:
         from prefect.client.orchestration import get_client
@@ -331,13 +344,13 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
     # v1 from S3 through validation and canary; signed off from the CLI
     v1, run1 = through_canary(stack, name, support_bundle, upload_bundle(s3_endpoint, support_bundle), golden)
     assert name not in stack.served("prod-a"), "production has no version of this adapter yet"
-    # a trainer cannot sign off, nor name someone who holds no activation token
+    # a trainer cannot sign off, nor can alice sign off in someone else's name
     with Registry.open(stack.settings, principal=IN_PROCESS) as registry:
         trainer = registry.create_token("training", "trainer")[1]
     denied = stack.loragate("approve", v1, "--reviewer", "alice", token=trainer)
     assert denied.returncode == 3 and denied.stderr.startswith("error: permission denied: "), denied.stderr
-    nobody = stack.loragate("approve", v1, "--reviewer", "trainer", token=stack.people["alice"])
-    assert nobody.returncode == 3 and "holds no active activation token" in nobody.stderr, nobody.stderr
+    nobody = stack.loragate("approve", v1, "--reviewer", "bob", token=stack.people["alice"])
+    assert nobody.returncode == 3 and "you sign off as alice" in nobody.stderr, nobody.stderr
     assert stack.flow_run_state(run1) == "PAUSED", "a refused sign-off resumes nothing"
     approved = stack.loragate(
         "approve", v1, "--reviewer", "alice", "--comment", "canary clean", token=stack.people["alice"]
@@ -351,14 +364,39 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
     v2_bundle = train_adapter(tiny_base, "support", kit / f"support-{name.split('/')[0]}", seed=7)
     v2, run2 = through_canary(stack, name, v2_bundle, str(v2_bundle), golden)
     ARTIFACTS.mkdir(exist_ok=True)
+    refusals = artifact_key("approval-refused", name)
+
+    def refused_with(code: str) -> bool:
+        return any(code in d for d in stack.artifact_descriptions(refusals))
+
+    # whoever reaches the Prefect API resumes the run as bob, without a code: refused, it waits again
+    from prefect.flow_runs import resume_flow_run
+
+    with client_env(stack.pipeline.server):
+        resume_flow_run(uuid.UUID(run2), run_input={"approve": True, "reviewer": "bob", "comment": "no code"})
+    wait_until("the refusal of a resume without a code", lambda: refused_with("approval_code_invalid"))
+    wait_for_state(stack.pipeline.server, uuid.UUID(run2), "PAUSED", timeout_s=60)
+    # in the UI, as bob, with a code alice got: refused too
+    alices = json.loads(stack.loragate("approve-code", v2, "--json", token=stack.people["alice"]).stdout)["code"]
+    ui = stack.pipeline.server.ui_url
+    login = stack.pipeline.server.auth_string
+    approve_in_ui(ui, run2, approve=True, reviewer="bob", comment="not mine", code=alices, login=login)
+    wait_until("the refusal of someone else's code", lambda: refused_with("approval_code_mismatch"))
+    wait_for_state(stack.pipeline.server, uuid.UUID(run2), "PAUSED", timeout_s=60)
+    assert stack.registry.get_adapter(name).production == v1, "no refused sign-off moved production"
+    # bob's own code, typed into the form: production moves
+    issued = stack.loragate("approve-code", v2, "--json", token=stack.people["bob"])
+    assert issued.returncode == 0, issued.stderr
+    bobs = json.loads(issued.stdout)
     approve_in_ui(
-        stack.pipeline.server.ui_url,
+        ui,
         run2,
         approve=True,
         reviewer="bob",
         comment="approved in the UI",
+        code=bobs["code"],
         screenshot=ARTIFACTS / "pipeline-approval-form.png",
-        login=stack.pipeline.server.auth_string,
+        login=login,
     )
     wait_until("v2 in production", lambda: stack.stage(v2) == "production")
     wait_for_state(stack.pipeline.server, uuid.UUID(run2), "COMPLETED", timeout_s=120)
@@ -389,6 +427,12 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
         (v1, "alice", "canary clean", "approved"),
         (v2, "bob", "approved in the UI", "approved"),
     ]
+    # each sign-off names the token that proved it: the reviewer's own, never the pipeline's
+    people_ids = {who: split_token(token)[0] for who, token in stack.people.items()}
+    assert [e.details["token_id"] for e in approvals] == [people_ids["alice"], people_ids["bob"]]
+    assert approvals[1].details["approval_code"] == bobs["code_id"]
+    refused = [e.to_value for e in stack.registry.history(name) if e.action == "approval_refused"]
+    assert refused == ["approval_code_invalid", "approval_code_mismatch"]
     expected_events = [
         ("loragate.adapter.registered", v1),
         ("loragate.adapter.validated", v1),

@@ -2,7 +2,8 @@
 
 A flow pauses on ``flows.approval.Approval`` against a real ``prefect server start``;
 headless Chromium opens the run's page, clicks Resume, fills the rendered form and
-submits it; the flow must resume with exactly what was typed. The filled dialog is
+submits it; the flow must resume with exactly what was typed, approval code included (what
+the promote flow does with a code is tests/test_pipeline.py and tests/test_gate_quality.py). The filled dialog is
 screenshotted (under ``tmp_path`` and copied to the git-ignored ``tests/artifacts/``).
 Chromium missing is a failure, never a skip: ``make test`` installs it.
 """
@@ -85,15 +86,22 @@ def _keep(screenshot: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "approve, reviewer, comment, acknowledge, kept",
+    "approve, reviewer, code, comment, acknowledge, kept",
     [
-        (True, "alice", "canary clean for 30 min; promote", True, "ui-approval-approve.png"),
-        (False, "bob", "p95 drifted on r2", False, "ui-approval-reject.png"),
+        (
+            True,
+            "alice",
+            "lac_0123456789ab_" + "x" * 22,
+            "canary clean for 30 min; promote",
+            True,
+            "ui-approval-approve.png",
+        ),
+        (False, "bob", "lac_ba9876543210_" + "y" * 22, "p95 drifted on r2", False, "ui-approval-reject.png"),
     ],
     ids=["approve-acknowledging-a-scan-review", "reject"],
 )
 def test_the_ui_form_resumes_the_run_with_what_the_reviewer_chose_and_typed(
-    browser_ready, prefect_server, tmp_path, approve, reviewer, comment, acknowledge, kept
+    browser_ready, prefect_server, tmp_path, approve, reviewer, code, comment, acknowledge, kept
 ):
     run = PausedRun(prefect_server)
     shot = tmp_path / "dialog.png"
@@ -104,6 +112,7 @@ def test_the_ui_form_resumes_the_run_with_what_the_reviewer_chose_and_typed(
         approve=approve,
         reviewer=reviewer,
         comment=comment,
+        code=code,
         acknowledge_scan_review=acknowledge,
         screenshot=shot,
         login=prefect_server.auth_string,
@@ -112,6 +121,7 @@ def test_the_ui_form_resumes_the_run_with_what_the_reviewer_chose_and_typed(
     assert run.result() == {
         "approve": approve,
         "reviewer": reviewer,
+        "code": code,
         "comment": comment,
         "acknowledge_scan_review": acknowledge,
     }

@@ -1,7 +1,8 @@
 """The canary watch: a window per version on canary (open, ready for sign-off, then
 promoted, rolled back, rejected or superseded), the observations judged in it, and the
-sign-off it waits for. A window's status moves only along ``WINDOW_MOVES``, each move a
-compare-and-set on the status it was read at."""
+flow run waiting for its sign-off (the decision itself is ``db/approvals.py``). A window's
+status moves only along ``WINDOW_MOVES``, each move a compare-and-set on the status it was
+read at."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import dataclasses
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, or_, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 from registry.db.database import Database, utc
 from registry.db.schema import canary_observations, canary_windows
@@ -29,7 +31,7 @@ from registry.rules.canary import (
 )
 
 
-def _window_from_row(row: Any) -> CanaryWindow:
+def window_from_row(row: Any) -> CanaryWindow:
     return CanaryWindow(
         id=row.id,
         adapter_name=row.adapter_name,
@@ -81,9 +83,9 @@ class CanaryRepository:
             ).all()
             mine = [r for r in active if r.version_id == version_id]
             if mine:
-                return _window_from_row(mine[-1]), False
+                return window_from_row(mine[-1]), False
             for row in active:
-                self._move_window(conn, row, WindowStatus.SUPERSEDED, f"{version_id} entered canary", actor, now)
+                self.move_in(conn, row, WindowStatus.SUPERSEDED, f"{version_id} entered canary", actor, now)
             window_id = conn.execute(
                 insert(canary_windows)
                 .values(
@@ -107,9 +109,9 @@ class CanaryRepository:
                 details={"window_id": window_id, "thresholds": thresholds.as_dict()},
             )
             row = conn.execute(select(canary_windows).where(canary_windows.c.id == window_id)).one()
-        return _window_from_row(row), True
+        return window_from_row(row), True
 
-    def _move_window(
+    def move_in(
         self, conn: Connection, row: Any, to: WindowStatus, reason: str | None, actor: str, now: datetime
     ) -> bool:
         """Move a window's status under its current value (compare and set); False when it
@@ -156,13 +158,18 @@ class CanaryRepository:
 
         def attempt() -> CanaryWindow:
             with self.db.write() as conn:
-                row = self._window_row(conn, window_id)
-                self._move_window(conn, row, to, reason, actor, utcnow())
-                return _window_from_row(self._window_row(conn, window_id))
+                row = self.window_row(conn, window_id)
+                self.move_in(conn, row, to, reason, actor, utcnow())
+                return window_from_row(self.window_row(conn, window_id))
 
         return self.db.retrying(attempt)
 
-    def _window_row(self, conn: Connection, window_id: int) -> Any:
+    def window_row(self, conn: Connection, window_id: int) -> Any:
+        """The window's row, read in ``conn``'s transaction.
+
+        Raises:
+            NotFound: no such window.
+        """
         row = conn.execute(select(canary_windows).where(canary_windows.c.id == window_id)).first()
         if row is None:
             raise NotFound(f"no canary window {window_id}", field="window_id")
@@ -170,7 +177,7 @@ class CanaryRepository:
 
     def window(self, window_id: int) -> CanaryWindow:
         with self.db.reader.connect() as conn:
-            return _window_from_row(self._window_row(conn, window_id))
+            return window_from_row(self.window_row(conn, window_id))
 
     def windows(
         self, *, statuses: tuple[WindowStatus, ...] | None = None, version_id: str | None = None
@@ -181,7 +188,7 @@ class CanaryRepository:
         if version_id is not None:
             query = query.where(canary_windows.c.version_id == version_id)
         with self.db.reader.connect() as conn:
-            return [_window_from_row(r) for r in conn.execute(query)]
+            return [window_from_row(r) for r in conn.execute(query)]
 
     def record_observation(self, observation: Observation, actor: str) -> Observation:
         """Store an observation; a ROLLBACK or READY verdict is audited with the window's move
@@ -191,7 +198,7 @@ class CanaryRepository:
             NotFound: no such window.
         """
         with self.db.write() as conn:
-            row = self._window_row(conn, observation.window_id)
+            row = self.window_row(conn, observation.window_id)
             observation_id = conn.execute(
                 insert(canary_observations)
                 .values(
@@ -203,7 +210,7 @@ class CanaryRepository:
                 .returning(canary_observations.c.id)
             ).scalar_one()
             if observation.verdict == Verdict.READY and row.status == WindowStatus.OPEN.value:
-                self._move_window(conn, row, WindowStatus.READY, "; ".join(observation.reasons), actor, observation.at)
+                self.move_in(conn, row, WindowStatus.READY, "; ".join(observation.reasons), actor, observation.at)
         return dataclasses.replace(observation, id=observation_id)
 
     def observations(self, window_id: int) -> list[Observation]:
@@ -218,15 +225,20 @@ class CanaryRepository:
     def set_approval_run(self, window_id: int, flow_run_id: str, replacing: str | None, actor: str) -> CanaryWindow:
         """Record which paused flow run waits for this window's sign-off (what ``loragate
         approve`` resumes) -- only while no run, or the run ``replacing`` names, holds it:
-        two promotions triggered by one duplicated event cannot both wait."""
+        two promotions triggered by one duplicated event cannot both wait. The claim is a
+        compare-and-set in the UPDATE's WHERE clause; the returned window names the holder.
+        """
         with self.db.write() as conn:
-            row = self._window_row(conn, window_id)
-            if row.approval_flow_run_id in (None, replacing):
-                conn.execute(
-                    update(canary_windows)
-                    .where(canary_windows.c.id == window_id)
-                    .values(approval_flow_run_id=flow_run_id)
-                )
+            row = self.window_row(conn, window_id)
+            free: ColumnElement[bool] = canary_windows.c.approval_flow_run_id.is_(None)
+            if replacing is not None:
+                free = or_(free, canary_windows.c.approval_flow_run_id == replacing)
+            claimed = conn.execute(
+                update(canary_windows)
+                .where(canary_windows.c.id == window_id, free)
+                .values(approval_flow_run_id=flow_run_id)
+            ).rowcount
+            if claimed == 1:
                 self.db.audit(
                     conn,
                     actor=actor,
@@ -237,48 +249,4 @@ class CanaryRepository:
                     to_value=flow_run_id[:64],
                     details={"window_id": window_id, "flow_run_id": flow_run_id},
                 )
-            return _window_from_row(self._window_row(conn, window_id))
-
-    def record_approval(
-        self, window_id: int, *, approve: bool, reviewer: str, comment: str, flow_run_id: str | None, actor: str
-    ) -> CanaryWindow:
-        """The sign-off decision, in the audit log; a rejection closes the window.
-
-        Raises:
-            NotFound: no such window.
-            IllegalTransition: the window is not waiting for a sign-off.
-        """
-
-        def attempt() -> CanaryWindow:
-            now = utcnow()
-            with self.db.write() as conn:
-                row = self._window_row(conn, window_id)
-                if row.status != WindowStatus.READY.value:
-                    raise IllegalTransition(
-                        f"canary window {window_id} of {row.version_id} is {row.status}, not waiting for a sign-off",
-                        field="version_id",
-                    )
-                self.db.audit(
-                    conn,
-                    actor=actor,
-                    action="approval",
-                    adapter_name=row.adapter_name,
-                    version_id=row.version_id,
-                    stage="production",
-                    to_value="approved" if approve else "rejected",
-                    reason=comment or None,
-                    at=now,
-                    details={
-                        "window_id": window_id,
-                        "approve": approve,
-                        "reviewer": reviewer,
-                        "comment": comment,
-                        "flow_run_id": flow_run_id,
-                    },
-                )
-                if not approve:
-                    why = f"rejected by {reviewer}: {comment}"
-                    self._move_window(conn, row, WindowStatus.REJECTED, why, actor, now)
-                return _window_from_row(self._window_row(conn, window_id))
-
-        return self.db.retrying(attempt)
+            return window_from_row(self.window_row(conn, window_id))

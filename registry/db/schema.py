@@ -259,3 +259,22 @@ version_signatures = Table(
     UniqueConstraint("version_id", "key_id", "validation_run_id", name="uq_version_signatures_once"),
     Index("ix_version_signatures_version", "version_id", "id"),
 )
+
+approval_codes = Table(
+    "approval_codes",
+    metadata,
+    Column("code_id", String(12), primary_key=True),
+    Column("secret_sha256", String(64), nullable=False),
+    Column("window_id", Integer, ForeignKey("canary_windows.id"), nullable=False),
+    Column("version_id", String(64), ForeignKey("adapter_versions.version_id"), nullable=False),
+    Column("adapter_name", String(194), nullable=False),
+    Column("token_id", String(12), ForeignKey("api_tokens.token_id"), nullable=False),
+    Column("reviewer", String(128), nullable=False),
+    Column("decision", String(8), nullable=False),
+    Column("issued_at", Timestamp, nullable=False),
+    Column("expires_at", Timestamp, nullable=False),
+    Column("used_at", Timestamp, nullable=True),
+    Column("used_by", String(128), nullable=True),
+    CheckConstraint("decision IN ('approve', 'reject')", name="ck_approval_codes_decision"),
+    Index("ix_approval_codes_window", "window_id"),
+)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from sqlalchemy.engine import URL, Engine
 
 from registry.db.access import AccessRepository
+from registry.db.approvals import ApprovalRepository
 from registry.db.audit import AuditRepository
 from registry.db.canary import CanaryRepository
 from registry.db.catalog import CatalogRepository
@@ -39,6 +40,7 @@ class SqlStore:
         self.golden = GoldenSetRepository(self.db)
         self.validation = ValidationRunRepository(self.db)
         self.canary = CanaryRepository(self.db)
+        self.approvals = ApprovalRepository(self.db, self.canary)
         self.audit = AuditRepository(self.db)
 
     @classmethod

@@ -193,6 +193,7 @@ class Principal:
     roles: frozenset[Role]
     namespace: str | None = None
     token_id: str | None = None
+    holder: str | None = None  # the token's holder: who signs off when this principal does
 
     @classmethod
     def of_token(cls, record: TokenRecord) -> Principal:
@@ -201,6 +202,7 @@ class Principal:
             roles=frozenset({record.role}),
             namespace=record.namespace,
             token_id=record.token_id,
+            holder=record.holder,
         )
 
     @classmethod

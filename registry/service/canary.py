@@ -1,11 +1,11 @@
 """The canary watch as the registry keeps it: a window per canary version with the
-thresholds it opened with, the observations judged in it, the flow run waiting for its
-sign-off, and the sign-off itself (whose reviewer must hold an activation token)."""
+thresholds it opened with, the observations judged in it, and the flow run waiting for its
+sign-off (the sign-off itself: ``service/approvals.py``)."""
 
 from __future__ import annotations
 
-from registry.errors import ErrorCode, IllegalTransition, InvalidInput, NotFound, PermissionDenied
-from registry.rules.access import Action, Principal, TokenRecord
+from registry.errors import IllegalTransition, NotFound
+from registry.rules.access import Action
 from registry.rules.canary import ACTIVE, CanaryThresholds, CanaryWindow, Observation, WindowStatus
 from registry.rules.lifecycle import Pointer
 from registry.rules.text import check_text
@@ -88,42 +88,3 @@ class CanaryMixin(RegistryBase):
         returned window says who does); ``replacing`` names a run known to be gone."""
         actor = self._authorize(Action.WATCH_CANARY, self._store.canary.window(window_id).adapter_name)
         return self._store.canary.set_approval_run(window_id, flow_run_id, replacing, actor)
-
-    def record_approval(
-        self, window_id: int, *, approve: bool, reviewer: str, comment: str = "", flow_run_id: str | None = None
-    ) -> CanaryWindow:
-        """The sign-off decision with its reviewer and comment, into the audit log; a
-        rejection closes the window.
-
-        Raises:
-            InvalidInput: INVALID_NAME for an empty reviewer.
-            IllegalTransition: the window is not waiting for a sign-off.
-        """
-        if not reviewer.strip():
-            raise InvalidInput("a decision needs a reviewer", code=ErrorCode.INVALID_NAME, field="reviewer")
-        name = self._store.canary.window(window_id).adapter_name
-        actor = self._authorize(Action.APPROVE, name)
-        self.check_reviewer(reviewer.strip(), name)
-        return self._store.canary.record_approval(
-            window_id,
-            approve=approve,
-            reviewer=reviewer.strip(),
-            comment=comment,
-            flow_run_id=flow_run_id,
-            actor=actor,
-        )
-
-    def check_reviewer(self, reviewer: str, name: str) -> TokenRecord:
-        """The reviewer of a production sign-off must hold an active ``activation`` token
-        covering the adapter (tokens name their holder); returns that token's record.
-
-        Raises:
-            PermissionDenied: nobody by that name holds one.
-        """
-        for record in self._store.access.tokens():
-            if record.holder == reviewer and record.active and Principal.of_token(record).may(Action.APPROVE, name):
-                return record
-        raise PermissionDenied(
-            f"reviewer {reviewer!r} holds no active activation token for {name}: nothing was moved",
-            field="reviewer",
-        )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from registry.db.store import SqlStore
 from registry.rules.access import IssuedToken, Principal, Role, issue_token
 from registry.service.access import AccessMixin
+from registry.service.approvals import ApprovalMixin
 from registry.service.canary import CanaryMixin
 from registry.service.fleet import FleetMixin
 from registry.service.gc import GcMixin
@@ -16,7 +17,7 @@ from registry.settings import Settings
 from registry.storage.artifacts import open_artifact_store
 
 
-class Registry(ReadingMixin, IntakeMixin, LifecycleMixin, AccessMixin, FleetMixin, CanaryMixin, GcMixin):
+class Registry(ReadingMixin, IntakeMixin, LifecycleMixin, AccessMixin, FleetMixin, CanaryMixin, ApprovalMixin, GcMixin):
     @classmethod
     def open(cls, settings: Settings, *, check_schema: bool = True, principal: Principal | None = None) -> Registry:
         """Connect to the registry ``settings`` name, acting as ``principal`` (default: the

@@ -4,7 +4,7 @@ Debian's ``chromium`` (``make test`` installs it) driven by Playwright: Playwrig
 browser download cannot reach its servers from here. What a reviewer does by hand:
 open the run's page, click ``Resume``, set the fields of the "Resume Flow Run" dialog
 (rendered by Prefect from ``flows.approval.Approval``'s JSON schema: a switch for
-``approve``, textareas for ``reviewer`` and ``comment``), and click ``Submit``.
+``approve``, textareas for ``reviewer``, ``code`` and ``comment``), and click ``Submit``.
 
 Selectors, as Prefect 3.8's UI renders the form: each field is a ``.schema-form-property``
 whose ``.schema-form-property__label`` reads "<Title> (Optional)"; its ``<label for=...>``
@@ -68,6 +68,7 @@ def approve_in_ui(
     approve: bool,
     reviewer: str,
     comment: str,
+    code: str = "",
     acknowledge_scan_review: bool = False,
     screenshot: Path | None = None,
     login: str | None = None,
@@ -122,6 +123,8 @@ def approve_in_ui(
                 _set_switch(dialog, "Approve", approve)
                 step = "filling Reviewer"
                 _fill(dialog, "Reviewer", reviewer)
+                step = "filling Code"
+                _fill(dialog, "Code", code)
                 step = "filling Comment"
                 _fill(dialog, "Comment", comment)
                 step = "setting the Acknowledge Scan Review switch"

@@ -22,6 +22,7 @@ COMMAND_ROLES = {
     "validate": "signing",
     "sign": "signing",
     "approve": "activation",
+    "approve-code": "activation",
     "base": "admin",
     "fleet": "admin",
     "replicas": "admin",

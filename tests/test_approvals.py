@@ -1,0 +1,238 @@
+"""A production sign-off proves who gave it: an approval code issued to the reviewer's own
+activation token, bound to the window, the reviewer, the decision and an expiry, good once.
+Every way a code can fail to prove a decision is a row of a table, refused with its own
+code and changing nothing but the audit log; racing resumes with one code record one
+decision; racing promote runs claim one sign-off. SQLite and Postgres alike."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import update
+
+from registry.db.schema import approval_codes
+from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition, InvalidInput, PermissionDenied
+from registry.rules.canary import Monitor, Observation, SideStats, Verdict, WindowStatus
+from registry.service import Registry
+from tests.support.registries import mark_validated, sql_engine
+
+NAME = "acme/tiny-llama/support"
+FORGED = "lac_" + "0" * 12 + "_" + "A" * 22
+
+
+@dataclass
+class SignOff:
+    """A version on canary whose window is ready, a promote run waiting for its sign-off,
+    and one registry per token: two reviewers, the pipeline's own activation token, a
+    trainer, and a reviewer limited to another namespace."""
+
+    owner: Registry
+    v1: str
+    v2: str
+    window_id: int
+    as_: dict[str, Registry]
+    token_ids: dict[str, str]
+
+    def code(self, who: str = "alice", *, approve: bool = True, ttl_s: float | None = None) -> str:
+        return self.as_[who].issue_approval_code(self.v1, approve=approve, ttl_s=ttl_s)[1]
+
+    def record(self, code: str, *, reviewer: str = "alice", approve: bool = True, window_id: int | None = None):
+        return self.as_["pipeline"].record_approval(
+            window_id or self.window_id, approve=approve, reviewer=reviewer, code=code, comment="ok", flow_run_id="r1"
+        )
+
+    def events(self, action: str) -> list:
+        return [e for e in self.owner.history(NAME) if e.action == action]
+
+
+def ready(registry: Registry, window_id: int) -> None:
+    side = SideStats(20, 0, 50.0, 100.0)
+    now = datetime.now(UTC)
+    monitors = [Monitor("p95_ms", 1.0, 2.0, True)]
+    registry.record_canary_observation(
+        Observation(window_id, now, side, side, 0.0, [], Verdict.READY, monitors, ["ok"])
+    )
+
+
+@pytest.fixture
+def signoff(cataloged, seeded_bundles):
+    registry, _ = cataloged
+    v1 = registry.register_adapter(seeded_bundles[0], NAME).version.version_id
+    v2 = registry.register_adapter(seeded_bundles[1], NAME).version.version_id
+    for v in (v1, v2):
+        mark_validated(registry, v)
+    registry.promote(v1, "canary")
+    window, _ = registry.open_canary_window(v1)
+    ready(registry, window.id)
+    registry.request_approval(window.id, "run-1")
+    holders = {
+        "alice": ("activation", None),
+        "bob": ("activation", None),
+        "pipeline": ("activation", None),
+        "trainer": ("training", None),
+        "elsewhere": ("activation", "other/*"),
+    }
+    opened, token_ids = {}, {}
+    for who, (role, namespace) in holders.items():
+        record, token = registry.create_token(role, who, namespace=namespace)
+        token_ids[who] = record.token_id
+        opened[who] = Registry.open(registry.settings.model_copy(update={"token": token}))
+    yield SignOff(registry, v1, v2, window.id, opened, token_ids)
+    for r in opened.values():
+        r.close()
+
+
+@pytest.mark.parametrize("approve", [True, False], ids=["approve", "reject"])
+def test_a_code_records_its_decision_once_and_the_audit_names_the_token_that_proved_it(signoff, approve):
+    code = signoff.code(approve=approve)
+    after = signoff.record(code, approve=approve)
+    assert after.status == (WindowStatus.READY if approve else WindowStatus.REJECTED)
+    (event,) = signoff.events("approval")
+    stored = signoff.owner.approval_codes(signoff.window_id)[-1]
+    assert event.details["token_id"] == signoff.token_ids["alice"] == stored.token_id
+    assert event.details["approval_code"] == stored.code_id and event.details["reviewer"] == "alice"
+    assert event.actor.startswith("pipeline (activation token ")
+    assert stored.used_at is not None and stored.used_by == "r1"
+    assert code not in repr(stored) and stored.secret_hash not in str(stored.as_dict())
+
+
+def _expire(signoff: SignOff) -> str:
+    code = signoff.code()
+    with sql_engine(signoff.owner).begin() as conn:
+        conn.execute(update(approval_codes).values(expires_at=datetime.now(UTC) - timedelta(seconds=1)))
+    return code
+
+
+def _other_window(signoff: SignOff) -> tuple[str, dict]:
+    """A code for v1's window, offered for v2's (v2 entered canary since)."""
+    code = signoff.code()
+    signoff.owner.promote(signoff.v2, "canary")
+    window, _ = signoff.owner.open_canary_window(signoff.v2)
+    ready(signoff.owner, window.id)
+    return code, {"window_id": window.id}
+
+
+def _revoked(signoff: SignOff) -> str:
+    code = signoff.code()
+    signoff.owner.revoke_token(signoff.token_ids["alice"])
+    return code
+
+
+# (case, how the code is made -> code or (code, overrides of the offer), refusal code)
+REFUSALS = [
+    ("forged", lambda s: FORGED, ErrorCode.APPROVAL_CODE_INVALID),
+    ("not-a-code", lambda s: "alice says yes", ErrorCode.APPROVAL_CODE_INVALID),
+    ("empty", lambda s: "", ErrorCode.APPROVAL_CODE_INVALID),
+    ("wrong-secret", lambda s: s.code()[:-4] + "AAAA", ErrorCode.APPROVAL_CODE_INVALID),
+    ("expired", _expire, ErrorCode.APPROVAL_CODE_EXPIRED),
+    ("someone-elses", lambda s: (s.code("bob"), {"reviewer": "alice"}), ErrorCode.APPROVAL_CODE_MISMATCH),
+    ("another-reviewer-typed", lambda s: (s.code(), {"reviewer": "bob"}), ErrorCode.APPROVAL_CODE_MISMATCH),
+    ("issued-to-reject", lambda s: s.code(approve=False), ErrorCode.APPROVAL_CODE_MISMATCH),
+    ("another-version", _other_window, ErrorCode.APPROVAL_CODE_MISMATCH),
+    ("token-revoked", _revoked, ErrorCode.APPROVAL_CODE_REVOKED),
+    ("the-pipelines-own", lambda s: (s.code("pipeline"), {"reviewer": "pipeline"}), ErrorCode.APPROVAL_CODE_SELF),
+]
+
+
+@pytest.mark.parametrize("case, make, refusal", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_a_code_that_does_not_prove_the_decision_is_refused_and_records_nothing(signoff, case, make, refusal):
+    made = make(signoff)
+    code, offer = made if isinstance(made, tuple) else (made, {})
+    codes_before = signoff.owner.approval_codes(offer.get("window_id", signoff.window_id))
+    with pytest.raises(ApprovalRefused) as refused:
+        signoff.record(code, **offer)
+    assert (refused.value.code, refused.value.field) == (refusal, "code")
+    assert code[-22:] not in refused.value.message if code else True  # the secret is never repeated
+    window = signoff.owner.canary_window(offer.get("window_id", signoff.window_id))
+    assert window.status == WindowStatus.READY
+    assert signoff.events("approval") == []
+    assert signoff.owner.approval_codes(window.id) == codes_before  # no code was used up
+    (audited,) = signoff.events("approval_refused")
+    assert audited.to_value == refusal.value and audited.details["window_id"] == window.id
+
+
+def test_a_used_code_is_refused_the_second_time(signoff):
+    code = signoff.code()
+    signoff.record(code)
+    with pytest.raises(ApprovalRefused) as again:
+        signoff.record(code)
+    assert again.value.code == ErrorCode.APPROVAL_CODE_USED
+    assert len(signoff.events("approval")) == 1
+
+
+@pytest.mark.parametrize(
+    "who, ttl_s, error, code",
+    [
+        ("trainer", None, PermissionDenied, ErrorCode.PERMISSION_DENIED),
+        ("elsewhere", None, PermissionDenied, ErrorCode.PERMISSION_DENIED),
+        ("owner", None, PermissionDenied, ErrorCode.PERMISSION_DENIED),
+        ("alice", 5, InvalidInput, ErrorCode.INVALID_SETTING),
+        ("alice", 2 * 86400, InvalidInput, ErrorCode.INVALID_SETTING),
+    ],
+    ids=["a-training-token", "another-namespace", "no-token-at-all", "ttl-too-short", "ttl-too-long"],
+)
+def test_only_an_activation_token_for_the_adapter_gets_a_code_and_a_refusal_writes_nothing(
+    signoff, who, ttl_s, error, code
+):
+    registry = signoff.owner if who == "owner" else signoff.as_[who]
+    before = signoff.owner.history(NAME)
+    with pytest.raises(error) as refused:
+        registry.issue_approval_code(signoff.v1, ttl_s=ttl_s)
+    assert refused.value.code == code
+    assert signoff.owner.history(NAME) == before and signoff.owner.approval_codes(signoff.window_id) == []
+
+
+def test_no_code_is_issued_for_a_window_that_waits_for_no_sign_off(signoff):
+    signoff.record(signoff.code(approve=False), approve=False)  # rejected: the window is closed
+    with pytest.raises(IllegalTransition):
+        signoff.code()
+    with pytest.raises(InvalidInput):
+        signoff.as_["alice"].issue_approval_code(signoff.v2)  # never canaried
+
+
+def test_racing_resumes_with_one_code_record_one_decision(signoff):
+    code = signoff.code()
+    racers = 8
+    registries = [Registry.open(signoff.as_["pipeline"].settings) for _ in range(racers)]
+    barrier = threading.Barrier(racers)
+
+    def race(registry: Registry) -> str:
+        barrier.wait()
+        try:
+            registry.record_approval(signoff.window_id, approve=True, reviewer="alice", code=code, flow_run_id="r")
+            return "recorded"
+        except ApprovalRefused as refused:
+            return refused.code.value
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(racers) as pool:
+            outcomes = list(pool.map(race, registries))
+    finally:
+        for r in registries:
+            r.close()
+    assert sorted(outcomes) == ["approval_code_used"] * (racers - 1) + ["recorded"]
+    assert len(signoff.events("approval")) == 1
+
+
+def test_racing_promote_runs_claim_one_sign_off(signoff):
+    racers = 8
+    fresh_window = signoff.owner.canary_window(signoff.window_id)
+    registries = [Registry.open(signoff.as_["pipeline"].settings) for _ in range(racers)]
+    barrier = threading.Barrier(racers)
+
+    def race(i: int) -> str | None:
+        barrier.wait()
+        return registries[i].request_approval(fresh_window.id, f"run-{i}", replacing="run-1").approval_flow_run_id
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(racers) as pool:
+            holders = set(pool.map(race, range(racers)))
+    finally:
+        for r in registries:
+            r.close()
+    assert len(holders) == 1 and holders != {"run-1"}
+    assert [e.to_value for e in signoff.events("approval_requested")][1:] == list(holders)
