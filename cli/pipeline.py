@@ -4,7 +4,8 @@ promotion pipeline from a shell.
 ``approve`` resumes the very pause the ``promote`` flow run waits in -- the one the Prefect
 UI shows as a form -- with the same fields and an approval code it issues to the caller's
 own activation token; the flow redeems the code and records the decision. ``approve-code``
-issues such a code alone, for a person to type into the UI's form. ``canary``
+issues such a code alone, for a person to type into the UI's form (``--rollback``: for the
+rollback deployment's ``code`` parameter). ``canary``
 shows windows and their observations from the registry. ``training-completed`` emits the
 event a training job emits, which starts the pipeline.
 """
@@ -18,6 +19,7 @@ from cli.output import EXIT_OK, emit, open_registry
 from registry.errors import ErrorCode, IllegalTransition, InvalidInput, PermissionDenied, Unavailable
 from registry.intake.jsonio import loads_object
 from registry.rules.access import Action
+from registry.rules.approvals import Decision
 from registry.rules.canary import ACTIVE, WindowStatus
 from registry.rules.lifecycle import check_scan_acknowledged
 
@@ -44,13 +46,16 @@ def _waiting_window(reg, version: str):
 
 
 def cmd_approve_code(args: argparse.Namespace) -> int:
+    if args.reject and args.rollback:
+        raise InvalidInput("--reject and --rollback are two different decisions: give one", field="rollback")
+    decision = Decision.ROLLBACK if args.rollback else Decision.of(not args.reject)
     with open_registry(args) as reg:
-        window = _waiting_window(reg, args.version)
-        record, code = reg.issue_approval_code(args.version, approve=not args.reject, ttl_s=args.ttl)
+        waiting = None if args.rollback else _waiting_window(reg, args.version).approval_flow_run_id
+        record, code = reg.issue_approval_code(args.version, decision=decision, ttl_s=args.ttl)
     until = record.expires_at.strftime("%Y-%m-%d %H:%M:%S UTC")
     emit(
         args,
-        {**record.as_dict(), "code": code, "flow_run_id": window.approval_flow_run_id},
+        {**record.as_dict(), "code": code, "flow_run_id": waiting},
         f"approval code to {record.decision.value} {args.version} as {record.reviewer}, "
         f"good once until {until} (shown once):\n{code}",
     )
@@ -74,7 +79,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
             check_scan_acknowledged(
                 args.version, review.describe() if review else None, acknowledged=args.acknowledge_scan_review
             )
-        record, code = reg.issue_approval_code(args.version, approve=not args.reject)
+        record, code = reg.issue_approval_code(args.version, decision=Decision.of(not args.reject))
     # Prefect costs ~2 s to import: only the command that talks to it pays
     import httpx
     from prefect.exceptions import FlowPauseTimeout, NotPausedError, ObjectNotFound
@@ -193,6 +198,11 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     )
     p.add_argument("version")
     p.add_argument("--reject", action="store_true", help="a code to reject instead")
+    p.add_argument(
+        "--rollback",
+        action="store_true",
+        help="a code to roll back the stage serving VERSION, for the rollback deployment's `code` parameter",
+    )
     p.add_argument("--ttl", type=float, help="seconds the code stays good (default LORAGATE_APPROVAL_CODE_TTL_S)")
     p.set_defaults(func=cmd_approve_code)
 

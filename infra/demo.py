@@ -401,23 +401,13 @@ def main() -> None:
         ask(urls, prompt)
 
         banner("rollback: production back to the previous version in one pointer move, reloaded in place")
-        subprocess.run(
-            [
-                str(Path(sys.executable).parent / "prefect"),
-                "deployment",
-                "run",
-                "rollback/rollback",
-                "--param",
-                f"name={SUPPORT}",
-                "--param",
-                f"expected_version={v2}",
-                "--param",
-                "reason=tenant reports regressions",
-            ],
-            env={**os.environ, **pipeline.env},
-            check=True,
-            capture_output=True,
-        )
+        say("the rollback deployment moves nothing without a rollback code a person got with their own token:")
+        made = loragate("approve-code", v2, "--rollback", "--json", quiet=True, env={"LORAGATE_TOKEN": PEOPLE["alice"]})
+        params = {"name": SUPPORT, "expected_version": v2, "reason": "tenant reports regressions"}
+        args = [f"{k}={v}" for k, v in {**params, "code": json.loads(made)["code"]}.items()]
+        prefect_bin = str(Path(sys.executable).parent / "prefect")
+        run = [prefect_bin, "deployment", "run", "rollback/rollback", *(a for p in args for a in ("--param", p))]
+        subprocess.run(run, env={**os.environ, **pipeline.env}, check=True, capture_output=True)
         wait_for(f"rollback flow: production is {v1} again", lambda: stage_of(v1)[0] == "production")
         ask(urls, prompt)
 

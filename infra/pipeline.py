@@ -81,6 +81,12 @@ class LocalPipeline:
     env: dict[str, str]  # what a `loragate` or `prefect` command needs to reach this pipeline
     workers: list[subprocess.Popen] = field(default_factory=list)
     owns_server: bool = True
+    secret_dirs: dict[str, Path] = field(default_factory=dict)  # per pool
+
+    def pool_env(self, pool: str) -> dict[str, str]:
+        """What a process needs to run a flow as ``pool``'s worker would: ``env`` and that
+        pool's secrets directory."""
+        return {**self.env, SECRETS_DIR_VARIABLE: str(self.secret_dirs[pool])}
 
     def stop(self) -> None:
         for worker in self.workers:
@@ -143,9 +149,9 @@ def start_pipeline(
     pipeline = LocalPipeline(server, {**server.env, **loragate_env}, owns_server=owns_server)
     try:
         deploy(server, loragate_env, evaluate_every_s=evaluate_every_s, reconcile_every_s=reconcile_every_s)
-        secret_dirs = write_secrets(server.home / "secrets", secrets)
+        pipeline.secret_dirs = write_secrets(server.home / "secrets", secrets)
         for pool in POOLS:
-            worker_env = {**loragate_env, SECRETS_DIR_VARIABLE: str(secret_dirs[pool.name])}
+            worker_env = {**loragate_env, SECRETS_DIR_VARIABLE: str(pipeline.secret_dirs[pool.name])}
             log = server.home / f"worker-{pool.name}.log"
             pipeline.workers.append(start_worker(server, pool.name, worker_env, cwd=ROOT, log=log))
     except BaseException:

@@ -274,6 +274,23 @@ def verify_stage(name: str, version_id: str) -> list[dict[str, Any]]:
     return [s.as_dict() for s in mine]
 
 
+@task(cache_policy=NO_CACHE, name="authorize-rollback")
+def authorize_rollback(
+    name: str, stage: str, expected_version: str | None, code: str, flow_run_id: str
+) -> dict[str, Any] | None:
+    """The version to roll back, once ``code`` proves a person asked for it (redeemed now:
+    single-use, so never retried); None when the stage no longer serves
+    ``expected_version`` (a re-run of a rollback that already happened needs no code).
+    ``ApprovalRefused`` otherwise, audited: nothing moves."""
+    with registry_as(Role.ACTIVATION) as registry:
+        adapter = registry.get_adapter(name)
+        current = adapter.production if stage == "production" else adapter.canary
+        if expected_version is not None and current != expected_version:
+            return None
+        proven = registry.redeem_rollback_code(name, stage, code, used_by=flow_run_id)
+    return {"version_id": proven.version_id, "reviewer": proven.reviewer, "token_id": proven.token_id}
+
+
 @task(
     cache_policy=NO_CACHE,
     name="rollback-stage",

@@ -2,7 +2,9 @@
 activation token, bound to the window, the reviewer, the decision and an expiry, good once.
 Every way a code can fail to prove a decision is a row of a table, refused with its own
 code and changing nothing but the audit log; racing resumes with one code record one
-decision; racing promote runs claim one sign-off. SQLite and Postgres alike."""
+decision; racing promote runs claim one sign-off. A rollback started through the pipeline
+needs a rollback code for the version the stage serves, by the same rules. SQLite and
+Postgres alike."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import pytest
 from sqlalchemy import update
 
 from registry.db.schema import approval_codes
-from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition, InvalidInput, PermissionDenied
+from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition, InvalidInput, NotFound, PermissionDenied
+from registry.rules.approvals import Decision
 from registry.rules.canary import Monitor, Observation, SideStats, Verdict, WindowStatus
 from registry.service import Registry
 from tests.support.registries import mark_validated, sql_engine
@@ -38,7 +41,7 @@ class SignOff:
     token_ids: dict[str, str]
 
     def code(self, who: str = "alice", *, approve: bool = True, ttl_s: float | None = None) -> str:
-        return self.as_[who].issue_approval_code(self.v1, approve=approve, ttl_s=ttl_s)[1]
+        return self.as_[who].issue_approval_code(self.v1, decision=Decision.of(approve), ttl_s=ttl_s)[1]
 
     def record(self, code: str, *, reviewer: str = "alice", approve: bool = True, window_id: int | None = None):
         return self.as_["pipeline"].record_approval(
@@ -190,7 +193,7 @@ def test_no_code_is_issued_for_a_window_that_waits_for_no_sign_off(signoff):
     signoff.record(signoff.code(approve=False), approve=False)  # rejected: the window is closed
     with pytest.raises(IllegalTransition):
         signoff.code()
-    with pytest.raises(InvalidInput):
+    with pytest.raises(NotFound):
         signoff.as_["alice"].issue_approval_code(signoff.v2)  # never canaried
 
 
@@ -236,3 +239,64 @@ def test_racing_promote_runs_claim_one_sign_off(signoff):
             r.close()
     assert len(holders) == 1 and holders != {"run-1"}
     assert [e.to_value for e in signoff.events("approval_requested")][1:] == list(holders)
+
+
+# -- rollback codes -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def in_production(signoff):
+    """v1 in production (signed off), v2 on canary: rollback codes have something to decide on."""
+    signoff.record(signoff.code())
+    signoff.owner.promote(signoff.v1, "production")
+    signoff.owner.promote(signoff.v2, "canary")
+    return signoff
+
+
+def rollback_code(s: SignOff, version: str, who: str = "alice") -> str:
+    return s.as_[who].issue_approval_code(version, decision=Decision.ROLLBACK)[1]
+
+
+def test_a_rollback_code_for_what_a_stage_serves_is_redeemed_once_and_names_its_token(in_production):
+    s = in_production
+    code = rollback_code(s, s.v1)
+    proven = s.as_["pipeline"].redeem_rollback_code(NAME, "production", code, used_by="run-r")
+    assert (proven.version_id, proven.reviewer, proven.token_id) == (s.v1, "alice", s.token_ids["alice"])
+    (event,) = s.events("rollback_approval")
+    assert event.details == {"reviewer": "alice", "token_id": s.token_ids["alice"], "approval_code": proven.code_id}
+    with pytest.raises(ApprovalRefused) as again:
+        s.as_["pipeline"].redeem_rollback_code(NAME, "production", code, used_by="run-r")
+    assert again.value.code == ErrorCode.APPROVAL_CODE_USED
+    canary = rollback_code(s, s.v2)  # the canary too: a code for the version it serves
+    assert s.as_["pipeline"].redeem_rollback_code(NAME, "canary", canary, used_by="run-c").version_id == s.v2
+
+
+@pytest.mark.parametrize(
+    "case, make, stage, refusal",
+    [
+        ("no-code", lambda s: "", "production", ErrorCode.APPROVAL_CODE_INVALID),
+        ("forged", lambda s: FORGED, "production", ErrorCode.APPROVAL_CODE_INVALID),
+        ("a-sign-off-code", lambda s: s.code(), "production", ErrorCode.APPROVAL_CODE_MISMATCH),
+        ("for-the-canarys-version", lambda s: rollback_code(s, s.v2), "production", ErrorCode.APPROVAL_CODE_MISMATCH),
+        ("the-pipelines-own", lambda s: rollback_code(s, s.v1, "pipeline"), "production", ErrorCode.APPROVAL_CODE_SELF),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_rollback_without_a_code_proving_it_is_refused_and_nothing_moves(in_production, case, make, stage, refusal):
+    s = in_production
+    code = make(s)
+    before = s.owner.get_adapter(NAME)
+    with pytest.raises(ApprovalRefused) as refused:
+        s.as_["pipeline"].redeem_rollback_code(NAME, stage, code, used_by="run-x")
+    assert refused.value.code == refusal
+    assert s.owner.get_adapter(NAME) == before and s.events("rollback_approval") == []
+    assert s.events("approval_refused")[-1].to_value == refusal.value
+
+
+def test_a_rollback_code_is_issued_only_for_a_version_a_stage_serves(in_production):
+    s = in_production
+    s.owner.rollback(NAME, "canary")  # v2 withdrawn: nothing serves it any more
+    with pytest.raises(IllegalTransition):
+        rollback_code(s, s.v2)
+    with pytest.raises(PermissionDenied):
+        rollback_code(s, s.v1, "trainer")

@@ -407,14 +407,20 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
     path_v2 = version_path(str(stack.registry.list_replicas()[0].adapter_dir), name, v2)
     assert all(stack.served(k)[name] == path_v2 for k in ("prod-a", "prod-b", "canary"))
 
-    # rollback: the deployment, as an operator runs it
+    # rollback: the deployment, as anyone who reaches the Prefect API runs it -- without a
+    # code it fails and moves nothing; with alice's rollback code it rolls back
     from prefect.deployments import run_deployment
 
+    rollback = {"name": name, "expected_version": v2, "reason": "tenant reports regressions"}
+    with client_env(stack.pipeline.server):
+        refused_run = run_deployment("rollback/rollback", parameters=rollback, timeout=180)
+    assert refused_run.state is not None and refused_run.state.is_failed(), refused_run.state
+    assert stack.registry.get_adapter(name).production == v2, "a rollback without a code moved production"
+    issued = stack.loragate("approve-code", v2, "--rollback", "--json", token=stack.people["alice"])
+    assert issued.returncode == 0, issued.stderr
     with client_env(stack.pipeline.server):
         run = run_deployment(
-            "rollback/rollback",
-            parameters={"name": name, "expected_version": v2, "reason": "tenant reports regressions"},
-            timeout=180,
+            "rollback/rollback", parameters={**rollback, "code": json.loads(issued.stdout)["code"]}, timeout=180
         )
     assert run.state is not None and run.state.is_completed(), run.state
     assert stack.registry.get_adapter(name).production == v1
@@ -432,7 +438,9 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
     assert [e.details["token_id"] for e in approvals] == [people_ids["alice"], people_ids["bob"]]
     assert approvals[1].details["approval_code"] == bobs["code_id"]
     refused = [e.to_value for e in stack.registry.history(name) if e.action == "approval_refused"]
-    assert refused == ["approval_code_invalid", "approval_code_mismatch"]
+    assert refused == ["approval_code_invalid", "approval_code_mismatch", "approval_code_invalid"]
+    (asked,) = [e for e in stack.registry.history(name) if e.action == "rollback_approval"]
+    assert (asked.version_id, asked.details["token_id"]) == (v2, people_ids["alice"])
     expected_events = [
         ("loragate.adapter.registered", v1),
         ("loragate.adapter.validated", v1),
@@ -560,7 +568,7 @@ def test_a_canary_flow_killed_mid_switch_and_rerun_from_the_top_converges(stack,
         script = f"from flows.canary import canary_flow; canary_flow({version!r})"
         process = subprocess.Popen(
             [sys.executable, "-c", script],
-            env={**os.environ, **stack.pipeline.env},
+            env={**os.environ, **stack.pipeline.pool_env("gpu")},  # as the canary deployment's worker
             cwd=ROOT,
             start_new_session=True,
             stdout=subprocess.DEVNULL,

@@ -1,5 +1,6 @@
 """Sign-offs as the registry keeps them: approval codes issued to activation tokens, and
-the decision a code proves, recorded with it in one transaction.
+the decision a code proves, recorded with it in one transaction (a rollback's code is
+redeemed on its own, just before the rollback moves anything).
 
 Redeeming a code reads its row under a row lock, checks every rule
 (``rules/approvals.check_redeemable``) and marks it used with a compare-and-set on
@@ -10,6 +11,7 @@ is audited on its own.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -58,9 +60,18 @@ class ApprovalRepository:
         return row
 
     def issue(
-        self, issued: IssuedCode, window_id: int, token: TokenRecord, decision: Decision, ttl_s: float, actor: str
+        self,
+        issued: IssuedCode,
+        token: TokenRecord,
+        decision: Decision,
+        ttl_s: float,
+        actor: str,
+        *,
+        window_id: int | None = None,
+        rollback_of: tuple[str, str] | None = None,
     ) -> ApprovalCode:
-        """Store a code for the window's sign-off, bound to ``token`` and its holder.
+        """Store a code bound to ``token`` and its holder: for the sign-off of ``window_id``,
+        or for rolling back ``rollback_of`` (adapter name, version the stage serves).
 
         Raises:
             NotFound: no such window.
@@ -68,14 +79,19 @@ class ApprovalRepository:
         """
         now = utcnow()
         with self.db.write() as conn:
-            window = self._ready_window(conn, window_id)
+            if window_id is not None:
+                window = self._ready_window(conn, window_id)
+                name, version_id = window.adapter_name, window.version_id
+            else:
+                assert rollback_of is not None, "a code decides on a window or on a version to roll back"
+                name, version_id = rollback_of
             conn.execute(
                 insert(approval_codes).values(
                     code_id=issued.code_id,
                     secret_sha256=issued.secret_hash,
                     window_id=window_id,
-                    version_id=window.version_id,
-                    adapter_name=window.adapter_name,
+                    version_id=version_id,
+                    adapter_name=name,
                     token_id=token.token_id,
                     reviewer=token.holder,
                     decision=decision.value,
@@ -87,8 +103,8 @@ class ApprovalRepository:
                 conn,
                 actor=actor,
                 action="approval_code_issued",
-                adapter_name=window.adapter_name,
-                version_id=window.version_id,
+                adapter_name=name,
+                version_id=version_id,
                 stage="production",
                 to_value=issued.code_id,
                 at=now,
@@ -111,6 +127,34 @@ class ApprovalRepository:
             )
             return [code_from_row(r) for r in rows]
 
+    def _redeem(self, conn: Connection, presented: PresentedCode, offer: Redemption, *, used_by: str) -> ApprovalCode:
+        """Check ``presented`` against ``offer`` under its row lock and mark it used (a
+        compare-and-set: of two racing redemptions one wins, the other is refused).
+
+        Raises:
+            ApprovalRefused: the code does not prove the offer, or was used meanwhile.
+        """
+        row = conn.execute(
+            select(approval_codes).where(approval_codes.c.code_id == presented.code_id).with_for_update()
+        ).first()
+        stored = code_from_row(row) if row is not None else None
+        token_active = stored is not None and (
+            conn.execute(select(api_tokens.c.revoked_at).where(api_tokens.c.token_id == stored.token_id)).scalar()
+            is None
+        )
+        check_redeemable(stored, presented, offer, token_active=token_active)
+        assert stored is not None  # check_redeemable refuses an unknown code
+        used = conn.execute(
+            update(approval_codes)
+            .where(approval_codes.c.code_id == stored.code_id, approval_codes.c.used_at.is_(None))
+            .values(used_at=offer.at, used_by=used_by[:128])
+        ).rowcount
+        if used != 1:
+            raise ApprovalRefused(
+                f"approval code {stored.code_id} was used meanwhile", code=ErrorCode.APPROVAL_CODE_USED, field="code"
+            )
+        return dataclasses.replace(stored, used_at=offer.at, used_by=used_by[:128])
+
     def record_decision(
         self, presented: PresentedCode, offer: Redemption, *, comment: str, flow_run_id: str | None, actor: str
     ) -> CanaryWindow:
@@ -122,31 +166,10 @@ class ApprovalRepository:
             IllegalTransition: the window is not waiting for a sign-off.
             ApprovalRefused: the code does not prove this decision (its code says why).
         """
+        assert offer.window_id is not None, "a sign-off decides on a window"
         with self.db.write() as conn:
             window = self._ready_window(conn, offer.window_id)
-            row = conn.execute(
-                select(approval_codes).where(approval_codes.c.code_id == presented.code_id).with_for_update()
-            ).first()
-            stored = code_from_row(row) if row is not None else None
-            token_active = stored is not None and (
-                conn.execute(
-                    select(api_tokens.c.revoked_at).where(api_tokens.c.token_id == stored.token_id)
-                ).scalar_one_or_none()
-                is None
-            )
-            check_redeemable(stored, presented, offer, token_active=token_active)
-            assert stored is not None  # check_redeemable refuses an unknown code
-            used = conn.execute(
-                update(approval_codes)
-                .where(approval_codes.c.code_id == stored.code_id, approval_codes.c.used_at.is_(None))
-                .values(used_at=offer.at, used_by=(flow_run_id or actor)[:128])
-            ).rowcount
-            if used != 1:
-                raise ApprovalRefused(
-                    f"approval code {stored.code_id} was used meanwhile",
-                    code=ErrorCode.APPROVAL_CODE_USED,
-                    field="code",
-                )
+            stored = self._redeem(conn, presented, offer, used_by=flow_run_id or actor)
             approve = offer.decision == Decision.APPROVE
             self.db.audit(
                 conn,
@@ -161,7 +184,7 @@ class ApprovalRepository:
                 details={
                     "window_id": offer.window_id,
                     "approve": approve,
-                    "reviewer": offer.reviewer,
+                    "reviewer": stored.reviewer,
                     "comment": comment,
                     "flow_run_id": flow_run_id,
                     "token_id": stored.token_id,
@@ -169,20 +192,45 @@ class ApprovalRepository:
                 },
             )
             if not approve:
-                why = f"rejected by {offer.reviewer}: {comment}"
+                why = f"rejected by {stored.reviewer}: {comment}"
                 self.canary.move_in(conn, window, WindowStatus.REJECTED, why, actor, offer.at)
             return window_from_row(self.canary.window_row(conn, offer.window_id))
 
-    def record_refusal(self, refused: ApprovalRefused, presented_id: str | None, offer: Redemption, actor: str) -> None:
-        """A sign-off refused, in the audit log (nothing else changes)."""
+    def redeem_rollback(
+        self, presented: PresentedCode, offer: Redemption, name: str, stage: str, *, used_by: str, actor: str
+    ) -> ApprovalCode:
+        """Redeem ``presented`` for rolling ``stage`` of ``name`` back from ``offer``'s
+        version, audited as a ``rollback_approval`` naming the token that proved it.
+
+        Raises:
+            ApprovalRefused: the code does not prove the rollback.
+        """
         with self.db.write() as conn:
-            window = self.canary.window_row(conn, offer.window_id)
+            stored = self._redeem(conn, presented, offer, used_by=used_by)
+            self.db.audit(
+                conn,
+                actor=actor,
+                action="rollback_approval",
+                adapter_name=name,
+                version_id=offer.version_id,
+                stage=stage,
+                to_value="rollback",
+                at=offer.at,
+                details={"reviewer": stored.reviewer, "token_id": stored.token_id, "approval_code": stored.code_id},
+            )
+        return stored
+
+    def record_refusal(
+        self, refused: ApprovalRefused, presented_id: str | None, offer: Redemption, name: str, actor: str
+    ) -> None:
+        """A sign-off or a rollback refused, in the audit log (nothing else changes)."""
+        with self.db.write() as conn:
             self.db.audit(
                 conn,
                 actor=actor,
                 action="approval_refused",
-                adapter_name=window.adapter_name,
-                version_id=window.version_id,
+                adapter_name=name,
+                version_id=offer.version_id,
                 stage="production",
                 to_value=refused.code.value,
                 reason=refused.message,

@@ -265,7 +265,7 @@ approval_codes = Table(
     metadata,
     Column("code_id", String(12), primary_key=True),
     Column("secret_sha256", String(64), nullable=False),
-    Column("window_id", Integer, ForeignKey("canary_windows.id"), nullable=False),
+    Column("window_id", Integer, ForeignKey("canary_windows.id"), nullable=True),
     Column("version_id", String(64), ForeignKey("adapter_versions.version_id"), nullable=False),
     Column("adapter_name", String(194), nullable=False),
     Column("token_id", String(12), ForeignKey("api_tokens.token_id"), nullable=False),
@@ -275,6 +275,6 @@ approval_codes = Table(
     Column("expires_at", Timestamp, nullable=False),
     Column("used_at", Timestamp, nullable=True),
     Column("used_by", String(128), nullable=True),
-    CheckConstraint("decision IN ('approve', 'reject')", name="ck_approval_codes_decision"),
+    CheckConstraint("decision IN ('approve', 'reject', 'rollback')", name="ck_approval_codes_decision"),
     Index("ix_approval_codes_window", "window_id"),
 )

@@ -1,14 +1,16 @@
 """Approval codes: a sign-off that proves who gave it.
 
 A name typed into a form proves nothing: whoever reaches the Prefect API can resume a
-paused promotion as "alice". So a production sign-off carries a code that only the holder
-of an activation token for the adapter can get: ``loragate approve-code VERSION`` issues it
-to the caller's own token, bound to the version's canary window, the token's holder (the
-reviewer), the decision and an expiry. It reads ``lac_<id>_<secret>``; only the SHA-256 of
-the secret is stored (128 random bits: a slow hash would add nothing), and it is good once.
-The promote flow redeems it before it records the decision or moves anything, acting with
-its own activation token -- never one the code was issued to, so the pipeline cannot sign
-off its own promotion. What each refusal means is an error code of its own.
+paused promotion as "alice", or run the rollback deployment. So a production sign-off, and
+a rollback started through the pipeline, carry a code that only the holder of an activation
+token for the adapter can get: ``loragate approve-code VERSION`` issues it to the caller's
+own token, bound to the token's holder (the reviewer), the decision (approve, reject, or
+roll back), what it decides on (the version's canary window; for a rollback the version the
+stage serves now) and an expiry. It reads ``lac_<id>_<secret>``; only the SHA-256 of the
+secret is stored (128 random bits: a slow hash would add nothing), and it is good once. The
+flow redeems it before it records or moves anything, acting with its own activation token
+-- never one the code was issued to, so the pipeline cannot sign off its own move. What
+each refusal means is an error code of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ MAX_TTL_S = 24 * 3600
 class Decision(StrEnum):
     APPROVE = "approve"
     REJECT = "reject"
+    ROLLBACK = "rollback"  # the stage serving the code's version goes back (production) or is withdrawn
 
     @classmethod
     def of(cls, approve: bool) -> Decision:
@@ -80,7 +83,7 @@ class ApprovalCode:
 
     code_id: str
     secret_hash: str
-    window_id: int
+    window_id: int | None  # None for a rollback: it decides on a version, not a window
     version_id: str
     adapter_name: str
     token_id: str
@@ -111,14 +114,19 @@ class ApprovalCode:
 
 @dataclass(frozen=True)
 class Redemption:
-    """What the flow offers a code for: one window's decision, in a reviewer's name, made
-    by a principal acting with ``acting_token_id``."""
+    """What a flow offers a code for: a decision on one window (a sign-off) or on the
+    version a stage serves (a rollback, ``window_id`` None), in a reviewer's name (None:
+    whoever the code names), made by a principal acting with ``acting_token_id``."""
 
-    window_id: int
+    window_id: int | None
+    version_id: str
     decision: Decision
-    reviewer: str
+    reviewer: str | None
     acting_token_id: str | None
     at: datetime
+
+    def subject(self) -> str:
+        return f"canary window {self.window_id} of {self.version_id}" if self.window_id else self.version_id
 
 
 def check_redeemable(
@@ -139,17 +147,18 @@ def check_redeemable(
         refusal = (ErrorCode.APPROVAL_CODE_USED, f"was already used at {stored.used_at.isoformat()}")
     elif stored.expires_at <= offer.at:
         refusal = (ErrorCode.APPROVAL_CODE_EXPIRED, f"expired at {stored.expires_at.isoformat()}")
-    elif stored.window_id != offer.window_id:
-        refusal = (
-            ErrorCode.APPROVAL_CODE_MISMATCH,
-            f"was issued for {stored.version_id} (canary window {stored.window_id}), not this one",
-        )
     elif stored.decision != offer.decision:
         refusal = (
             ErrorCode.APPROVAL_CODE_MISMATCH,
             f"was issued to {stored.decision.value}, not to {offer.decision.value}",
         )
-    elif stored.reviewer != offer.reviewer:
+    elif (stored.window_id, stored.version_id) != (offer.window_id, offer.version_id):
+        issued_for = f"canary window {stored.window_id} of " if stored.window_id else ""
+        refusal = (
+            ErrorCode.APPROVAL_CODE_MISMATCH,
+            f"was issued for {issued_for}{stored.version_id}, not for {offer.subject()}",
+        )
+    elif offer.reviewer is not None and stored.reviewer != offer.reviewer:
         refusal = (ErrorCode.APPROVAL_CODE_MISMATCH, f"was issued to {stored.reviewer}, not to {offer.reviewer}")
     elif not token_active:
         refusal = (ErrorCode.APPROVAL_CODE_REVOKED, f"was issued to token {stored.token_id}, revoked since")

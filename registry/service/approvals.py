@@ -1,51 +1,75 @@
-"""Production sign-offs that prove who gave them (``rules/approvals.py``): an approval code
-issued to the caller's own activation token, and the decision recorded only with a code
-that proves it -- redeemed once, in the same transaction."""
+"""Decisions that prove who made them (``rules/approvals.py``): an approval code issued to
+the caller's own activation token; a production sign-off recorded only with a code that
+proves it, redeemed in the same transaction; a rollback started through the pipeline only
+with a code for the version the stage serves, redeemed just before it moves."""
 
 from __future__ import annotations
 
-from registry.errors import ApprovalRefused, ErrorCode, InvalidInput, NotFound, PermissionDenied
+from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition, InvalidInput, NotFound, PermissionDenied
 from registry.records.adapters import utcnow
-from registry.rules.access import Action
+from registry.rules.access import Action, TokenRecord
 from registry.rules.approvals import ApprovalCode, Decision, PresentedCode, Redemption, check_ttl, issue_code
 from registry.rules.canary import CanaryWindow
+from registry.rules.lifecycle import Pointer
 from registry.rules.text import check_text
 from registry.service.base import RegistryBase
 
 
 class ApprovalMixin(RegistryBase):
+    def _code_holder(self, name: str) -> tuple[str, TokenRecord]:
+        """(actor, token) of a caller who may be issued a code for ``name``.
+
+        Raises:
+            PermissionDenied: no activation token for the adapter (the owner has none).
+        """
+        actor = self._authorize(Action.APPROVE, name)
+        token_id = self.principal.token_id
+        found = self._store.access.token(token_id) if token_id is not None else None
+        if found is None:
+            raise PermissionDenied(
+                f"{actor} holds no token: an approval code is issued to an activation token", field="LORAGATE_TOKEN"
+            )
+        return actor, found[0]
+
     def issue_approval_code(
-        self, version_id: str, *, approve: bool = True, ttl_s: float | None = None
+        self, version_id: str, *, decision: Decision = Decision.APPROVE, ttl_s: float | None = None
     ) -> tuple[ApprovalCode, str]:
-        """A single-use code for the sign-off of ``version_id``'s canary window, issued to
-        the caller's own activation token and its holder; returns (record, code). The code
-        is shown once: only its hash is stored.
+        """A single-use code issued to the caller's own activation token and its holder;
+        returns (record, code). To approve or reject: bound to ``version_id``'s canary
+        window, which must wait for a sign-off. To roll back: bound to ``version_id``, which
+        production or the canary of its adapter must serve. Shown once: only its hash is
+        stored.
 
         Raises:
             InvalidInput: INVALID_SETTING for a ttl outside 30 s .. 24 h.
-            NotFound: no such version, or it was never canaried.
-            IllegalTransition: its window is not waiting for a sign-off.
+            NotFound: no such version, or (approve, reject) it was never canaried.
+            IllegalTransition: its window is not waiting for a sign-off; (rollback) no
+                stage serves it.
             PermissionDenied: the caller holds no activation token for the adapter (a code
                 is issued to a token: the registry's owner has none).
         """
         ttl = check_ttl(self.settings.approval_code_ttl_s if ttl_s is None else ttl_s)
-        self._store.versions.get(version_id)
+        version = self._store.versions.get(version_id)
+        actor, token = self._code_holder(version.name)
+        issued = issue_code()
+        if decision == Decision.ROLLBACK:
+            serving = {
+                self._store.pointers.resolve(version.name, p.value) for p in (Pointer.PRODUCTION, Pointer.CANARY)
+            }
+            if version_id not in serving:
+                raise IllegalTransition(
+                    f"{version_id} is {version.stage.value}: neither production nor the canary serves it, "
+                    "there is nothing to roll back",
+                    field="version",
+                )
+            record = self._store.approvals.issue(
+                issued, token, decision, ttl, actor, rollback_of=(version.name, version_id)
+            )
+            return record, issued.code
         windows = self._store.canary.windows(version_id=version_id)
         if not windows:
             raise NotFound(f"{version_id} has never been canaried: there is no sign-off to give", field="version")
-        window = windows[-1]
-        actor = self._authorize(Action.APPROVE, window.adapter_name)
-        principal = self.principal
-        if principal.token_id is None:
-            raise PermissionDenied(
-                f"{actor} holds no token: an approval code is issued to an activation token", field="LORAGATE_TOKEN"
-            )
-        found = self._store.access.token(principal.token_id)
-        if found is None:  # revoked and gone between authentication and now: nothing issued
-            raise PermissionDenied(f"token {principal.token_id} is unknown", field="LORAGATE_TOKEN")
-        token, _ = found
-        issued = issue_code()
-        record = self._store.approvals.issue(issued, window.id, token, Decision.of(approve), ttl, actor)
+        record = self._store.approvals.issue(issued, token, decision, ttl, actor, window_id=windows[-1].id)
         return record, issued.code
 
     def approval_codes(self, window_id: int) -> list[ApprovalCode]:
@@ -79,15 +103,60 @@ class ApprovalMixin(RegistryBase):
             raise InvalidInput("a decision needs a reviewer", code=ErrorCode.INVALID_NAME, field="reviewer")
         check_text(reviewer, field="reviewer")
         check_text(comment, field="comment", limit=None)
-        name = self._store.canary.window(window_id).adapter_name
-        actor = self._authorize(Action.APPROVE, name)
-        offer = Redemption(window_id, Decision.of(approve), reviewer.strip(), self.principal.token_id, utcnow())
+        window = self._store.canary.window(window_id)
+        actor = self._authorize(Action.APPROVE, window.adapter_name)
+        decision = Decision.of(approve)
+        offer = Redemption(window_id, window.version_id, decision, reviewer.strip(), self.principal.token_id, utcnow())
+        return self._redeeming(
+            code,
+            offer,
+            window.adapter_name,
+            actor,
+            lambda presented: self._store.approvals.record_decision(
+                presented, offer, comment=comment, flow_run_id=flow_run_id, actor=actor
+            ),
+        )
+
+    def redeem_rollback_code(self, name: str, stage: str, code: str, *, used_by: str) -> ApprovalCode:
+        """Use ``code`` to start a rollback of ``stage`` of ``name``: it must be a rollback
+        code for the version the stage serves now, issued to a still-active activation token
+        (not the caller's own). Returns the redeemed code (who approved, with which token);
+        a refusal changes nothing but the audit log.
+
+        Raises:
+            InvalidInput: ILLEGAL_TRANSITION for a stage that is not canary or production.
+            NotFound: no such adapter.
+            IllegalTransition: the stage serves nothing.
+            PermissionDenied: the caller may not roll the adapter back.
+            ApprovalRefused: the code does not prove this rollback.
+        """
+        if stage not in (Pointer.PRODUCTION.value, Pointer.CANARY.value):
+            raise InvalidInput(
+                f"--stage must be canary or production, not {stage!r}", code=ErrorCode.ILLEGAL_TRANSITION, field="stage"
+            )
+        adapter = self._store.pointers.adapter(name)
+        production = stage == Pointer.PRODUCTION.value
+        actor = self._authorize(Action.ROLLBACK_PRODUCTION if production else Action.WITHDRAW_CANARY, name)
+        current = adapter.production if production else adapter.canary
+        if current is None:
+            raise IllegalTransition(f"{name} has no {stage} version: there is nothing to roll back", field="stage")
+        offer = Redemption(None, current, Decision.ROLLBACK, None, self.principal.token_id, utcnow())
+        return self._redeeming(
+            code,
+            offer,
+            name,
+            actor,
+            lambda presented: self._store.approvals.redeem_rollback(
+                presented, offer, name, stage, used_by=used_by, actor=actor
+            ),
+        )
+
+    def _redeeming(self, code, offer: Redemption, name: str, actor: str, redeem):
+        """``redeem(PresentedCode)``; a refusal is audited, then raised as it was."""
         presented: PresentedCode | None = None
         try:
             presented = PresentedCode.parse(code)
-            return self._store.approvals.record_decision(
-                presented, offer, comment=comment, flow_run_id=flow_run_id, actor=actor
-            )
+            return redeem(presented)
         except ApprovalRefused as refused:
-            self._store.approvals.record_refusal(refused, presented.code_id if presented else None, offer, actor)
+            self._store.approvals.record_refusal(refused, presented.code_id if presented else None, offer, name, actor)
             raise

@@ -1,8 +1,9 @@
 """Approval codes: a production sign-off proves who gave it (``registry/rules/approvals.py``).
 
-One row per issued code: the window, version and adapter it is bound to, the activation
-token it was issued to and that token's holder (the reviewer), the decision, an expiry, and
-when and by whom it was used (once). Only the SHA-256 of the code's secret is stored. On
+One row per issued code: what it decides on (a sign-off: the canary window, its version and
+adapter; a rollback: no window, the version the stage served), the activation token it was
+issued to and that token's holder (the reviewer), the decision, an expiry, and when and by
+whom it was used (once). Only the SHA-256 of the code's secret is stored. On
 Postgres every loragate role reads the table; only ``activation`` issues codes (never
 choosing when they were used) and marks one used; nobody deletes one.
 
@@ -30,7 +31,7 @@ def upgrade() -> None:
         "approval_codes",
         sa.Column("code_id", sa.String(12), primary_key=True),
         sa.Column("secret_sha256", sa.String(64), nullable=False),
-        sa.Column("window_id", sa.Integer, sa.ForeignKey("canary_windows.id"), nullable=False),
+        sa.Column("window_id", sa.Integer, sa.ForeignKey("canary_windows.id"), nullable=True),
         sa.Column("version_id", sa.String(64), sa.ForeignKey("adapter_versions.version_id"), nullable=False),
         sa.Column("adapter_name", sa.String(194), nullable=False),
         sa.Column("token_id", sa.String(12), sa.ForeignKey("api_tokens.token_id"), nullable=False),
@@ -40,7 +41,7 @@ def upgrade() -> None:
         sa.Column("expires_at", Timestamp, nullable=False),
         sa.Column("used_at", Timestamp, nullable=True),
         sa.Column("used_by", sa.String(128), nullable=True),
-        sa.CheckConstraint("decision IN ('approve', 'reject')", name="ck_approval_codes_decision"),
+        sa.CheckConstraint("decision IN ('approve', 'reject', 'rollback')", name="ck_approval_codes_decision"),
     )
     op.create_index("ix_approval_codes_window", "approval_codes", ["window_id"])
     if op.get_bind().dialect.name == "postgresql":
