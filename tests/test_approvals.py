@@ -9,6 +9,7 @@ Postgres alike."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -39,6 +40,7 @@ class SignOff:
     window_id: int
     as_: dict[str, Registry]
     token_ids: dict[str, str]
+    tokens: dict[str, str]
 
     def code(self, who: str = "alice", *, approve: bool = True, ttl_s: float | None = None) -> str:
         return self.as_[who].issue_approval_code(self.v1, decision=Decision.of(approve), ttl_s=ttl_s)[1]
@@ -79,12 +81,12 @@ def signoff(cataloged, seeded_bundles):
         "trainer": ("training", None),
         "elsewhere": ("activation", "other/*"),
     }
-    opened, token_ids = {}, {}
+    opened, token_ids, tokens = {}, {}, {}
     for who, (role, namespace) in holders.items():
         record, token = registry.create_token(role, who, namespace=namespace)
-        token_ids[who] = record.token_id
+        token_ids[who], tokens[who] = record.token_id, token
         opened[who] = Registry.open(registry.settings.model_copy(update={"token": token}))
-    yield SignOff(registry, v1, v2, window.id, opened, token_ids)
+    yield SignOff(registry, v1, v2, window.id, opened, token_ids, tokens)
     for r in opened.values():
         r.close()
 
@@ -300,3 +302,47 @@ def test_a_rollback_code_is_issued_only_for_a_version_a_stage_serves(in_producti
         rollback_code(s, s.v2)
     with pytest.raises(PermissionDenied):
         rollback_code(s, s.v1, "trainer")
+
+
+# -- the CLI ------------------------------------------------------------------------------
+
+
+def approve_code_cli(s: SignOff, monkeypatch, capsys, who: str, *argv: str) -> tuple[int, str, list[str]]:
+    from cli.main import main
+
+    monkeypatch.setenv("LORAGATE_DATABASE_URL", s.owner.settings.database_url)
+    monkeypatch.setenv("LORAGATE_ARTIFACTS", s.owner.settings.artifacts)
+    monkeypatch.setenv("LORAGATE_TOKEN", s.tokens[who])
+    capsys.readouterr()
+    rc = main(["approve-code", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err.strip().splitlines()
+
+
+@pytest.mark.parametrize(
+    "who, argv, rc, code",
+    [
+        ("alice", ["{v1}", "--ttl", "5"], 2, "invalid_setting"),
+        ("alice", ["{v1}", "--reject", "--rollback"], 2, "invalid_manifest"),
+        ("alice", ["{v2}"], 2, "not_found"),
+        ("alice", ["{v2}", "--rollback"], 2, "illegal_transition"),
+        ("trainer", ["{v1}"], 3, "permission denied"),
+        ("elsewhere", ["{v1}"], 3, "permission denied"),
+    ],
+    ids=["ttl-too-short", "two-decisions", "never-canaried", "rollback-of-what-nothing-serves", "trainer", "namespace"],
+)
+def test_approve_code_refuses_bad_input_in_one_line_and_issues_nothing(
+    signoff, monkeypatch, capsys, who, argv, rc, code
+):
+    args = [a.format(v1=signoff.v1, v2=signoff.v2) for a in argv]
+    got, _, err = approve_code_cli(signoff, monkeypatch, capsys, who, *args)
+    assert got == rc and len(err) == 1 and code in err[0], err
+    assert signoff.owner.approval_codes(signoff.window_id) == []
+
+
+def test_approve_code_shows_the_code_once_and_it_proves_the_sign_off(signoff, monkeypatch, capsys):
+    rc, out, _ = approve_code_cli(signoff, monkeypatch, capsys, "alice", signoff.v1, "--json")
+    shown = json.loads(out)
+    assert rc == 0 and shown["reviewer"] == "alice" and shown["decision"] == "approve"
+    assert shown["flow_run_id"] == "run-1" and shown["token_id"] == signoff.token_ids["alice"]
+    assert signoff.record(shown["code"]).status == WindowStatus.READY

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from registry.errors import ApprovalRefused, ErrorCode
+from registry.errors import ApprovalRefused, ErrorCode, InvalidInput
 from registry.rules.access import hash_secret
 
 CODE_PREFIX = "lac"
@@ -165,7 +165,7 @@ def check_redeemable(
     elif stored.token_id == offer.acting_token_id:
         refusal = (
             ErrorCode.APPROVAL_CODE_SELF,
-            "was issued to the token the promotion acts with: nobody signs off their own move",
+            "was issued to the token the flow acts with: nobody approves their own move",
         )
     if refusal is not None:
         code, why = refusal
@@ -176,8 +176,6 @@ def check_ttl(ttl_s: float) -> float:
     """Raises:
     InvalidInput: INVALID_SETTING, outside [MIN_TTL_S, MAX_TTL_S].
     """
-    from registry.errors import InvalidInput
-
     if not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
         raise InvalidInput(
             f"an approval code lives {MIN_TTL_S} s to {MAX_TTL_S} s, not {ttl_s:g} s",
