@@ -4,10 +4,15 @@ sign-off itself: tests/test_approvals.py)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
 
+from registry.db.schema import canary_windows
 from registry.errors import IllegalTransition, InvalidInput, NotFound
 from registry.render.canary import canary_evidence_markdown
 from registry.rules.canary import (
@@ -21,7 +26,8 @@ from registry.rules.canary import (
     judge,
     percentile,
 )
-from tests.support.registries import mark_validated
+from registry.service import Registry
+from tests.support.registries import IN_PROCESS, mark_validated, sql_engine
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 BANDS = CanaryThresholds(length_s=60, p95_ratio=1.10, p95_slack_ms=5, drift_epsilon=0.1, latency_breaches=2)
@@ -263,3 +269,58 @@ def test_the_probe_set_is_jsonl_of_prompts_and_a_bad_one_names_the_setting(tmp_p
     with pytest.raises(InvalidInput) as e:
         load_probe_set(str(tmp_path / "missing.jsonl"))
     assert e.value.field == "LORAGATE_CANARY_PROBE_SET"
+
+
+def test_racing_openings_of_a_window_leave_one_active_window(canaried):
+    """Eight openings at once (the canary flow re-run, a duplicated event): one window is
+    created, every call gets it, and the database holds one active window per adapter."""
+    registry, name, v1, _ = canaried
+    racers = 8
+    registries = [Registry.open(registry.settings, principal=IN_PROCESS) for _ in range(racers)]
+    barrier = threading.Barrier(racers)
+
+    def race(r: Registry):
+        barrier.wait()
+        return r.open_canary_window(v1)
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(racers) as pool:
+            opened = list(pool.map(race, registries))
+    finally:
+        for r in registries:
+            r.close()
+    assert len({w.id for w, _ in opened}) == 1 and sum(created for _, created in opened) == 1
+    assert len(registry.canary_windows()) == 1
+    assert [e.to_value for e in registry.history(name) if e.action == "canary_window"] == ["open"]
+
+
+def test_the_database_refuses_a_second_active_window_for_an_adapter(canaried):
+    registry, name, v1, _ = canaried
+    registry.open_canary_window(v1)
+    with sql_engine(registry).connect() as conn, pytest.raises(IntegrityError):
+        conn.execute(
+            insert(canary_windows).values(
+                adapter_name=name, version_id=v1, status="ready", opened_at=datetime.now(UTC), thresholds={}
+            )
+        )
+
+
+def test_the_migration_settles_windows_already_doubled(canaried):
+    """Windows doubled before 0008 (issue 18's race): all but the newest active one of an
+    adapter are superseded, so the index can be built."""
+    from registry.db import migrate
+
+    registry, name, v1, _ = canaried
+    engine = sql_engine(registry)
+    try:
+        migrate.downgrade(engine, "0007")
+        with engine.begin() as conn:
+            for status in ("open", "ready", "open"):
+                row = {"adapter_name": name, "version_id": v1, "opened_at": datetime.now(UTC), "thresholds": {}}
+                conn.execute(insert(canary_windows).values(status=status, **row))
+        migrate.upgrade(engine)
+        with engine.connect() as conn:
+            statuses = [r.status for r in conn.execute(select(canary_windows).order_by(canary_windows.c.id))]
+    finally:
+        engine.dispose()
+    assert statuses == ["superseded", "superseded", "open"]

@@ -278,9 +278,10 @@ MATRIX = [
     ),
     ("remove-a-pointer", "DELETE FROM stage_pointers WHERE adapter_id = :adapter_id", LIFECYCLE),
     (
-        "open-a-canary-window",
-        "INSERT INTO canary_windows (adapter_name, version_id, status, opened_at, thresholds) "
-        "VALUES (:name, :v, 'open', now(), '{}')",
+        # closed at once: the fixture's window is the adapter's one active window (0008)
+        "insert-a-canary-window",
+        "INSERT INTO canary_windows (adapter_name, version_id, status, opened_at, thresholds, closed_at) "
+        "VALUES (:name, :v, 'superseded', now(), '{}', now())",
         LIFECYCLE,
     ),
     (

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import insert, or_, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
 from registry.db.database import Database, utc
@@ -29,6 +30,9 @@ from registry.rules.canary import (
     Verdict,
     WindowStatus,
 )
+
+# the unique index over an adapter's active windows (schema.py, migration 0008)
+ONE_ACTIVE_WINDOW = "uq_canary_windows_one_active"
 
 
 def window_from_row(row: Any) -> CanaryWindow:
@@ -69,24 +73,49 @@ class CanaryRepository:
     ) -> tuple[CanaryWindow, bool]:
         """Open a window for ``version_id``, or return its active one; returns (window, created).
 
-        Any other active window of the adapter is superseded: one canary at a time.
+        Any other active window of the adapter is superseded: one canary at a time. The
+        database keeps it so (a unique index over the active windows, migration 0008): an
+        opening that loses a race is retried and finds the winner's window.
         """
-        now = utcnow()
-        with self.db.write() as conn:
-            active = conn.execute(
-                select(canary_windows)
-                .where(
-                    canary_windows.c.adapter_name == name,
-                    canary_windows.c.status.in_([s.value for s in ACTIVE]),
+
+        def attempt() -> tuple[CanaryWindow, bool]:
+            now = utcnow()
+            with self.db.write() as conn:
+                active = conn.execute(
+                    select(canary_windows)
+                    .where(
+                        canary_windows.c.adapter_name == name,
+                        canary_windows.c.status.in_([s.value for s in ACTIVE]),
+                    )
+                    .order_by(canary_windows.c.id)
+                ).all()
+                mine = [r for r in active if r.version_id == version_id]
+                if mine:
+                    return window_from_row(mine[-1]), False
+                for row in active:
+                    self.move_in(conn, row, WindowStatus.SUPERSEDED, f"{version_id} entered canary", actor, now)
+                window_id = self._insert_window(conn, name, version_id, thresholds, now)
+                self.db.audit(
+                    conn,
+                    actor=actor,
+                    action="canary_window",
+                    adapter_name=name,
+                    version_id=version_id,
+                    stage="canary",
+                    to_value=WindowStatus.OPEN.value,
+                    at=now,
+                    details={"window_id": window_id, "thresholds": thresholds.as_dict()},
                 )
-                .order_by(canary_windows.c.id)
-            ).all()
-            mine = [r for r in active if r.version_id == version_id]
-            if mine:
-                return window_from_row(mine[-1]), False
-            for row in active:
-                self.move_in(conn, row, WindowStatus.SUPERSEDED, f"{version_id} entered canary", actor, now)
-            window_id = conn.execute(
+                row = conn.execute(select(canary_windows).where(canary_windows.c.id == window_id)).one()
+            return window_from_row(row), True
+
+        return self.db.retrying(attempt)
+
+    def _insert_window(
+        self, conn: Connection, name: str, version_id: str, thresholds: CanaryThresholds, now: datetime
+    ) -> int:
+        try:
+            return conn.execute(
                 insert(canary_windows)
                 .values(
                     adapter_name=name,
@@ -97,19 +126,11 @@ class CanaryRepository:
                 )
                 .returning(canary_windows.c.id)
             ).scalar_one()
-            self.db.audit(
-                conn,
-                actor=actor,
-                action="canary_window",
-                adapter_name=name,
-                version_id=version_id,
-                stage="canary",
-                to_value=WindowStatus.OPEN.value,
-                at=now,
-                details={"window_id": window_id, "thresholds": thresholds.as_dict()},
-            )
-            row = conn.execute(select(canary_windows).where(canary_windows.c.id == window_id)).one()
-        return window_from_row(row), True
+        except IntegrityError as e:
+            # Postgres names the constraint; SQLite's writers are serialized and never get here
+            if getattr(getattr(e.orig, "diag", None), "constraint_name", None) == ONE_ACTIVE_WINDOW:
+                raise ConcurrentUpdate(f"another canary window of {name} opened meanwhile", field="status") from e
+            raise
 
     def move_in(
         self, conn: Connection, row: Any, to: WindowStatus, reason: str | None, actor: str, now: datetime

@@ -202,6 +202,14 @@ canary_windows = Table(
     ),
     Index("ix_canary_windows_status", "status"),
     Index("ix_canary_windows_version", "version_id", "id"),
+    # one active window per adapter (migration 0008): the database decides a race to open one
+    Index(
+        "uq_canary_windows_one_active",
+        "adapter_name",
+        unique=True,
+        postgresql_where=text("status IN ('open', 'ready')"),
+        sqlite_where=text("status IN ('open', 'ready')"),
+    ),
 )
 
 canary_observations = Table(
