@@ -283,11 +283,11 @@ def authorize_rollback(
     ``expected_version`` (a re-run of a rollback that already happened needs no code).
     ``ApprovalRefused`` otherwise, audited: nothing moves."""
     with registry_as(Role.ACTIVATION) as registry:
-        adapter = registry.get_adapter(name)
-        current = adapter.production if stage == "production" else adapter.canary
-        if expected_version is not None and current != expected_version:
-            return None
-        proven = registry.redeem_rollback_code(name, stage, code, used_by=flow_run_id)
+        proven = registry.redeem_rollback_code(
+            name, stage, code, expected_version=expected_version, used_by=flow_run_id
+        )
+    if proven is None:
+        return None
     return {"version_id": proven.version_id, "reviewer": proven.reviewer, "token_id": proven.token_id}
 
 

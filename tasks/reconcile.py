@@ -57,9 +57,10 @@ class CopyChecker:
 
     def damaged(self, replica: Replica, placements: Mapping[str, Placement]) -> dict[str, list[str]]:
         """Adapter name -> the damaged files of its copy, for the copies that are there."""
-        cache = self._caches.get(replica.adapter_dir) or self._caches.setdefault(
-            replica.adapter_dir, VerifiedCache.load(cache_file(self.registry.settings.home, replica.adapter_dir))
-        )
+        if replica.adapter_dir not in self._caches:
+            path = cache_file(self.registry.settings.home, replica.adapter_dir)
+            self._caches[replica.adapter_dir] = VerifiedCache.load(path)
+        cache = self._caches[replica.adapter_dir]
         found = {}
         for name, placement in placements.items():
             copy = Path(placement.path)

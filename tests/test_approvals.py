@@ -295,6 +295,15 @@ def test_a_rollback_without_a_code_proving_it_is_refused_and_nothing_moves(in_pr
     assert s.events("approval_refused")[-1].to_value == refusal.value
 
 
+def test_a_rollback_already_made_needs_no_code_and_uses_none(in_production):
+    """A re-run after the rollback happened: the stage no longer serves the expected version."""
+    s = in_production
+    code = rollback_code(s, s.v1)
+    assert s.as_["pipeline"].redeem_rollback_code(NAME, "production", "", expected_version=s.v2, used_by="x") is None
+    assert s.events("approval_refused") == [] and s.events("rollback_approval") == []
+    assert s.as_["pipeline"].redeem_rollback_code(NAME, "production", code, expected_version=s.v1, used_by="x")
+
+
 def test_a_rollback_code_is_issued_only_for_a_version_a_stage_serves(in_production):
     s = in_production
     s.owner.rollback(NAME, "canary")  # v2 withdrawn: nothing serves it any more

@@ -5,6 +5,9 @@ with a code for the version the stage serves, redeemed just before it moves."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition, InvalidInput, NotFound, PermissionDenied
 from registry.records.adapters import utcnow
 from registry.rules.access import Action, TokenRecord
@@ -13,6 +16,8 @@ from registry.rules.canary import CanaryWindow
 from registry.rules.lifecycle import Pointer
 from registry.rules.text import check_text
 from registry.service.base import RegistryBase
+
+T = TypeVar("T")
 
 
 class ApprovalMixin(RegistryBase):
@@ -53,9 +58,8 @@ class ApprovalMixin(RegistryBase):
         actor, token = self._code_holder(version.name)
         issued = issue_code()
         if decision == Decision.ROLLBACK:
-            serving = {
-                self._store.pointers.resolve(version.name, p.value) for p in (Pointer.PRODUCTION, Pointer.CANARY)
-            }
+            adapter = self._store.pointers.adapter(version.name)
+            serving = {adapter.production, adapter.canary}
             if version_id not in serving:
                 raise IllegalTransition(
                     f"{version_id} is {version.stage.value}: neither production nor the canary serves it, "
@@ -117,11 +121,14 @@ class ApprovalMixin(RegistryBase):
             ),
         )
 
-    def redeem_rollback_code(self, name: str, stage: str, code: str, *, used_by: str) -> ApprovalCode:
+    def redeem_rollback_code(
+        self, name: str, stage: str, code: str, *, expected_version: str | None = None, used_by: str
+    ) -> ApprovalCode | None:
         """Use ``code`` to start a rollback of ``stage`` of ``name``: it must be a rollback
         code for the version the stage serves now, issued to a still-active activation token
         (not the caller's own). Returns the redeemed code (who approved, with which token);
-        a refusal changes nothing but the audit log.
+        None, with the code untouched, when the stage no longer serves ``expected_version``
+        (a rollback already made needs no code). A refusal changes nothing but the audit log.
 
         Raises:
             InvalidInput: ILLEGAL_TRANSITION for a stage that is not canary or production.
@@ -138,6 +145,8 @@ class ApprovalMixin(RegistryBase):
         production = stage == Pointer.PRODUCTION.value
         actor = self._authorize(Action.ROLLBACK_PRODUCTION if production else Action.WITHDRAW_CANARY, name)
         current = adapter.production if production else adapter.canary
+        if expected_version is not None and current != expected_version:
+            return None
         if current is None:
             raise IllegalTransition(f"{name} has no {stage} version: there is nothing to roll back", field="stage")
         offer = Redemption(None, current, Decision.ROLLBACK, None, self.principal.token_id, utcnow())
@@ -151,7 +160,9 @@ class ApprovalMixin(RegistryBase):
             ),
         )
 
-    def _redeeming(self, code, offer: Redemption, name: str, actor: str, redeem):
+    def _redeeming(
+        self, code: str, offer: Redemption, name: str, actor: str, redeem: Callable[[PresentedCode], T]
+    ) -> T:
         """``redeem(PresentedCode)``; a refusal is audited, then raised as it was."""
         presented: PresentedCode | None = None
         try:
