@@ -231,7 +231,8 @@ def test_racing_promote_runs_claim_one_sign_off(signoff):
 
     def race(i: int) -> str | None:
         barrier.wait()
-        return registries[i].request_approval(fresh_window.id, f"run-{i}", replacing="run-1").approval_flow_run_id
+        # racers are named apart from the run they replace: "run-1" is the one waiting now
+        return registries[i].request_approval(fresh_window.id, f"racer-{i}", replacing="run-1").approval_flow_run_id
 
     try:
         with concurrent.futures.ThreadPoolExecutor(racers) as pool:
