@@ -180,7 +180,7 @@ def run_configuration(label, polls, trials, bundles, golden, base_dir, canary, r
     registry.add_base(str(base_dir), "tiny-llama")
     for r in replicas:
         registry.add_replica(r.url, "tiny-llama", r.role, str(r.adapter_dir))
-    tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}")[1] for role in Role}
+    tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}", pipeline=True)[1] for role in Role}
     key = generate_key_pair()
     registry.add_signing_key(key.public_pem, "signing", "pipeline")
     log(f"{label}: starting a Prefect server, deploying, starting workers")

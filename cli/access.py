@@ -24,7 +24,7 @@ def _read_key(path: str, field: str) -> bytes:
 
 def cmd_token_create(args: argparse.Namespace) -> int:
     with open_registry(args) as reg:
-        record, token = reg.create_token(args.role, args.holder, args.namespace)
+        record, token = reg.create_token(args.role, args.holder, args.namespace, pipeline=args.pipeline)
     emit(args, {**record.as_dict(), "token": token}, token)
     return EXIT_OK
 
@@ -39,7 +39,9 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 def cmd_token_list(args: argparse.Namespace) -> int:
     with open_registry(args) as reg:
         tokens = reg.list_tokens()
-    lines = (f"{t.token_id}\t{t.role.value}\t{t.namespace or '*'}\t{t.holder}\t{t.status}" for t in tokens)
+    lines = (
+        f"{t.token_id}\t{t.role.value}\t{t.kind.value}\t{t.namespace or '*'}\t{t.holder}\t{t.status}" for t in tokens
+    )
     emit(args, [t.as_dict() for t in tokens], lambda: "\n".join(lines))
     return EXIT_OK
 
@@ -101,6 +103,11 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("--role", required=True, choices=roles)
     p.add_argument("--holder", required=True, help="the person or pipeline holding it (the audit log names it)")
     p.add_argument("--namespace", help="limit it to adapters matching this pattern, e.g. acme/*")
+    p.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="a work pool's token: never issued an approval code, so it moves production only on a person's sign-off",
+    )
     p.set_defaults(func=cmd_token_create)
     p = token.add_parser("revoke", parents=[common], help="revoke a token by its id")
     p.add_argument("token_id")

@@ -307,6 +307,7 @@ def main() -> None:
             role.value,
             "--holder",
             f"pipeline-{role.value}",
+            "--pipeline",
             "--json",
             quiet=True,
             env=as_admin,

@@ -52,6 +52,7 @@ class ErrorCode(StrEnum):
     APPROVAL_CODE_MISMATCH = "approval_code_mismatch"
     APPROVAL_CODE_REVOKED = "approval_code_revoked"
     APPROVAL_CODE_SELF = "approval_code_self"
+    APPROVAL_REQUIRED = "approval_required"
     INVALID_ROLE = "invalid_role"
     INVALID_NAMESPACE = "invalid_namespace"
     INVALID_HOLDER = "invalid_holder"

@@ -45,8 +45,16 @@ class SignOff:
     def code(self, who: str = "alice", *, approve: bool = True, ttl_s: float | None = None) -> str:
         return self.as_[who].issue_approval_code(self.v1, decision=Decision.of(approve), ttl_s=ttl_s)[1]
 
-    def record(self, code: str, *, reviewer: str = "alice", approve: bool = True, window_id: int | None = None):
-        return self.as_["pipeline"].record_approval(
+    def record(
+        self,
+        code: str,
+        *,
+        reviewer: str = "alice",
+        approve: bool = True,
+        window_id: int | None = None,
+        acting: str = "pipeline",
+    ):
+        return self.as_[acting].record_approval(
             window_id or self.window_id, approve=approve, reviewer=reviewer, code=code, comment="ok", flow_run_id="r1"
         )
 
@@ -83,7 +91,7 @@ def signoff(cataloged, seeded_bundles):
     }
     opened, token_ids, tokens = {}, {}, {}
     for who, (role, namespace) in holders.items():
-        record, token = registry.create_token(role, who, namespace=namespace)
+        record, token = registry.create_token(role, who, namespace=namespace, pipeline=who == "pipeline")
         token_ids[who], tokens[who] = record.token_id, token
         opened[who] = Registry.open(registry.settings.model_copy(update={"token": token}))
     yield SignOff(registry, v1, v2, window.id, opened, token_ids, tokens)
@@ -139,7 +147,7 @@ REFUSALS = [
     ("issued-to-reject", lambda s: s.code(approve=False), ErrorCode.APPROVAL_CODE_MISMATCH),
     ("another-version", _other_window, ErrorCode.APPROVAL_CODE_MISMATCH),
     ("token-revoked", _revoked, ErrorCode.APPROVAL_CODE_REVOKED),
-    ("the-pipelines-own", lambda s: (s.code("pipeline"), {"reviewer": "pipeline"}), ErrorCode.APPROVAL_CODE_SELF),
+    ("the-acting-tokens-own", lambda s: (s.code(), {"acting": "alice"}), ErrorCode.APPROVAL_CODE_SELF),
 ]
 
 
@@ -173,12 +181,20 @@ def test_a_used_code_is_refused_the_second_time(signoff):
     "who, ttl_s, error, code",
     [
         ("trainer", None, PermissionDenied, ErrorCode.PERMISSION_DENIED),
+        ("pipeline", None, PermissionDenied, ErrorCode.PERMISSION_DENIED),
         ("elsewhere", None, PermissionDenied, ErrorCode.PERMISSION_DENIED),
         ("owner", None, PermissionDenied, ErrorCode.PERMISSION_DENIED),
         ("alice", 5, InvalidInput, ErrorCode.INVALID_SETTING),
         ("alice", 2 * 86400, InvalidInput, ErrorCode.INVALID_SETTING),
     ],
-    ids=["a-training-token", "another-namespace", "no-token-at-all", "ttl-too-short", "ttl-too-long"],
+    ids=[
+        "a-training-token",
+        "a-pipeline-token",
+        "another-namespace",
+        "no-token-at-all",
+        "ttl-too-short",
+        "ttl-too-long",
+    ],
 )
 def test_only_an_activation_token_for_the_adapter_gets_a_code_and_a_refusal_writes_nothing(
     signoff, who, ttl_s, error, code
@@ -244,6 +260,43 @@ def test_racing_promote_runs_claim_one_sign_off(signoff):
     assert [e.to_value for e in signoff.events("approval_requested")][1:] == list(holders)
 
 
+# -- the production move consumes a sign-off ---------------------------------------------
+
+
+def test_a_pipeline_token_moves_production_only_by_consuming_a_persons_sign_off(signoff):
+    pipeline = signoff.as_["pipeline"]
+    before = signoff.owner.history(NAME)
+    with pytest.raises(PermissionDenied) as refused:
+        pipeline.promote(signoff.v1, "production")  # e.g. code run on the release pool's worker
+    assert (refused.value.code, refused.value.field) == (ErrorCode.APPROVAL_REQUIRED, "approval")
+    assert signoff.owner.get_adapter(NAME).production is None and signoff.owner.history(NAME) == before
+
+    signoff.record(signoff.code())  # alice's sign-off, redeemed by the flow
+    pipeline.promote(signoff.v1, "production")
+    (move,) = [e for e in signoff.events("promote") if e.stage == "production"]
+    (code,) = signoff.owner.approval_codes(signoff.window_id)
+    assert move.details["approval_code"] == code.code_id and code.reviewer == "alice"
+    with sql_engine(signoff.owner).connect() as conn:
+        applied = conn.execute(approval_codes.select().where(approval_codes.c.code_id == code.code_id)).one()
+    assert applied.applied_at is not None  # consumed: it moves production once
+
+
+def test_a_persons_own_production_move_is_a_sign_off_of_their_token(signoff):
+    signoff.as_["alice"].promote(signoff.v1, "production")
+    (move,) = [e for e in signoff.events("promote") if e.stage == "production"]
+    with sql_engine(signoff.owner).connect() as conn:
+        own = conn.execute(
+            approval_codes.select().where(approval_codes.c.code_id == move.details["approval_code"])
+        ).one()
+    assert (own.token_id, own.reviewer, own.decision, own.window_id) == (
+        signoff.token_ids["alice"],
+        "alice",
+        "approve",
+        None,
+    )
+    assert own.used_at is not None and own.applied_at is not None
+
+
 # -- rollback codes -------------------------------------------------------------------------
 
 
@@ -281,7 +334,6 @@ def test_a_rollback_code_for_what_a_stage_serves_is_redeemed_once_and_names_its_
         ("forged", lambda s: FORGED, "production", ErrorCode.APPROVAL_CODE_INVALID),
         ("a-sign-off-code", lambda s: s.code(), "production", ErrorCode.APPROVAL_CODE_MISMATCH),
         ("for-the-canarys-version", lambda s: rollback_code(s, s.v2), "production", ErrorCode.APPROVAL_CODE_MISMATCH),
-        ("the-pipelines-own", lambda s: rollback_code(s, s.v1, "pipeline"), "production", ErrorCode.APPROVAL_CODE_SELF),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )

@@ -264,17 +264,19 @@ MATRIX = [
         "UPDATE stage_pointers SET version_id = :v, moved_at = now() WHERE adapter_id = :adapter_id",
         frozenset({"signing"}),
     ),
+    # production moves only on a person's sign-off applied in the same transaction, and
+    # previous names only what production served (migration 0009; test_production_needs_...)
     (
-        "create-the-production-pointer",
+        "create-the-production-pointer-without-a-sign-off",
         "INSERT INTO stage_pointers (adapter_id, stage, version_id, moved_at) "
         "VALUES (:adapter_id, 'production', :v, now())",
-        frozenset({"activation"}),
+        NOBODY,
     ),
     (
-        "create-a-previous-pointer",
+        "point-previous-at-a-version-production-never-served",
         "INSERT INTO stage_pointers (adapter_id, stage, version_id, moved_at) "
         "VALUES (:adapter_id, 'previous', :v, now())",
-        frozenset({"activation"}),
+        NOBODY,
     ),
     ("remove-a-pointer", "DELETE FROM stage_pointers WHERE adapter_id = :adapter_id", LIFECYCLE),
     (
@@ -301,15 +303,23 @@ MATRIX = [
         "VALUES (:window_id, now(), 'continue', '{}')",
         LIFECYCLE,
     ),
-    # activation alone: approval codes, issued and used -- never chosen as used, rebound or removed
+    # approval codes: nobody writes one directly -- activation issues and uses them only through
+    # migration 0009's functions, which check the token's and the code's secrets
     (
         "issue-an-approval-code",
         "INSERT INTO approval_codes (code_id, secret_sha256, window_id, version_id, adapter_name, token_id, "
         f"reviewer, decision, issued_at, expires_at) VALUES ('c0ffee000001', '{ZEROS}', :window_id, :v, :name, "
         ":token_id, 'reviewer', 'approve', now(), now() + interval '5 minutes')",
-        frozenset({"activation"}),
+        NOBODY,
     ),
-    ("use-an-approval-code", "UPDATE approval_codes SET used_at = now(), used_by = 'probe'", frozenset({"activation"})),
+    ("use-an-approval-code", "UPDATE approval_codes SET used_at = now(), used_by = 'probe'", NOBODY),
+    ("apply-an-approval-code", "UPDATE approval_codes SET applied_at = now(), applied_txid = txid_current()", NOBODY),
+    (
+        "issue-an-approval-code-to-a-forged-token",
+        "SELECT loragate_issue_approval_code('c0ffee000003', '" + ZEROS + "', NULL, :v, :name, 'rollback', 300, "
+        ":token_id, 'forged-secret')",
+        NOBODY,
+    ),
     (
         "issue-an-approval-code-already-used",
         "INSERT INTO approval_codes (code_id, secret_sha256, window_id, version_id, adapter_name, token_id, "

@@ -270,7 +270,7 @@ def stack(prefect_server, pg_template, replicas, replica_adapters, tiny_base, s3
             registry.add_replica(replica.url, "tiny-llama", replica.role, str(replica_adapters))
         # each gate acts with its own role's token, from its pool's secrets directory; people sign off
         # with their own activation tokens
-        tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}")[1] for role in Role}
+        tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}", pipeline=True)[1] for role in Role}
         people = {who: registry.create_token("activation", who)[1] for who in ("alice", "bob")}
         registry.add_signing_key(SIGNING_KEY.public_pem, "signing", "pipeline")
     # the Slack token too comes from the pools' secrets directories: the workers' environment has none

@@ -12,6 +12,7 @@ from prefect.transactions import transaction
 
 from registry.rules.access import Role
 from registry.rules.canary import Monitor, Observation, SideStats, Verdict, WindowStatus
+from registry.service import Registry
 from tasks.gates import promote_production
 from tests.support.fleet import make_fleet, served
 
@@ -62,8 +63,15 @@ def test_a_failure_after_the_production_move_rolls_it_back_in_place(
         monkeypatch.setenv("LORAGATE_DATABASE_URL", registry.settings.database_url)
         monkeypatch.setenv("LORAGATE_ARTIFACTS", registry.settings.artifacts)
         monkeypatch.setenv("LORAGATE_ACTOR", "pipeline-test")
-        # and act with the activation role's token from the release pool's secrets directory
-        worker_secrets({Role.ACTIVATION: registry.create_token("activation", "pipeline")[1]})
+        # and act with the activation role's token from the release pool's secrets directory,
+        # on alice's sign-off (a pipeline token moves production only on a person's)
+        pipeline = registry.create_token("activation", "pipeline", pipeline=True)[1]
+        worker_secrets({Role.ACTIVATION: pipeline})
+        alice = registry.settings.model_copy(update={"token": registry.create_token("activation", "alice")[1]})
+        with Registry.open(alice) as as_alice:
+            code = as_alice.issue_approval_code(fleet.v2)[1]
+        with Registry.open(registry.settings.model_copy(update={"token": pipeline})) as as_pipeline:
+            as_pipeline.record_approval(window.id, approve=True, reviewer="alice", code=code)
 
         with pytest.raises(VerificationFailed):
             promote_then_fail(fleet.v2)

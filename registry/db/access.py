@@ -14,7 +14,7 @@ from registry.db.database import Database, utc, utc_or_none
 from registry.db.schema import api_tokens, signing_keys, version_signatures
 from registry.errors import AlreadyExists, NotFound
 from registry.records.adapters import utcnow
-from registry.rules.access import IssuedToken, Role, SigningKey, TokenRecord, VersionSignature
+from registry.rules.access import IssuedToken, Role, SigningKey, TokenKind, TokenRecord, VersionSignature
 
 
 def _issued_fields(row: Any) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def _issued_fields(row: Any) -> dict[str, Any]:
 
 
 def token_from_row(row: Any) -> TokenRecord:
-    return TokenRecord(token_id=row.token_id, namespace=row.namespace, **_issued_fields(row))
+    return TokenRecord(token_id=row.token_id, namespace=row.namespace, kind=TokenKind(row.kind), **_issued_fields(row))
 
 
 def key_from_row(row: Any) -> SigningKey:
@@ -56,7 +56,13 @@ class AccessRepository:
     # -- tokens -------------------------------------------------------------------
 
     def create_token(
-        self, issued: IssuedToken, role: Role, namespace: str | None, holder: str, actor: str
+        self,
+        issued: IssuedToken,
+        role: Role,
+        namespace: str | None,
+        holder: str,
+        actor: str,
+        kind: TokenKind = TokenKind.PERSON,
     ) -> TokenRecord:
         now = utcnow()
         with self.db.write() as conn:
@@ -69,6 +75,7 @@ class AccessRepository:
                     holder=holder,
                     created_at=now,
                     created_by=actor,
+                    kind=kind.value,
                 )
             )
             self.db.audit(
@@ -77,11 +84,17 @@ class AccessRepository:
                 action="token_created",
                 adapter_name=None,
                 to_value=issued.token_id,
-                details={"role": role.value, "namespace": namespace, "holder": holder},
+                details={"role": role.value, "namespace": namespace, "holder": holder, "kind": kind.value},
                 at=now,
             )
         return TokenRecord(
-            token_id=issued.token_id, namespace=namespace, role=role, holder=holder, created_at=now, created_by=actor
+            token_id=issued.token_id,
+            namespace=namespace,
+            kind=kind,
+            role=role,
+            holder=holder,
+            created_at=now,
+            created_by=actor,
         )
 
     def token(self, token_id: str) -> tuple[TokenRecord, str] | None:

@@ -2,20 +2,23 @@
 the decision a code proves, recorded with it in one transaction (a rollback's code is
 redeemed on its own, just before the rollback moves anything).
 
-Redeeming a code reads its row under a row lock, checks every rule
-(``rules/approvals.check_redeemable``) and marks it used with a compare-and-set on
-``used_at IS NULL``: of two resumes racing with one code, exactly one records a decision.
+Redeeming a code reads its row, checks every rule (``rules/approvals.check_redeemable``)
+and marks it used with a compare-and-set on ``used_at IS NULL``: of two resumes racing with
+one code, exactly one records a decision. (No row lock: a role's user holds no UPDATE
+grant on codes since 0009, and the compare-and-set decides anyway.)
 The decision's audit event names the token that proved it; a refusal changes nothing and
-is audited on its own.
+is audited on its own. A production move then applies (consumes) one redeemed approve code
+for its version. On Postgres codes are issued, used and applied only through migration
+0009's functions, which check the secrets themselves.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.engine import Connection
 
 from registry.db.canary import CanaryRepository, window_from_row
@@ -24,8 +27,25 @@ from registry.db.schema import api_tokens, approval_codes
 from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition
 from registry.records.adapters import utcnow
 from registry.rules.access import TokenRecord
-from registry.rules.approvals import ApprovalCode, Decision, IssuedCode, PresentedCode, Redemption, check_redeemable
+from registry.rules.approvals import (
+    MIN_TTL_S,
+    ApprovalCode,
+    Decision,
+    IssuedCode,
+    PresentedCode,
+    Redemption,
+    check_redeemable,
+    issue_code,
+)
 from registry.rules.canary import CanaryWindow, WindowStatus
+
+# Postgres: the functions of migration 0009, the only way a role's user writes a code
+_ISSUE = text(
+    "SELECT loragate_issue_approval_code(:code_id, :secret_sha256, :window_id, :version_id, :adapter_name, "
+    ":decision, :ttl_s, :token_id, :token_secret)"
+)
+_USE = text("SELECT loragate_use_approval_code(:code_id, :secret, :used_by)")
+_APPLY = text("SELECT loragate_apply_approval(:version_id, :code_id)")
 
 
 def code_from_row(row: Any) -> ApprovalCode:
@@ -63,6 +83,7 @@ class ApprovalRepository:
         self,
         issued: IssuedCode,
         token: TokenRecord,
+        token_secret: str | None,
         decision: Decision,
         ttl_s: float,
         actor: str,
@@ -76,6 +97,8 @@ class ApprovalRepository:
         Raises:
             NotFound: no such window.
             IllegalTransition: the window is not waiting for a sign-off.
+            PermissionDenied: (Postgres) the database does not take ``token_secret`` as a
+                person's active activation token.
         """
         now = utcnow()
         with self.db.write() as conn:
@@ -85,20 +108,7 @@ class ApprovalRepository:
             else:
                 assert rollback_of is not None, "a code decides on a window or on a version to roll back"
                 name, version_id = rollback_of
-            conn.execute(
-                insert(approval_codes).values(
-                    code_id=issued.code_id,
-                    secret_sha256=issued.secret_hash,
-                    window_id=window_id,
-                    version_id=version_id,
-                    adapter_name=name,
-                    token_id=token.token_id,
-                    reviewer=token.holder,
-                    decision=decision.value,
-                    issued_at=now,
-                    expires_at=now + timedelta(seconds=ttl_s),
-                )
-            )
+            self._insert(conn, issued, token, token_secret, decision, ttl_s, window_id, name, version_id, now)
             self.db.audit(
                 conn,
                 actor=actor,
@@ -118,6 +128,112 @@ class ApprovalRepository:
             row = conn.execute(select(approval_codes).where(approval_codes.c.code_id == issued.code_id)).one()
         return code_from_row(row)
 
+    def _insert(
+        self,
+        conn: Connection,
+        issued: IssuedCode,
+        token: TokenRecord,
+        token_secret: str | None,
+        decision: Decision,
+        ttl_s: float,
+        window_id: int | None,
+        name: str,
+        version_id: str,
+        now: datetime,
+    ) -> None:
+        """On Postgres through ``loragate_issue_approval_code``, which checks the token's
+        secret itself: a role's database user cannot insert a code (migration 0009)."""
+        if self.db.is_sqlite:
+            conn.execute(
+                insert(approval_codes).values(
+                    code_id=issued.code_id,
+                    secret_sha256=issued.secret_hash,
+                    window_id=window_id,
+                    version_id=version_id,
+                    adapter_name=name,
+                    token_id=token.token_id,
+                    reviewer=token.holder,
+                    decision=decision.value,
+                    issued_at=now,
+                    expires_at=now + timedelta(seconds=ttl_s),
+                )
+            )
+            return
+        conn.execute(
+            _ISSUE,
+            {
+                "code_id": issued.code_id,
+                "secret_sha256": issued.secret_hash,
+                "window_id": window_id,
+                "version_id": version_id,
+                "adapter_name": name,
+                "decision": decision.value,
+                "ttl_s": ttl_s,
+                "token_id": token.token_id,
+                "token_secret": token_secret or "",
+            },
+        )
+
+    def _use(self, conn: Connection, code_id: str, secret: str, used_by: str, at: datetime) -> datetime | None:
+        """Mark a code used, once (compare-and-set on ``used_at IS NULL``); when it was used,
+        or None when it was used meanwhile. On Postgres through
+        ``loragate_use_approval_code``, which checks the code's secret again itself."""
+        if not self.db.is_sqlite:
+            used_at = conn.execute(_USE, {"code_id": code_id, "secret": secret, "used_by": used_by[:128]}).scalar()
+            return utc_or_none(used_at)
+        used = conn.execute(
+            update(approval_codes)
+            .where(approval_codes.c.code_id == code_id, approval_codes.c.used_at.is_(None))
+            .values(used_at=at, used_by=used_by[:128])
+        ).rowcount
+        return at if used == 1 else None
+
+    def apply(self, conn: Connection, version_id: str, at: datetime, code_id: str | None = None) -> str | None:
+        """Consume a redeemed approve code for ``version_id`` (``code_id``, else the oldest)
+        for a production move in this transaction; its id, or None when there is none. On
+        Postgres through ``loragate_apply_approval``: the production pointer's trigger checks
+        that a code was applied in the same transaction."""
+        if not self.db.is_sqlite:
+            return conn.execute(_APPLY, {"version_id": version_id, "code_id": code_id}).scalar()
+        oldest = (
+            select(approval_codes.c.code_id)
+            .where(
+                approval_codes.c.version_id == version_id,
+                approval_codes.c.decision == Decision.APPROVE.value,
+                approval_codes.c.used_at.is_not(None),
+                approval_codes.c.applied_at.is_(None),
+                *([approval_codes.c.code_id == code_id] if code_id else []),
+            )
+            .order_by(approval_codes.c.used_at, approval_codes.c.code_id)
+            .limit(1)
+        )
+        code_id = conn.execute(oldest).scalar()
+        if code_id is None:
+            return None
+        applied = conn.execute(
+            update(approval_codes)
+            .where(approval_codes.c.code_id == code_id, approval_codes.c.applied_at.is_(None))
+            .values(applied_at=at)
+        ).rowcount
+        return code_id if applied == 1 else None
+
+    def sign_off_in(
+        self, conn: Connection, token: TokenRecord, token_secret: str | None, name: str, version_id: str, at: datetime
+    ) -> str:
+        """A person's own production move: an approve code issued to their token and used at
+        once, in the move's transaction, so it goes through the same door as a sign-off
+        given to the pipeline (on Postgres the database checks the token's secret). Its id.
+
+        Raises:
+            PermissionDenied: (Postgres) the database does not take the token.
+        """
+        issued = issue_code()
+        self._insert(conn, issued, token, token_secret, Decision.APPROVE, MIN_TTL_S, None, name, version_id, at)
+        presented = PresentedCode.parse(issued.code)
+        used = self._use(conn, issued.code_id, presented.secret, f"promote by {token.holder}", at)
+        assert used is not None, "a code issued in this transaction is unused"
+        return issued.code_id
+
     def codes(self, window_id: int) -> list[ApprovalCode]:
         with self.db.reader.connect() as conn:
             rows = conn.execute(
@@ -128,15 +244,13 @@ class ApprovalRepository:
             return [code_from_row(r) for r in rows]
 
     def _redeem(self, conn: Connection, presented: PresentedCode, offer: Redemption, *, used_by: str) -> ApprovalCode:
-        """Check ``presented`` against ``offer`` under its row lock and mark it used (a
-        compare-and-set: of two racing redemptions one wins, the other is refused).
+        """Check ``presented`` against ``offer`` and mark it used (a compare-and-set: of two
+        racing redemptions one wins, the other is refused).
 
         Raises:
             ApprovalRefused: the code does not prove the offer, or was used meanwhile.
         """
-        row = conn.execute(
-            select(approval_codes).where(approval_codes.c.code_id == presented.code_id).with_for_update()
-        ).first()
+        row = conn.execute(select(approval_codes).where(approval_codes.c.code_id == presented.code_id)).first()
         stored = code_from_row(row) if row is not None else None
         token_active = stored is not None and (
             conn.execute(select(api_tokens.c.revoked_at).where(api_tokens.c.token_id == stored.token_id)).scalar()
@@ -144,16 +258,12 @@ class ApprovalRepository:
         )
         check_redeemable(stored, presented, offer, token_active=token_active)
         assert stored is not None  # check_redeemable refuses an unknown code
-        used = conn.execute(
-            update(approval_codes)
-            .where(approval_codes.c.code_id == stored.code_id, approval_codes.c.used_at.is_(None))
-            .values(used_at=offer.at, used_by=used_by[:128])
-        ).rowcount
-        if used != 1:
+        used_at = self._use(conn, stored.code_id, presented.secret, used_by, offer.at)
+        if used_at is None:
             raise ApprovalRefused(
                 f"approval code {stored.code_id} was used meanwhile", code=ErrorCode.APPROVAL_CODE_USED, field="code"
             )
-        return dataclasses.replace(stored, used_at=offer.at, used_by=used_by[:128])
+        return dataclasses.replace(stored, used_at=used_at, used_by=used_by[:128])
 
     def record_decision(
         self, presented: PresentedCode, offer: Redemption, *, comment: str, flow_run_id: str | None, actor: str

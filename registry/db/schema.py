@@ -235,6 +235,7 @@ api_tokens = Table(
     Column("created_by", String(128), nullable=False),
     Column("revoked_at", Timestamp, nullable=True),
     Column("revoked_by", String(128), nullable=True),
+    Column("kind", String(8), nullable=False, server_default="person"),
     CheckConstraint("role IN ('training', 'signing', 'activation', 'admin')", name="ck_api_tokens_role"),
     Index("ix_api_tokens_holder", "holder", "role"),
 )
@@ -283,6 +284,10 @@ approval_codes = Table(
     Column("expires_at", Timestamp, nullable=False),
     Column("used_at", Timestamp, nullable=True),
     Column("used_by", String(128), nullable=True),
+    # a production move consumed it (the transaction's id: Postgres's trigger checks it)
+    Column("applied_at", Timestamp, nullable=True),
+    Column("applied_txid", BigInteger, nullable=True),
     CheckConstraint("decision IN ('approve', 'reject', 'rollback')", name="ck_approval_codes_decision"),
     Index("ix_approval_codes_window", "window_id"),
+    Index("ix_approval_codes_version", "version_id"),
 )

@@ -20,11 +20,19 @@ import hashlib
 import hmac
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
 from registry.errors import ErrorCode, InvalidInput, PermissionDenied
+
+
+class TokenKind(StrEnum):
+    """Who holds a token: a person, or a work pool of the pipeline. A pipeline token is never
+    issued an approval code, so it moves production only on a person's sign-off."""
+
+    PERSON = "person"
+    PIPELINE = "pipeline"
 
 
 class Role(StrEnum):
@@ -131,7 +139,7 @@ def issue_token() -> IssuedToken:
 
 
 def split_token(token: str) -> tuple[str, str]:
-    """(token id, secret hash) of a presented token.
+    """(token id, secret) of a presented token.
 
     Raises:
         PermissionDenied: not a loragate token (the message never repeats it).
@@ -139,7 +147,7 @@ def split_token(token: str) -> tuple[str, str]:
     match = _TOKEN.match(token.strip())
     if match is None:
         raise PermissionDenied("the token is not a loragate token (lgt_<id>_<secret>)", field="LORAGATE_TOKEN")
-    return match.group(1), hash_secret(match.group(2))
+    return match.group(1), match.group(2)
 
 
 def secret_matches(presented_hash: str, stored_hash: str) -> bool:
@@ -179,9 +187,10 @@ class Issued:
 class TokenRecord(Issued):
     token_id: str
     namespace: str | None
+    kind: TokenKind = TokenKind.PERSON
 
     def as_dict(self) -> dict[str, object]:
-        return {"token_id": self.token_id, "namespace": self.namespace, **self.issue_dict()}
+        return {"token_id": self.token_id, "namespace": self.namespace, "kind": self.kind.value, **self.issue_dict()}
 
 
 @dataclass(frozen=True)
@@ -194,15 +203,20 @@ class Principal:
     namespace: str | None = None
     token_id: str | None = None
     holder: str | None = None  # the token's holder: who signs off when this principal does
+    kind: TokenKind | None = None  # None: in process, no token
+    # what proves the token to the database's own checks (approval codes on Postgres)
+    token_secret: str | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of_token(cls, record: TokenRecord) -> Principal:
+    def of_token(cls, record: TokenRecord, secret: str | None = None) -> Principal:
         return cls(
             actor=f"{record.holder} ({record.role.value} token {record.token_id})",
             roles=frozenset({record.role}),
             namespace=record.namespace,
             token_id=record.token_id,
             holder=record.holder,
+            kind=record.kind,
+            token_secret=secret,
         )
 
     @classmethod

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hmac
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
@@ -59,10 +59,15 @@ def issue_code() -> IssuedCode:
 
 @dataclass(frozen=True)
 class PresentedCode:
-    """A code as given in a form: its id, and the hash of the secret it carries."""
+    """A code as given in a form: its id, and the secret it carries (which Postgres checks
+    again itself when the code is used)."""
 
     code_id: str
-    secret_hash: str
+    secret: str = field(repr=False)
+
+    @property
+    def secret_hash(self) -> str:
+        return hash_secret(self.secret)
 
     @classmethod
     def parse(cls, code: str) -> PresentedCode:
@@ -74,7 +79,7 @@ class PresentedCode:
             raise ApprovalRefused(
                 "the approval code is not one `loragate approve-code` issues (lac_<id>_<secret>)", field="code"
             )
-        return cls(match.group(1), hash_secret(match.group(2)))
+        return cls(match.group(1), match.group(2))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from registry.errors import ErrorCode, InvalidInput
 from registry.records.adapters import utcnow
-from registry.rules.access import Action, SigningKey, TokenRecord, check_namespace, issue_token, parse_role
+from registry.rules.access import (
+    Action,
+    SigningKey,
+    TokenKind,
+    TokenRecord,
+    check_namespace,
+    issue_token,
+    parse_role,
+)
 from registry.rules.text import check_text
 from registry.service.base import RegistryBase
 from registry.storage.signing import key_id
@@ -27,9 +35,12 @@ def _holder(value: str, what: str) -> str:
 
 
 class AccessMixin(RegistryBase):
-    def create_token(self, role: str, holder: str, namespace: str | None = None) -> tuple[TokenRecord, str]:
-        """A new token for ``holder`` (a person or a pipeline), bound to ``role`` and,
-        optionally, a namespace pattern; returns its record and the token, shown once.
+    def create_token(
+        self, role: str, holder: str, namespace: str | None = None, *, pipeline: bool = False
+    ) -> tuple[TokenRecord, str]:
+        """A new token for ``holder``, bound to ``role`` and, optionally, a namespace pattern;
+        returns its record and the token, shown once. A ``pipeline`` token (a work pool's) is
+        never issued an approval code: it moves production only on a person's sign-off.
 
         Raises:
             PermissionDenied: not an admin.
@@ -40,7 +51,8 @@ class AccessMixin(RegistryBase):
         pattern = check_namespace(namespace)
         holder = _holder(holder, "the token")
         issued = issue_token()
-        return self._store.access.create_token(issued, parsed, pattern, holder, actor), issued.token
+        kind = TokenKind.PIPELINE if pipeline else TokenKind.PERSON
+        return self._store.access.create_token(issued, parsed, pattern, holder, actor, kind), issued.token
 
     def revoke_token(self, token_id: str) -> TokenRecord:
         """Raises:

@@ -1,19 +1,23 @@
 """Decisions that prove who made them (``rules/approvals.py``): an approval code issued to
-the caller's own activation token; a production sign-off recorded only with a code that
-proves it, redeemed in the same transaction; a rollback started through the pipeline only
-with a code for the version the stage serves, redeemed just before it moves."""
+the caller's own activation token (a person's, never a pipeline's); a production sign-off
+recorded only with a code that proves it, redeemed in the same transaction; a production
+move that consumes one; a rollback started through the pipeline only with a code for the
+version the stage serves, redeemed just before it moves."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TypeVar
 
+from sqlalchemy.engine import Connection
+
+from registry.db.pointers import ClaimedAdapter
 from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition, InvalidInput, NotFound, PermissionDenied
 from registry.records.adapters import utcnow
-from registry.rules.access import Action, TokenRecord
+from registry.rules.access import Action, TokenKind, TokenRecord
 from registry.rules.approvals import ApprovalCode, Decision, PresentedCode, Redemption, check_ttl, issue_code
 from registry.rules.canary import CanaryWindow
-from registry.rules.lifecycle import Pointer
+from registry.rules.lifecycle import Plan, Pointer
 from registry.rules.text import check_text
 from registry.service.base import RegistryBase
 
@@ -34,7 +38,50 @@ class ApprovalMixin(RegistryBase):
             raise PermissionDenied(
                 f"{actor} holds no token: an approval code is issued to an activation token", field="LORAGATE_TOKEN"
             )
+        if found[0].kind != TokenKind.PERSON:
+            raise PermissionDenied(
+                f"{actor} is a pipeline token: an approval code is issued only to a person's token, "
+                "so the pipeline never approves its own move",
+                field="LORAGATE_TOKEN",
+            )
         return actor, found[0]
+
+    def _consume_sign_off(self, claim: ClaimedAdapter, plan: Plan) -> dict[str, str] | None:
+        """What lets ``plan`` move production to a new version, in its transaction: a person's
+        token signs off itself (a code issued to it and used at once); anyone else's move
+        applies a code a person redeemed for that version -- a pipeline token without one is
+        refused. The registry's owner (in process, no token) needs none, unless the database
+        says otherwise (Postgres: a role's user needs one, migration 0009). A rollback
+        (production back to previous) needs none.
+
+        Raises:
+            PermissionDenied: APPROVAL_REQUIRED, a token's move with no person's sign-off.
+        """
+        moved_to = plan.pointer_changes.get(Pointer.PRODUCTION)
+        if moved_to is None or plan.action != "promote":
+            return None
+        principal = self.principal
+        person = None
+        if principal.kind == TokenKind.PERSON and principal.token_id is not None:
+            found = self._store.access.token(principal.token_id)
+            person = found[0] if found is not None else None
+
+        def consume(conn: Connection) -> str | None:
+            at = utcnow()
+            own = None
+            if person is not None:
+                own = self._store.approvals.sign_off_in(conn, person, principal.token_secret, claim.name, moved_to, at)
+            return self._store.approvals.apply(conn, moved_to, at, code_id=own)
+
+        applied = claim.record(consume)
+        if applied is None and principal.token_id is not None:
+            raise PermissionDenied(
+                f"{principal.actor} moves production to {moved_to} only on a person's sign-off: "
+                f"`loragate approve-code {moved_to}` and the promote flow's form, or `loragate approve`",
+                code=ErrorCode.APPROVAL_REQUIRED,
+                field="approval",
+            )
+        return {"approval_code": applied} if applied else None
 
     def issue_approval_code(
         self, version_id: str, *, decision: Decision = Decision.APPROVE, ttl_s: float | None = None
@@ -66,14 +113,17 @@ class ApprovalMixin(RegistryBase):
                     "there is nothing to roll back",
                     field="version",
                 )
+            secret = self.principal.token_secret
             record = self._store.approvals.issue(
-                issued, token, decision, ttl, actor, rollback_of=(version.name, version_id)
+                issued, token, secret, decision, ttl, actor, rollback_of=(version.name, version_id)
             )
             return record, issued.code
         windows = self._store.canary.windows(version_id=version_id)
         if not windows:
             raise NotFound(f"{version_id} has never been canaried: there is no sign-off to give", field="version")
-        record = self._store.approvals.issue(issued, token, decision, ttl, actor, window_id=windows[-1].id)
+        record = self._store.approvals.issue(
+            issued, token, self.principal.token_secret, decision, ttl, actor, window_id=windows[-1].id
+        )
         return record, issued.code
 
     def approval_codes(self, window_id: int) -> list[ApprovalCode]:

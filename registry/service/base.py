@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from registry.db.store import SqlStore
 from registry.errors import PermissionDenied
-from registry.rules.access import Action, Principal, secret_matches, split_token
+from registry.rules.access import Action, Principal, hash_secret, secret_matches, split_token
 from registry.settings import Settings
 from registry.storage.artifacts import ArtifactStore
 
@@ -41,14 +41,14 @@ class RegistryBase:
         """
         if not token:
             raise PermissionDenied("this needs a token: set LORAGATE_TOKEN or pass --token", field="LORAGATE_TOKEN")
-        token_id, secret_hash = split_token(token)
+        token_id, secret = split_token(token)
         found = self._store.access.token(token_id)
-        if found is None or not secret_matches(secret_hash, found[1]):
+        if found is None or not secret_matches(hash_secret(secret), found[1]):
             raise PermissionDenied(f"token {token_id} is not known to this registry", field="LORAGATE_TOKEN")
         record = found[0]
         if not record.active:
             raise PermissionDenied(f"token {token_id} was revoked", field="LORAGATE_TOKEN")
-        return Principal.of_token(record)
+        return Principal.of_token(record, secret)
 
     def _authorize(self, action: Action, name: str | None = None) -> str:
         """The actor to record, once the principal may do ``action`` on ``name``.

@@ -10,7 +10,8 @@ A pointer move reads top to bottom::
 
 Entering claims the adapter's row, authorizes the caller for it, plans from the pointers
 read under that lock, verifies every version the plan points at (its stored bytes; for
-production its signature and any weight-scan acknowledgement) and writes the plan. The
+production its signature and any weight-scan acknowledgement), consumes the person's
+sign-off a move to production needs (``service/approvals.py``) and writes the plan. The
 block runs under the same lock; leaving it commits the move, its audit and whatever the
 block audited, together -- the log never shows a move without its replicas, nor the
 reverse. A caller that changed something outside the database (replicas) undoes it when
@@ -31,6 +32,7 @@ from registry.rules.access import Action
 from registry.rules.lifecycle import Plan, Pointer, check_scan_acknowledged, plan_promotion, plan_rollback
 from registry.rules.names import AdapterName
 from registry.rules.text import check_text
+from registry.service.approvals import ApprovalMixin
 from registry.service.signing import SigningMixin
 from registry.service.validation import ValidationMixin
 
@@ -68,7 +70,7 @@ def _pointer(value: str, field: str) -> Pointer:
         ) from e
 
 
-class LifecycleMixin(SigningMixin, ValidationMixin):
+class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
     @contextmanager
     def pointer_move(
         self, version_id: str, to: str, *, reason: str | None = None, acknowledge_scan_review: bool = False
@@ -83,7 +85,8 @@ class LifecycleMixin(SigningMixin, ValidationMixin):
             IllegalTransition: the lifecycle forbids the move (VALIDATION_REQUIRED;
                 SCAN_REVIEW_UNACKNOWLEDGED for production under scan review unacknowledged).
             NotFound: no such version.
-            PermissionDenied: the caller may not move this adapter's pointer.
+            PermissionDenied: the caller may not move this adapter's pointer; APPROVAL_REQUIRED,
+                a token's move to production with no person's sign-off to consume.
             IntegrityFailure: ARTIFACT_CORRUPTED, a blob of the version is missing or damaged.
             SignatureInvalid: production without a valid signature.
         """
@@ -97,7 +100,8 @@ class LifecycleMixin(SigningMixin, ValidationMixin):
             principal.require(action, claim.name)  # a denial rolls the claim back: nothing changed
             plan = plan_promotion(claim.pointers, claim.states[version_id], target, claim.states)
             self._verify_targets(plan, claim, acknowledge_scan_review)
-            claim.apply(plan, actor=principal.actor, reason=reason)
+            sign_off = self._consume_sign_off(claim, plan)
+            claim.apply(plan, actor=principal.actor, reason=reason, details=sign_off)
             yield PointerMove(plan, claim.name, principal.actor, reason, claim)
 
     @contextmanager
