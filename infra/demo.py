@@ -7,11 +7,12 @@ deployments, a worker per work pool (each holding only its role's token, never o
 Prefect server) and two vLLM CPU replicas (canary, production). Then it emits
 ``loragate.training.completed`` events and follows each gate: register, shadow validation
 (which signs what passed), canary, the scheduled evaluations, the promotion waiting for a
-sign-off -- a forged one through the Prefect API refused, then alice's from the CLI with an
-approval code of her own --, production switched in place, a rollback, and a replica copy
-tampered on disk (seen by ``fleet status``, refused by the resolver, repaired by ``fleet
-reconcile``). It ends with a summary and stops what it started, also on Ctrl-C. History
-stays under ``.loragate/``; ``make ui`` reopens the Prefect UI on it.
+sign-off -- a forged one through the Prefect API refused, the release worker's own token
+refused a direct move, then alice's from the CLI with an approval code of her own --,
+production switched in place, a rollback, and a replica copy tampered on disk (seen by
+``fleet status``, refused by the resolver, repaired by ``fleet reconcile``). It ends with a
+summary and stops what it started, also on Ctrl-C. History stays under ``.loragate/``;
+``make ui`` reopens the Prefect UI on it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ WINDOW_S = 30
 EVALUATE_EVERY_S = 10
 # activation tokens of the people who sign off
 PEOPLE: dict[str, str] = {}
+POOL_TOKENS: dict[str, str] = {}  # what each work pool's worker holds, by role
 
 
 def build_models() -> dict[str, Path]:
@@ -162,6 +164,10 @@ def forged_sign_off_refused(pipeline, run_id: str, version: str) -> None:
 
     say(f"refused before anything moved: {wait_for('the refusal', refusal, timeout_s=120)}")
     wait_for("the promote run waits for a sign-off again (the refusal is its artifact too)", paused_again)
+    banner("code run on the release worker: its own (pipeline) token promotes directly, with no sign-off")
+    as_release = {**pipeline.env, "LORAGATE_TOKEN": POOL_TOKENS["activation"]}
+    loragate("promote", version, "--to", "production", expect=3, env=as_release)
+    loragate("approve-code", version, expect=3, env=as_release)
 
 
 def through_the_pipeline(pipeline, bundle: Path, golden: Path, ui_url: str, label: str, *, forge: bool = False) -> str:
@@ -313,6 +319,7 @@ def main() -> None:
             env=as_admin,
         )
         tokens[role] = json.loads(made)["token"]
+    POOL_TOKENS.update({role.value: token for role, token in tokens.items()})
     PEOPLE["alice"] = json.loads(
         loragate("token", "create", "--role", "activation", "--holder", "alice", "--json", quiet=True, env=as_admin)
     )["token"]

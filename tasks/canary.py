@@ -201,10 +201,10 @@ def withdraw_from_canary(
     registry: Registry, name: str, version_id: str, reason: str, progress: Progress = _quiet
 ) -> None:
     """The canary replicas go back to production's version (or drop the name) and the
-    version becomes ``rolled_back`` with the reason -- unless it is no longer the canary, so
-    a repeat after a crash moves nothing."""
-    if registry.get_adapter(name).canary == version_id:
-        rollback_and_switch(registry, name, "canary", reason=reason, progress=progress)
+    version becomes ``rolled_back`` with the reason -- unless it is no longer the canary
+    (decided under the adapter's lock), so a repeat after a crash moves nothing and a
+    version that replaced it meanwhile is never withdrawn by this decision."""
+    rollback_and_switch(registry, name, "canary", reason=reason, expected_version=version_id, progress=progress)
 
 
 def withdraw_canary(registry: Registry, window: CanaryWindow, reason: str, progress: Progress = _quiet) -> CanaryWindow:

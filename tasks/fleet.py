@@ -387,13 +387,26 @@ def promote_and_switch(
 
 
 def rollback_and_switch(
-    registry: Registry, name: str, stage: str, *, reason: str | None = None, progress: Progress = _quiet
+    registry: Registry,
+    name: str,
+    stage: str,
+    *,
+    reason: str | None = None,
+    expected_version: str | None = None,
+    progress: Progress = _quiet,
 ) -> tuple[Plan, list[dict[str, Any]]]:
-    """Roll a stage back to its previous version and switch its replicas back, together.
+    """Roll a stage back to its previous version and switch its replicas back, together;
+    with ``expected_version``, only while the stage serves it (decided under the adapter's
+    lock: otherwise an empty plan, and nothing is switched).
 
     Raises:
         NotFound: no such adapter.
         InvalidInput: nothing to roll back to.
         DeployFailed: a replica could not be switched or verified (nothing moved).
     """
-    return _switched_move(registry, name, lambda: registry.rollback_move(name, stage, reason=reason), progress)
+    return _switched_move(
+        registry,
+        name,
+        lambda: registry.rollback_move(name, stage, reason=reason, expected_version=expected_version),
+        progress,
+    )

@@ -245,8 +245,9 @@ def _restore_previous_production(transaction: Any) -> None:
         return
     reason = "promotion rolled back: its verification failed"
     with registry_as(Role.ACTIVATION) as registry:
-        if registry.get_adapter(promoted["name"]).production == promoted["version_id"]:
-            fleet.rollback_and_switch(registry, promoted["name"], "production", reason=reason)
+        fleet.rollback_and_switch(
+            registry, promoted["name"], "production", reason=reason, expected_version=promoted["version_id"]
+        )
         registry.close_canary_window(promoted["window_id"], WindowStatus.ROLLED_BACK, reason)
 
 
@@ -299,14 +300,17 @@ def authorize_rollback(
     retry_condition_fn=outage_only,
 )
 def rollback_stage(name: str, stage: str, expected_version: str | None, reason: str) -> dict[str, Any]:
-    """Roll ``stage`` back, unless it no longer names ``expected_version`` (a re-run of a
-    rollback that already happened changes nothing)."""
+    """Roll ``stage`` back, unless it no longer names ``expected_version`` (decided under
+    the adapter's lock: a re-run of a rollback that already happened, or a promotion that
+    landed since the decision, changes nothing)."""
     with registry_as(Role.ACTIVATION) as registry:
-        adapter = registry.get_adapter(name)
-        current = adapter.production if stage == "production" else adapter.canary
-        if expected_version is not None and current != expected_version:
-            return {"name": name, "stage": stage, "from": expected_version, "to": current, "moved": False}
-        plan, report = fleet.rollback_and_switch(registry, name, stage, reason=reason, progress=_progress())
+        plan, report = fleet.rollback_and_switch(
+            registry, name, stage, reason=reason, expected_version=expected_version, progress=_progress()
+        )
+        if plan.empty:
+            adapter = registry.get_adapter(name)
+            now = adapter.production if stage == "production" else adapter.canary
+            return {"name": name, "stage": stage, "from": expected_version, "to": now, "moved": False}
     moved = {"from": plan.audit_from, "to": plan.audit_to, "moved": True, "replicas": report}
     return {"name": name, "stage": stage, **moved}
 

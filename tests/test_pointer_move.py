@@ -138,3 +138,53 @@ def test_concurrent_pointer_moves_replay_as_one_chain_each_with_its_audit(settin
     assert sorted(m.version_id for m in moves) == sorted(ids)
     assert [m.from_value for m in moves] == [None] + [m.to_value for m in moves[:-1]]
     assert final == moves[-1].to_value
+
+
+@pytest.mark.parametrize("stage", ["canary", "production"])
+def test_a_stale_rollback_decision_never_undoes_the_move_that_landed_meanwhile(
+    settings, tiny_base, seeded_bundles, stage
+):
+    """Eight callers released at once by a barrier: four act on a decision made while v2
+    was at ``stage`` (roll it back, expecting v2), four move v3 there. In whatever order the
+    database lets them in, v3 ends at ``stage`` and is never rolled back: a rollback that
+    finds the stage moved on from v2 writes nothing (issue 18: a canary evaluation, or a
+    failed promotion's restore, undid a promotion landing between its check and its act)."""
+    from registry.service import Registry
+
+    with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as registry:
+        registry.init()
+        registry.add_base(str(tiny_base), "tiny-llama")
+        v1, v2, v3 = _registered(registry, seeded_bundles, 3)
+        registry.promote(v1, "canary")
+        registry.promote(v1, "production")
+        registry.promote(v2, "canary")
+        if stage == "production":
+            registry.promote(v2, "production")
+            registry.promote(v3, "canary")
+    racers = 8
+    barrier = threading.Barrier(racers)
+    errors: list[BaseException] = []
+
+    def racer(i: int) -> None:
+        with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as mine:
+            try:
+                barrier.wait(timeout=30)
+                if i % 2:
+                    mine.rollback(NAME, stage, reason="stale decision", expected_version=v2)
+                else:
+                    mine.promote(v3, stage)
+            except BaseException as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(racers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as registry:
+        adapter = registry.get_adapter(NAME)
+        rollbacks = [e for e in registry.history(NAME) if e.action == "rollback"]
+        assert (adapter.canary if stage == "canary" else adapter.production) == v3
+        assert registry.get_version(v3).stage == stage
+        assert len(rollbacks) <= 1 and all(e.from_value == v2 for e in rollbacks)

@@ -106,10 +106,13 @@ class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
 
     @contextmanager
     def rollback_move(
-        self, name: str, stage: str = "production", *, reason: str | None = None
+        self, name: str, stage: str = "production", *, reason: str | None = None, expected_version: str | None = None
     ) -> Iterator[PointerMove]:
         """Production back to ``previous`` in one pointer move, or withdraw the canary; the
         version production returns to has its stored bytes and signature verified first.
+        With ``expected_version``, only if the stage still serves it, as read under the
+        adapter's lock: a decision made on a version the stage has moved on from (a canary
+        replaced, a promotion landed) is an empty plan, and writes nothing.
 
         Raises:
             InvalidInput: ILLEGAL_TRANSITION for a stage that is not canary or production;
@@ -126,6 +129,9 @@ class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
             Action.ROLLBACK_PRODUCTION if target == Pointer.PRODUCTION else Action.WITHDRAW_CANARY, name
         )
         with self._store.pointers.claim(name=name) as claim:
+            if expected_version is not None and claim.pointers.get(target) != expected_version:
+                yield PointerMove(Plan(action="rollback"), claim.name, actor, reason, claim)
+                return
             plan = plan_rollback(claim.pointers, target, claim.states, name)
             self._verify_targets(plan, claim, acknowledged=True)
             claim.apply(plan, actor=actor, reason=reason)
@@ -149,7 +155,9 @@ class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
 
         return self._store.db.retrying(attempt)
 
-    def rollback(self, name: str, stage: str = "production", reason: str | None = None) -> Plan:
+    def rollback(
+        self, name: str, stage: str = "production", reason: str | None = None, expected_version: str | None = None
+    ) -> Plan:
         """``rollback_move`` with nothing to switch.
 
         Raises:
@@ -158,7 +166,7 @@ class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
         """
 
         def attempt() -> Plan:
-            with self.rollback_move(name, stage, reason=reason) as move:
+            with self.rollback_move(name, stage, reason=reason, expected_version=expected_version) as move:
                 return move.plan
 
         return self._store.db.retrying(attempt)
