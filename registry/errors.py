@@ -38,6 +38,7 @@ class ErrorCode(StrEnum):
     BASE_DRIFT = "base_drift"
     ARTIFACT_STORE_UNAVAILABLE = "artifact_store_unavailable"
     DATABASE_UNAVAILABLE = "database_unavailable"
+    DATABASE_BUSY = "database_busy"  # a session limit: a lock or a statement waited too long
     # the serving fleet
     REPLICA_UNAVAILABLE = "replica_unavailable"
     REPLICA_REFUSED = "replica_refused"

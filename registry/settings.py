@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     s3_read_timeout_s: float = Field(default=30.0, gt=0)
     s3_max_attempts: int = Field(default=3, ge=1)
     database_connect_timeout_s: int = Field(default=10, ge=1)
+    # every registry session (Postgres): a lock waited for (an adapter held by a stuck move;
+    # what `loragate rollback` waits at most), one statement, a transaction left idle (longer
+    # than any replica switch made under it). 0: no limit
+    database_lock_timeout_s: float = Field(default=60.0, ge=0)
+    database_statement_timeout_s: float = Field(default=120.0, ge=0)
+    database_idle_in_transaction_timeout_s: float = Field(default=300.0, ge=0)
     # bounded waits on a vLLM replica: a hanging one fails the switch, and is put back
     replica_connect_timeout_s: float = Field(default=3.0, gt=0)
     replica_read_timeout_s: float = Field(default=30.0, gt=0)

@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -30,6 +31,35 @@ T = TypeVar("T")
 MAX_ATTEMPTS = 8
 # SQLSTATE of a statement the connected database role holds no grant for
 INSUFFICIENT_PRIVILEGE = "42501"
+# SQLSTATEs of a session limit reached: a lock waited for too long, a statement ran too long
+LOCK_NOT_AVAILABLE = "55P03"
+QUERY_CANCELED = "57014"
+# ... and a transaction left idle too long: the server ended the session
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Bounds on every registry session (Postgres): connecting, waiting for a lock (an
+    adapter's row held by a stuck move), one statement, and a transaction left idle (a
+    process that stopped while holding a lock). Seconds; 0 means no limit."""
+
+    connect_timeout_s: int = 10
+    lock_timeout_s: float = 60.0
+    statement_timeout_s: float = 120.0
+    idle_in_transaction_timeout_s: float = 300.0
+
+    def options(self) -> str:
+        """libpq ``options``: the limits as the session's own settings, in milliseconds."""
+        limits = {
+            "lock_timeout": self.lock_timeout_s,
+            "statement_timeout": self.statement_timeout_s,
+            "idle_in_transaction_session_timeout": self.idle_in_transaction_timeout_s,
+        }
+        return " ".join(f"-c {name}={round(seconds * 1000)}" for name, seconds in limits.items())
+
+
+DEFAULT_LIMITS = SessionLimits()
 # no RETURNING of the new id: nothing reads it
 _INSERT_AUDIT = insert(audit_events).inline()
 
@@ -43,8 +73,9 @@ def utc_or_none(value: datetime | None) -> datetime | None:
     return None if value is None else utc(value)
 
 
-def make_engine(url: URL, connect_timeout_s: int = 10) -> Engine:
-    """An engine whose connection failures are ``Unavailable`` (database_unavailable)."""
+def make_engine(url: URL, limits: SessionLimits = DEFAULT_LIMITS) -> Engine:
+    """An engine whose connection failures are ``Unavailable`` (database_unavailable) and
+    whose sessions reaching a limit are ``Unavailable`` (database_busy)."""
     if url.get_backend_name() == "sqlite":
         engine = create_engine(url, connect_args={"timeout": 30})
 
@@ -58,16 +89,38 @@ def make_engine(url: URL, connect_timeout_s: int = 10) -> Engine:
             cur.close()
 
     else:
-        engine = create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": connect_timeout_s})
-        _connect_within(engine, connect_timeout_s)
+        connect_args = {"connect_timeout": limits.connect_timeout_s, "options": limits.options()}
+        engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+        _connect_within(engine, limits.connect_timeout_s)
     shown = url.render_as_string(hide_password=True)
 
     @event.listens_for(engine, "handle_error")
     def _unreachable(context: ExceptionContext) -> None:
-        if getattr(context.original_exception, "sqlstate", None) == INSUFFICIENT_PRIVILEGE:
+        sqlstate = getattr(context.original_exception, "sqlstate", None)
+        if sqlstate == INSUFFICIENT_PRIVILEGE:
             first_line = str(context.original_exception).strip().splitlines()[0][:200]
             raise PermissionDenied(
                 f"the database user of {shown} may not do this: {first_line}", field="LORAGATE_DATABASE_URL"
+            ) from context.original_exception
+        if sqlstate in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
+            what, setting, seconds = (
+                ("waited for a lock", "LORAGATE_DATABASE_LOCK_TIMEOUT_S", limits.lock_timeout_s)
+                if sqlstate == LOCK_NOT_AVAILABLE
+                else ("ran", "LORAGATE_DATABASE_STATEMENT_TIMEOUT_S", limits.statement_timeout_s)
+            )
+            raise Unavailable(
+                f"database {shown} is busy: a statement {what} longer than {seconds:g} s ({setting}); "
+                "another operation holds what it needs -- try again",
+                code=ErrorCode.DATABASE_BUSY,
+                field=setting,
+            ) from context.original_exception
+        if sqlstate == IDLE_IN_TRANSACTION_TIMEOUT:
+            raise Unavailable(
+                f"database {shown} ended the session: its transaction was idle longer than "
+                f"{limits.idle_in_transaction_timeout_s:g} s (LORAGATE_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_S); "
+                "nothing it wrote was kept",
+                code=ErrorCode.DATABASE_UNAVAILABLE,
+                field="LORAGATE_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_S",
             ) from context.original_exception
         # no connection could be made, or the one in use died: the database, not the request
         if isinstance(context.sqlalchemy_exception, OperationalError) and (
@@ -158,6 +211,10 @@ class Database:
         assert driver is not None, "a checked-out connection has its driver connection"
         with driver.pipeline():
             yield
+        # Postgres arms idle_in_transaction_session_timeout only once a statement outside
+        # pipeline mode has run: without this, a move stalled on a replica after its pipelined
+        # writes would hold the adapter's row past the limit (seen: never terminated)
+        driver.execute("SELECT 1")
 
     def retrying(self, fn: Callable[[], T]) -> T:
         """``fn()`` again after a lost compare-and-set (``ConcurrentUpdate``), a few times."""

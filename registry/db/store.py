@@ -22,7 +22,7 @@ from registry.db.approvals import ApprovalRepository
 from registry.db.audit import AuditRepository
 from registry.db.canary import CanaryRepository
 from registry.db.catalog import CatalogRepository
-from registry.db.database import Database, make_engine
+from registry.db.database import DEFAULT_LIMITS, Database, SessionLimits, make_engine
 from registry.db.fleet import FleetRepository
 from registry.db.pointers import PointerRepository
 from registry.db.validation import GoldenSetRepository, ValidationRunRepository
@@ -44,8 +44,8 @@ class SqlStore:
         self.audit = AuditRepository(self.db)
 
     @classmethod
-    def from_url(cls, url: URL, connect_timeout_s: int = 10) -> SqlStore:
-        return cls(make_engine(url, connect_timeout_s))
+    def from_url(cls, url: URL, limits: SessionLimits = DEFAULT_LIMITS) -> SqlStore:
+        return cls(make_engine(url, limits))
 
     @property
     def engine(self) -> Engine:

@@ -3,6 +3,7 @@ per concern over the SQL store, the artifact store and the settings."""
 
 from __future__ import annotations
 
+from registry.db.database import SessionLimits
 from registry.db.store import SqlStore
 from registry.rules.access import IssuedToken, Principal, Role, issue_token
 from registry.service.access import AccessMixin
@@ -30,7 +31,15 @@ class Registry(ReadingMixin, IntakeMixin, LifecycleMixin, AccessMixin, FleetMixi
         if settings.sqlite_path is not None:
             settings.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
         registry = cls(
-            SqlStore.from_url(settings.database, settings.database_connect_timeout_s),
+            SqlStore.from_url(
+                settings.database,
+                SessionLimits(
+                    connect_timeout_s=settings.database_connect_timeout_s,
+                    lock_timeout_s=settings.database_lock_timeout_s,
+                    statement_timeout_s=settings.database_statement_timeout_s,
+                    idle_in_transaction_timeout_s=settings.database_idle_in_transaction_timeout_s,
+                ),
+            ),
             open_artifact_store(settings),
             settings,
             principal,
