@@ -60,6 +60,8 @@ class Settings(BaseSettings):
     # bounded waits on a vLLM replica: a hanging one fails the switch, and is put back
     replica_connect_timeout_s: float = Field(default=3.0, gt=0)
     replica_read_timeout_s: float = Field(default=30.0, gt=0)
+    # one request to a replica in all, connection to last byte (a replica that drips)
+    replica_request_deadline_s: float = Field(default=60.0, gt=0)
     # tries at switching one replica (unload, load, verify) when it is unreachable or
     # answers 5xx, before the whole stage is put back
     replica_switch_attempts: int = Field(default=2, ge=1)

@@ -190,7 +190,7 @@ def replica_client(registry: Registry, url: str, retries: int = 2) -> ReplicaCli
     timeout = httpx.Timeout(
         connect=s.replica_connect_timeout_s, read=s.replica_read_timeout_s, write=s.replica_read_timeout_s, pool=5.0
     )
-    return ReplicaClient(url, timeout=timeout, retries=retries)
+    return ReplicaClient(url, timeout=timeout, retries=retries, deadline_s=s.replica_request_deadline_s)
 
 
 @dataclass

@@ -9,6 +9,12 @@ replica), 404 ``NotFoundError`` is ``replica_unknown_adapter``, anything else re
 
 An idempotent request that fails with ``replica_unavailable`` is tried again, ``retries``
 times, after 0.2 s, 0.4 s, ... (``registry.retrying``); the last failure is raised as it was.
+
+Each attempt also has a total deadline, from connecting to its last byte: httpx's timeouts
+count per read, so a replica that drips a byte a second would hold the caller (and the
+adapter's lock, during a switch) for as long as it likes. The body is read in chunks and
+the attempt fails as ``replica_unavailable`` once the deadline has passed; no single read
+waits longer than the deadline either.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from registry.errors import ErrorCode, ReplicaError
 from registry.retrying import call_with_retries
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=3.0, read=60.0, write=10.0, pool=5.0)
+DEFAULT_DEADLINE_S = 120.0
 # linear back-off between attempts: 0.2 s, 0.4 s, ...
 RETRY_STEP_S = 0.2
 
@@ -55,9 +62,12 @@ class ReplicaClient:
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         retries: int = 2,
         transport: httpx.BaseTransport | None = None,
+        deadline_s: float = DEFAULT_DEADLINE_S,
     ):
         self.url = url.rstrip("/")
         self.retries = retries
+        self.deadline_s = deadline_s
+        self._timeout = timeout
         # ``transport``: tests answer from a function instead of a server
         self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
 
@@ -80,8 +90,25 @@ class ReplicaClient:
         )
 
     def _send_once(self, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
+        ends_at = time.monotonic() + self.deadline_s
+        timeout = self._within(self.deadline_s)
         try:
-            response = self._http.request(method, path, json=body)
+            with self._http.stream(method, path, json=body, timeout=timeout) as streamed:
+                chunks = []
+                for chunk in streamed.iter_bytes():
+                    chunks.append(chunk)
+                    if time.monotonic() > ends_at:
+                        raise ReplicaError(
+                            f"replica {self.url} did not finish answering {method} {path} within "
+                            f"{self.deadline_s:g} s (LORAGATE_REPLICA_REQUEST_DEADLINE_S)",
+                            code=ErrorCode.REPLICA_UNAVAILABLE,
+                            field="url",
+                        )
+            # the decoded body, so without the header saying how it was encoded
+            headers = [(k, v) for k, v in streamed.headers.multi_items() if k.lower() != "content-encoding"]
+            response = httpx.Response(
+                streamed.status_code, headers=headers, content=b"".join(chunks), request=streamed.request
+            )
         except httpx.TransportError as e:  # refused, reset, timed out
             raise ReplicaError(
                 f"replica {self.url} unreachable on {method} {path}: {type(e).__name__}",
@@ -91,6 +118,16 @@ class ReplicaClient:
         if response.status_code >= 400:
             raise self._error(method, path, response)
         return response
+
+    def _within(self, seconds: float) -> httpx.Timeout:
+        """The client's timeouts, none longer than ``seconds``."""
+        t = self._timeout
+        return httpx.Timeout(
+            connect=min(t.connect or seconds, seconds),
+            read=min(t.read or seconds, seconds),
+            write=min(t.write or seconds, seconds),
+            pool=min(t.pool or seconds, seconds),
+        )
 
     def _error(self, method: str, path: str, response: httpx.Response) -> ReplicaError:
         kind = "?"
