@@ -1,13 +1,14 @@
-"""``loragate approve``, ``loragate canary`` and ``loragate training-completed``: the
-promotion pipeline from a shell.
+"""``loragate status``, ``approve``, ``canary`` and ``training-completed``: the promotion
+pipeline from a shell.
 
-``approve`` resumes the very pause the ``promote`` flow run waits in -- the one the Prefect
-UI shows as a form -- with the same fields and an approval code it issues to the caller's
-own activation token; the flow redeems the code and records the decision. ``approve-code``
-issues such a code alone, for a person to type into the UI's form (``--rollback``: for the
-rollback deployment's ``code`` parameter). ``canary``
-shows windows and their observations from the registry. ``training-completed`` emits the
-event a training job emits, which starts the pipeline.
+``status`` lists the versions waiting between gates, and for how long. ``approve`` resumes
+the very pause the ``promote`` flow run waits in -- the one the Prefect UI shows as a form --
+with the same fields and an approval code it issues to the caller's own activation token;
+the flow redeems the code and records the decision. ``approve-code`` issues such a code
+alone, for a person to type into the UI's form (``--rollback``: for the rollback
+deployment's ``code`` parameter). ``canary`` shows windows and their observations from the
+registry. ``training-completed`` emits the event a training job emits, which starts the
+pipeline.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from uuid import UUID
 from cli.output import EXIT_OK, emit, open_registry
 from registry.errors import ErrorCode, IllegalTransition, InvalidInput, PermissionDenied, Unavailable
 from registry.intake.jsonio import loads_object
+from registry.records.adapters import utcnow
 from registry.rules.access import Action
 from registry.rules.approvals import Decision
 from registry.rules.canary import ACTIVE, WindowStatus
@@ -142,6 +144,27 @@ def cmd_canary_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Every version waiting between gates, and for how long: what the ``advance`` sweep
+    acts on (after LORAGATE_ADVANCE_AFTER_S) and reports (after LORAGATE_STUCK_ALERT_S)."""
+    with open_registry(args) as reg:
+        waiting = reg.waiting(longer_than_s=args.longer_than)
+        alert_s = reg.settings.stuck_alert_s
+    now = utcnow()
+
+    def lines() -> str:
+        if not waiting:
+            return "no version waits between gates"
+        return "\n".join(
+            f"{w.version_id}\t{w.adapter_name}\twaits for {w.gate.value}\t{w.waited_s(now):.0f}s"
+            + ("\tSTUCK" if w.waited_s(now) >= alert_s else "")
+            for w in waiting
+        )
+
+    emit(args, [{**w.as_dict(now), "stuck": w.waited_s(now) >= alert_s} for w in waiting], lines)
+    return EXIT_OK
+
+
 def cmd_canary_show(args: argparse.Namespace) -> int:
     from registry.render.canary import canary_evidence_markdown
 
@@ -205,6 +228,10 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     )
     p.add_argument("--ttl", type=float, help="seconds the code stays good (default LORAGATE_APPROVAL_CODE_TTL_S)")
     p.set_defaults(func=cmd_approve_code)
+
+    p = sub.add_parser("status", parents=[common], help="versions waiting between gates, and for how long")
+    p.add_argument("--longer-than", type=float, default=0.0, metavar="S", help="only those waiting at least S seconds")
+    p.set_defaults(func=cmd_status)
 
     canary = sub.add_parser("canary", help="canary windows and their observations").add_subparsers(
         dest="canary_command", required=True

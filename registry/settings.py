@@ -116,6 +116,10 @@ class Settings(BaseSettings):
     # how long an approval code (`loragate approve-code`) stays good: issued, typed, used
     approval_code_ttl_s: float = Field(default=900.0, ge=30, le=24 * 3600)
     approval_poll_s: float = Field(default=2.0, gt=0)
+    # the `advance` sweep: a version waiting for a gate this long with no live run for it
+    # gets one (its event was lost or its action failed); one waiting this long is reported
+    advance_after_s: float = Field(default=120.0, ge=0)
+    stuck_alert_s: float = Field(default=3600.0, gt=0)
     # the Prefect UI a notification links to (approval forms live there)
     ui_url: str = "http://127.0.0.1:4200"
     # Slack: off while the token or the channel is unset; base_url points elsewhere in tests

@@ -75,6 +75,11 @@ def registry_as(role: Role) -> Registry:
     return Registry.open(settings_for(role))
 
 
+def registry_reader() -> Registry:
+    """The registry for reading only: reads need no token, so none is looked up."""
+    return Registry.open(Settings(token=None))
+
+
 def slack_settings() -> Settings:
     token = read_secret(SLACK_TOKEN_FILE)
     return Settings(slack_token=token) if token else Settings()

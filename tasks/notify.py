@@ -53,6 +53,7 @@ class NoticeKind(StrEnum):
     AWAITING_APPROVAL = "awaiting_approval"
     PROMOTED = "promoted"
     ROLLED_BACK = "rolled_back"
+    STUCK = "stuck"
 
 
 _HEADLINES = {
@@ -62,6 +63,7 @@ _HEADLINES = {
     NoticeKind.AWAITING_APPROVAL: (":raised_hand:", "Awaiting approval"),
     NoticeKind.PROMOTED: (":rocket:", "Promoted to production"),
     NoticeKind.ROLLED_BACK: (":rewind:", "Rolled back"),
+    NoticeKind.STUCK: (":hourglass:", "Stuck between gates"),
 }
 
 
@@ -177,6 +179,11 @@ def rolled_back(
         ),
         title=f"Rolled back {'automatically' if automatic else 'by hand'}",
     )
+
+
+def stuck(name: str, version_id: str, gate: str, waited_s: float, action: str) -> Notice:
+    facts = (("Waiting for", _code(gate)), ("For", _duration(waited_s)), ("Sweep", _esc(action)))
+    return Notice(NoticeKind.STUCK, name, version_id, facts)
 
 
 def flow_run_link(settings: Settings, flow_run_id: str | UUID) -> str:

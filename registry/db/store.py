@@ -11,6 +11,7 @@ is stored in ``db/canary.py``, not in a file of everything.
     store.validation  validation runs              (db/validation.py)
     store.canary      windows, observations, sign-offs (db/canary.py)
     store.audit       the audit log, gc references (db/audit.py)
+    store.progress    versions waiting between gates (db/progress.py)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from registry.db.catalog import CatalogRepository
 from registry.db.database import DEFAULT_LIMITS, Database, SessionLimits, make_engine
 from registry.db.fleet import FleetRepository
 from registry.db.pointers import PointerRepository
+from registry.db.progress import ProgressRepository
 from registry.db.validation import GoldenSetRepository, ValidationRunRepository
 from registry.db.versions import VersionRepository
 
@@ -42,6 +44,7 @@ class SqlStore:
         self.canary = CanaryRepository(self.db)
         self.approvals = ApprovalRepository(self.db, self.canary)
         self.audit = AuditRepository(self.db)
+        self.progress = ProgressRepository(self.db)
 
     @classmethod
     def from_url(cls, url: URL, limits: SessionLimits = DEFAULT_LIMITS) -> SqlStore:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from registry.errors import ErrorCode, InvalidInput, NotFound
-from registry.records.adapters import Adapter, AdapterVersion, AuditEvent
+from registry.records.adapters import Adapter, AdapterVersion, AuditEvent, utcnow
+from registry.records.progress import Waiting
 from registry.rules.lifecycle import Pointer
 from registry.rules.names import AdapterName
 from registry.service.base import RegistryBase
@@ -28,6 +29,12 @@ class ReadingMixin(RegistryBase):
         if name is not None:
             self._store.pointers.adapter(name)
         return self._store.versions.versions(name)
+
+    def waiting(self, longer_than_s: float = 0.0) -> list[Waiting]:
+        """Every version that has waited for a gate (``records/progress.py``) longer than
+        ``longer_than_s``, oldest wait first."""
+        now = utcnow()
+        return [w for w in self._store.progress.waiting() if w.waited_s(now) >= longer_than_s]
 
     def get_adapter(self, name: str) -> Adapter:
         """The logical adapter and its pointers.

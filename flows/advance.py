@@ -1,0 +1,38 @@
+"""The sweep that makes the pipeline level-triggered (``tasks/advance.py``): scheduled, it
+reads which versions wait between gates and starts the run each one's lost event would
+have started. Its table artifact ``advance`` lists every waiting version and what the sweep
+did; a version waiting longer than ``LORAGATE_STUCK_ALERT_S`` is also sent to Slack and
+logged as a warning (``loragate status`` shows the same from a shell).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_table_artifact
+from prefect.logging import get_run_logger
+
+from tasks import notify
+from tasks.advance import advance_waiting_versions
+from tasks.gates import settings_now
+from tasks.notify_task import notify_task
+
+
+@flow(name="advance", log_prints=True)
+def advance_flow() -> list[dict[str, Any]]:
+    logger = get_run_logger()
+    settings = settings_now()
+    rows = advance_waiting_versions(settings.advance_after_s, settings.stuck_alert_s)
+    if rows:
+        create_table_artifact(key="advance", table=rows, description="Versions waiting between gates")
+    for row in rows:
+        line = f"{row['version_id']} waits for {row['deployment']} ({row['waited_s']:g} s): {row['action']}"
+        if row["alert"]:
+            logger.warning(f"stuck: {line}")
+            notify_task(
+                notify.stuck(row["adapter_name"], row["version_id"], row["gate"], row["waited_s"], row["action"])
+            )
+        else:
+            logger.info(line)
+    return rows

@@ -1,0 +1,141 @@
+"""The level-triggered half of the pipeline: the ``advance`` sweep.
+
+Events drive the gates for latency, but an event can be lost and a trigger's action can
+fail (a 503 from a busy Prefect server), and then nothing would ever act on the version
+again. The sweep reads the registry instead (``Registry.waiting``): every version that has
+waited for a gate longer than ``LORAGATE_ADVANCE_AFTER_S`` gets a run of that gate's
+deployment with the parameters its event would have given -- unless a live run (scheduled,
+pending, running, paused) of that deployment already has them. The gates are idempotent,
+so a run that turns out to be redundant changes nothing. One validation run per base,
+like the trigger. A version waiting longer than ``LORAGATE_STUCK_ALERT_S`` is reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.filters import (
+    DeploymentFilter,
+    DeploymentFilterId,
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import StateType
+
+from registry.records.adapters import utcnow
+from registry.records.progress import Gate, Waiting
+from registry.service import Registry
+from tasks.credentials import registry_reader
+
+# the deployment each gate runs as (prefect.yaml)
+DEPLOYMENTS = {
+    Gate.VALIDATE: "shadow-validate/shadow-validate",
+    Gate.CANARY: "canary/canary",
+    Gate.SIGN_OFF: "promote/promote",
+}
+LIVE = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED]
+
+
+def parameters_for(waiting: Waiting) -> dict[str, str]:
+    """What the gate's trigger would have passed."""
+    return {"base": waiting.base} if waiting.gate == Gate.VALIDATE else {"version_id": waiting.version_id}
+
+
+@dataclass
+class Nudge:
+    """What the sweep did for one waiting version."""
+
+    waiting: Waiting
+    deployment: str
+    parameters: dict[str, str]
+    action: str = ""  # started, running, (nothing: another version's run covers it)
+    flow_run_id: str | None = None
+    alert: bool = field(default=False)
+
+    def row(self, now: datetime) -> dict[str, Any]:
+        return {
+            **self.waiting.as_dict(now),
+            "deployment": self.deployment,
+            "action": self.action,
+            "flow_run_id": self.flow_run_id,
+        }
+
+
+def plan_nudges(waiting: list[Waiting], live: dict[str, list[tuple[dict[str, Any], str]]]) -> list[Nudge]:
+    """One nudge per waiting version: ``running`` when a live run of its deployment has its
+    parameters (or, for a sign-off, is the run that claimed it), ``covered`` when an earlier
+    nudge starts the run it needs (one validation per base), else ``start``."""
+    nudges: list[Nudge] = []
+    starting: dict[tuple[str, str], Nudge] = {}
+    for w in waiting:
+        deployment, params = DEPLOYMENTS[w.gate], parameters_for(w)
+        nudge = Nudge(w, deployment, params)
+        runs = live.get(deployment, [])
+        running = next((run_id for p, run_id in runs if p == params), None)
+        if running is None and w.approval_flow_run_id is not None:
+            running = next((run_id for _, run_id in runs if run_id == w.approval_flow_run_id), None)
+        key = (deployment, repr(sorted(params.items())))
+        if running is not None:
+            nudge.action, nudge.flow_run_id = "running", running
+        elif key in starting:
+            nudge.action = "covered"
+        else:
+            nudge.action = "start"
+            starting[key] = nudge
+        nudges.append(nudge)
+    return nudges
+
+
+def live_runs(client: SyncPrefectClient, deployments: list[str]) -> dict[str, list[tuple[dict[str, Any], str]]]:
+    """The live runs of each deployment (that exists): (parameters, flow run id)."""
+    ids = {}
+    for name in deployments:
+        try:
+            ids[client.read_deployment_by_name(name).id] = name
+        except Exception:  # noqa: BLE001 -- not deployed on this server: nothing runs there
+            continue
+    if not ids:
+        return {}
+    runs = client.read_flow_runs(
+        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=list(ids))),
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=LIVE))),
+        limit=200,
+    )
+    found: dict[str, list[tuple[dict[str, Any], str]]] = {name: [] for name in ids.values()}
+    for run in runs:
+        if run.deployment_id in ids:
+            found[ids[run.deployment_id]].append((dict(run.parameters), str(run.id)))
+    return found
+
+
+def advance(registry: Registry, *, after_s: float, alert_s: float) -> list[Nudge]:
+    """Start a run for every version that has waited longer than ``after_s`` with none live;
+    marks those waiting longer than ``alert_s``."""
+    waiting = registry.waiting(longer_than_s=after_s)
+    if not waiting:
+        return []
+    now = utcnow()
+    with get_client(sync_client=True) as client:
+        nudges = plan_nudges(waiting, live_runs(client, sorted(set(DEPLOYMENTS.values()))))
+        for nudge in nudges:
+            nudge.alert = nudge.waiting.waited_s(now) >= alert_s
+            if nudge.action != "start":
+                continue
+            deployment = client.read_deployment_by_name(nudge.deployment)
+            run = client.create_flow_run_from_deployment(deployment.id, parameters=nudge.parameters, tags=["advance"])
+            nudge.action, nudge.flow_run_id = "started", str(run.id)
+    return nudges
+
+
+@task(cache_policy=NO_CACHE, name="advance-waiting-versions")
+def advance_waiting_versions(after_s: float, alert_s: float) -> list[dict[str, Any]]:
+    with registry_reader() as registry:
+        nudges = advance(registry, after_s=after_s, alert_s=alert_s)
+    now = utcnow()
+    return [{**n.row(now), "alert": n.alert} for n in nudges]
