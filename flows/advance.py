@@ -20,10 +20,12 @@ from tasks.notify_task import notify_task
 
 
 @flow(name="advance", log_prints=True)
-def advance_flow() -> list[dict[str, Any]]:
+def advance_flow(after_s: float | None = None) -> list[dict[str, Any]]:
+    """``after_s``: act on versions waiting this long (default LORAGATE_ADVANCE_AFTER_S)."""
     logger = get_run_logger()
     settings = settings_now()
-    rows = advance_waiting_versions(settings.advance_after_s, settings.stuck_alert_s)
+    after = settings.advance_after_s if after_s is None else after_s
+    rows = advance_waiting_versions(after, settings.stuck_alert_s)
     if rows:
         create_table_artifact(key="advance", table=rows, description="Versions waiting between gates")
     for row in rows:

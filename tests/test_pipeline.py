@@ -253,6 +253,9 @@ def stack(prefect_server, pg_template, replicas, replica_adapters, tiny_base, s3
         # is a row of tests/test_canary.py's verdict table
         "LORAGATE_CANARY_P95_SLACK_MS": "5000",
         "LORAGATE_APPROVAL_POLL_S": "1",
+        # the scheduled sweep leaves these tests' versions to their events (and to the tests'
+        # own steps); test_a_version_whose_event_was_lost... runs it on purpose
+        "LORAGATE_ADVANCE_AFTER_S": "3600",
         "LORAGATE_UI_URL": prefect_server.ui_url,
         "LORAGATE_SLACK_CHANNEL": "#adapters",
         "LORAGATE_SLACK_BASE_URL": slack.base_url,
@@ -607,3 +610,30 @@ def test_a_canary_flow_killed_mid_switch_and_rerun_from_the_top_converges(stack,
         stack.registry.remove_replica(proxy.url)
         stack.registry.add_replica(canary.url, "tiny-llama", "canary", adapter_dir)
         proxy.close()
+
+
+def test_a_version_whose_event_was_lost_is_carried_on_by_the_advance_sweep(stack, support_bundle):
+    """Validated in process, so no ``loragate.adapter.validated`` event was ever emitted and
+    no trigger will act: the sweep finds it waiting for the canary and starts that gate."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+    from prefect.deployments import run_deployment
+
+    name = f"a{uuid.uuid4().hex[:6]}/tiny-llama/support"
+    version = stack.registry.register_adapter(support_bundle, name).version.version_id
+    stack.registry.attach_golden_set(name, golden_file(stack.tmp))
+    reports = validate_versions(stack.registry, [version], ValidationPolicy.from_settings(stack.settings))
+    assert reports[0].status.value == "passed", reports[0].failures
+    assert [w.gate.value for w in stack.registry.waiting() if w.version_id == version] == ["canary"]
+
+    with client_env(stack.pipeline.server):
+        run = run_deployment("advance/advance", parameters={"after_s": 0}, timeout=120)
+    assert run.state is not None and run.state.is_completed(), run.state
+    with client_env(stack.pipeline.server), get_client(sync_client=True) as client:
+        started = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["advance"])))
+    assert [r.parameters for r in started if r.parameters.get("version_id") == version] == [{"version_id": version}]
+    wait_until("the canary run the sweep started", lambda: stack.stage(version) == "canary", timeout_s=180)
+    assert "advance" in stack.artifact_keys()
+    window = stack.registry.latest_canary_window(version)
+    # closed, so the scheduled evaluations do not probe it
+    stack.registry.close_canary_window(window.id, WindowStatus.ROLLED_BACK, "test over")
