@@ -11,6 +11,7 @@ read back from that API.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -192,3 +193,16 @@ def test_the_sweep_starts_what_lost_events_would_have_and_never_a_second_live_ru
     assert len(_runs_of(deployed, DEPLOYMENTS[Gate.CANARY])) == 2
     # and nothing waiting less than the setting is touched
     assert advance(registry, after_s=3600, alert_s=3600) == []
+
+
+def test_loragate_status_lists_what_waits_and_flags_what_is_stuck(catalogued_cli, seeded_bundles):
+    assert catalogued_cli("status").stdout.strip() == "no version waits between gates"
+    registered = catalogued_cli("register", str(seeded_bundles[0]), "--name", NAME, "--json")
+    version = json.loads(registered.stdout)["version_id"]
+    shown = catalogued_cli("status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    (row,) = json.loads(shown.stdout)
+    assert (row["gate"], row["version_id"], row["stuck"]) == ("shadow-validate", version, False)
+    assert json.loads(catalogued_cli("status", "--longer-than", "3600", "--json").stdout) == []
+    text = catalogued_cli("status").stdout
+    assert version in text and "waits for shadow-validate" in text and "STUCK" not in text
