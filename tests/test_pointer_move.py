@@ -18,6 +18,30 @@ class SwitchFailed(Exception):
     pass
 
 
+def released_at_once(settings, acts: list) -> list[BaseException]:
+    """Each of ``acts`` (called with a registry of its own connection) in a thread of its
+    own, all released by one barrier; what they raised."""
+    from registry.service import Registry
+
+    barrier = threading.Barrier(len(acts))
+    errors: list[BaseException] = []
+
+    def run(act) -> None:
+        with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as mine:
+            try:
+                barrier.wait(timeout=30)
+                act(mine)
+            except BaseException as e:  # noqa: BLE001 (reported to the caller)
+                errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(act,)) for act in acts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return errors
+
+
 def _registered(registry, bundles, count: int, validated: bool = True) -> list[str]:
     ids = [registry.register_adapter(b, NAME).version.version_id for b in bundles[:count]]
     if validated:
@@ -111,24 +135,15 @@ def test_concurrent_pointer_moves_replay_as_one_chain_each_with_its_audit(settin
         registry.init()
         registry.add_base(str(tiny_base), "tiny-llama")
         ids = _registered(registry, seeded_bundles, 4)
-    barrier = threading.Barrier(len(ids))
-    errors: list[BaseException] = []
 
-    def mover(version_id: str) -> None:
-        with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as mine:
-            try:
-                barrier.wait(timeout=30)
-                with mine.pointer_move(version_id, "canary") as move:
-                    move.audit([{**SWITCHED[0], "to": version_id, "version_id": version_id}])
-            except BaseException as e:  # noqa: BLE001 (reported below)
-                errors.append(e)
+    def mover(version_id: str):
+        def move_it(mine) -> None:
+            with mine.pointer_move(version_id, "canary") as move:
+                move.audit([{**SWITCHED[0], "to": version_id, "version_id": version_id}])
 
-    threads = [threading.Thread(target=mover, args=(v,)) for v in ids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert errors == []
+        return move_it
+
+    assert released_at_once(settings, [mover(v) for v in ids]) == []
     with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as registry:
         events = [e for e in registry.history(NAME) if e.action in ("promote", "deploy")]
         final = registry.get_adapter(NAME).canary
@@ -161,27 +176,13 @@ def test_a_stale_rollback_decision_never_undoes_the_move_that_landed_meanwhile(
         if stage == "production":
             registry.promote(v2, "production")
             registry.promote(v3, "canary")
-    racers = 8
-    barrier = threading.Barrier(racers)
-    errors: list[BaseException] = []
-
-    def racer(i: int) -> None:
-        with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as mine:
-            try:
-                barrier.wait(timeout=30)
-                if i % 2:
-                    mine.rollback(NAME, stage, reason="stale decision", expected_version=v2)
-                else:
-                    mine.promote(v3, stage)
-            except BaseException as e:  # noqa: BLE001 (reported below)
-                errors.append(e)
-
-    threads = [threading.Thread(target=racer, args=(i,)) for i in range(racers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert errors == []
+    racers = [
+        (lambda r: r.rollback(NAME, stage, reason="stale decision", expected_version=v2))
+        if i % 2
+        else (lambda r: r.promote(v3, stage))
+        for i in range(8)
+    ]
+    assert released_at_once(settings, racers) == []
     with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as registry:
         adapter = registry.get_adapter(NAME)
         rollbacks = [e for e in registry.history(NAME) if e.action == "rollback"]
