@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from registry.db.database import make_engine
+from registry.db.database import SessionLimits, make_engine
 from registry.errors import DeployFailed, ErrorCode, Unavailable
 from registry.service import Registry
 from tasks.fleet import FleetSwitch, promote_and_switch
@@ -255,7 +255,7 @@ def test_a_full_database_makes_a_call_wait_for_a_free_slot_and_a_database_that_s
     private_postgres,
 ):
     held = _take_every_slot(private_postgres.url)
-    engine = make_engine(make_url(private_postgres.url), connect_timeout_s=4)
+    engine = make_engine(make_url(private_postgres.url), SessionLimits(connect_timeout_s=4))
     try:
         assert len(held) >= 90  # the default 100 slots, less the ones kept for the superuser
         release = threading.Timer(1.0, held.pop().close)

@@ -93,7 +93,8 @@ def test_a_replica_that_hangs_or_drips_fails_the_request_within_its_deadline(rep
             call(client)
         took = time.monotonic() - started
     assert (failed.value.code, failed.value.field) == (ErrorCode.REPLICA_UNAVAILABLE, "url")
-    assert took < DEADLINE_S * 2 + 1.0, f"{mode}: {took:.2f} s, deadline {DEADLINE_S} s"
+    # well under the STALL_S the replica would keep it, with room for a loaded machine
+    assert took < DEADLINE_S * 2 + 3.0, f"{mode}: {took:.2f} s, deadline {DEADLINE_S} s"
 
 
 def test_a_replica_that_answers_in_time_is_read_whole(replica):

@@ -96,7 +96,6 @@ def test_a_move_stalled_past_the_idle_limit_loses_its_session_its_lock_and_its_w
         "LORAGATE_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_S",
     )
     assert registry.get_adapter(NAME).production == v2 and registry.history(NAME) == before
-    started = time.monotonic()
-    registry.rollback(NAME, "production", reason="incident")  # the lock went with the session
-    assert time.monotonic() - started < LIMIT_S
+    # the lock went with the session: were it still held, this would fail as database_busy
+    registry.rollback(NAME, "production", reason="incident")
     assert registry.get_adapter(NAME).production == v1
