@@ -25,6 +25,7 @@ from tasks.notify import (
     promoted,
     rejected,
     rolled_back,
+    stuck,
     validation_failed,
 )
 from tests.support.slack import Failure, RecordingSlack, slack  # noqa: F401  (the fixture)
@@ -72,6 +73,10 @@ CASES = {
     NoticeKind.ROLLED_BACK: Case(
         rolled_back(NAME, "production", V2, V1, "canary drift 0.12 > 0.05", automatic=True),
         (NAME, "production", V2, V1, "canary drift 0.12 &gt; 0.05", "automatic"),
+    ),
+    NoticeKind.STUCK: Case(
+        stuck(NAME, V1, "canary", 5400.0, "started"),
+        (NAME, V1, "canary", "1h 30m", "started"),
     ),
 }
 
