@@ -34,6 +34,16 @@ DEFAULT_DEADLINE_S = 120.0
 RETRY_STEP_S = 0.2
 
 
+def _capped(timeout: httpx.Timeout, seconds: float) -> httpx.Timeout:
+    """``timeout`` with none of its waits longer than ``seconds`` (None, no limit, too)."""
+    return httpx.Timeout(
+        connect=min(timeout.connect or seconds, seconds),
+        read=min(timeout.read or seconds, seconds),
+        write=min(timeout.write or seconds, seconds),
+        pool=min(timeout.pool or seconds, seconds),
+    )
+
+
 def _worth_retrying(error: BaseException) -> bool:
     """A transport failure or a 5xx: another try may find the replica up again. A 4xx would
     only be refused again."""
@@ -67,9 +77,8 @@ class ReplicaClient:
         self.url = url.rstrip("/")
         self.retries = retries
         self.deadline_s = deadline_s
-        self._timeout = timeout
         # ``transport``: tests answer from a function instead of a server
-        self._http = httpx.Client(base_url=self.url, timeout=timeout, transport=transport)
+        self._http = httpx.Client(base_url=self.url, timeout=_capped(timeout, deadline_s), transport=transport)
 
     def close(self) -> None:
         self._http.close()
@@ -91,9 +100,8 @@ class ReplicaClient:
 
     def _send_once(self, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
         ends_at = time.monotonic() + self.deadline_s
-        timeout = self._within(self.deadline_s)
         try:
-            with self._http.stream(method, path, json=body, timeout=timeout) as streamed:
+            with self._http.stream(method, path, json=body) as streamed:
                 chunks = []
                 for chunk in streamed.iter_bytes():
                     chunks.append(chunk)
@@ -118,16 +126,6 @@ class ReplicaClient:
         if response.status_code >= 400:
             raise self._error(method, path, response)
         return response
-
-    def _within(self, seconds: float) -> httpx.Timeout:
-        """The client's timeouts, none longer than ``seconds``."""
-        t = self._timeout
-        return httpx.Timeout(
-            connect=min(t.connect or seconds, seconds),
-            read=min(t.read or seconds, seconds),
-            write=min(t.write or seconds, seconds),
-            pool=min(t.pool or seconds, seconds),
-        )
 
     def _error(self, method: str, path: str, response: httpx.Response) -> ReplicaError:
         kind = "?"
