@@ -12,9 +12,10 @@ like the trigger. A version waiting longer than ``LORAGATE_STUCK_ALERT_S`` is re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -56,7 +57,7 @@ class Nudge:
     parameters: dict[str, str]
     action: str = ""  # started, running, (nothing: another version's run covers it)
     flow_run_id: str | None = None
-    alert: bool = field(default=False)
+    alert: bool = False
 
     def row(self, now: datetime) -> dict[str, Any]:
         return {
@@ -72,7 +73,7 @@ def plan_nudges(waiting: list[Waiting], live: dict[str, list[tuple[dict[str, Any
     parameters (or, for a sign-off, is the run that claimed it), ``covered`` when an earlier
     nudge starts the run it needs (one validation per base), else ``start``."""
     nudges: list[Nudge] = []
-    starting: dict[tuple[str, str], Nudge] = {}
+    starting: set[tuple[str, str]] = set()
     for w in waiting:
         deployment, params = DEPLOYMENTS[w.gate], parameters_for(w)
         nudge = Nudge(w, deployment, params)
@@ -87,30 +88,36 @@ def plan_nudges(waiting: list[Waiting], live: dict[str, list[tuple[dict[str, Any
             nudge.action = "covered"
         else:
             nudge.action = "start"
-            starting[key] = nudge
+            starting.add(key)
         nudges.append(nudge)
     return nudges
 
 
-def live_runs(client: SyncPrefectClient, deployments: list[str]) -> dict[str, list[tuple[dict[str, Any], str]]]:
-    """The live runs of each deployment (that exists): (parameters, flow run id)."""
+def deployment_ids(client: SyncPrefectClient, deployments: list[str]) -> dict[str, UUID]:
+    """The id of each deployment that exists on this server, by name."""
     ids = {}
     for name in deployments:
         try:
-            ids[client.read_deployment_by_name(name).id] = name
+            ids[name] = client.read_deployment_by_name(name).id
         except Exception:  # noqa: BLE001 -- not deployed on this server: nothing runs there
             continue
+    return ids
+
+
+def live_runs(client: SyncPrefectClient, ids: dict[str, UUID]) -> dict[str, list[tuple[dict[str, Any], str]]]:
+    """The live runs of each deployment: (parameters, flow run id)."""
     if not ids:
         return {}
+    names = {deployment_id: name for name, deployment_id in ids.items()}
     runs = client.read_flow_runs(
-        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=list(ids))),
+        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=list(names))),
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=LIVE))),
         limit=200,
     )
-    found: dict[str, list[tuple[dict[str, Any], str]]] = {name: [] for name in ids.values()}
+    found: dict[str, list[tuple[dict[str, Any], str]]] = {name: [] for name in ids}
     for run in runs:
-        if run.deployment_id in ids:
-            found[ids[run.deployment_id]].append((dict(run.parameters), str(run.id)))
+        if run.deployment_id in names:
+            found[names[run.deployment_id]].append((dict(run.parameters), str(run.id)))
     return found
 
 
@@ -122,13 +129,15 @@ def advance(registry: Registry, *, after_s: float, alert_s: float) -> list[Nudge
         return []
     now = utcnow()
     with get_client(sync_client=True) as client:
-        nudges = plan_nudges(waiting, live_runs(client, sorted(set(DEPLOYMENTS.values()))))
+        ids = deployment_ids(client, sorted(set(DEPLOYMENTS.values())))
+        nudges = plan_nudges(waiting, live_runs(client, ids))
         for nudge in nudges:
             nudge.alert = nudge.waiting.waited_s(now) >= alert_s
             if nudge.action != "start":
                 continue
-            deployment = client.read_deployment_by_name(nudge.deployment)
-            run = client.create_flow_run_from_deployment(deployment.id, parameters=nudge.parameters, tags=["advance"])
+            # a gate not deployed here fails the sweep as reading it would (ObjectNotFound)
+            deployment_id = ids.get(nudge.deployment) or client.read_deployment_by_name(nudge.deployment).id
+            run = client.create_flow_run_from_deployment(deployment_id, parameters=nudge.parameters, tags=["advance"])
             nudge.action, nudge.flow_run_id = "started", str(run.id)
     return nudges
 
