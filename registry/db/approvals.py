@@ -46,6 +46,8 @@ _ISSUE = text(
 )
 _USE = text("SELECT loragate_use_approval_code(:code_id, :secret, :used_by)")
 _APPLY = text("SELECT loragate_apply_approval(:version_id, :code_id)")
+# who a code is issued to: (token id, the token's holder, the token's secret)
+Signer = tuple[str, str, str | None]
 
 
 def code_from_row(row: Any) -> ApprovalCode:
@@ -108,7 +110,8 @@ class ApprovalRepository:
             else:
                 assert rollback_of is not None, "a code decides on a window or on a version to roll back"
                 name, version_id = rollback_of
-            self._insert(conn, issued, token, token_secret, decision, ttl_s, window_id, name, version_id, now)
+            signer = (token.token_id, token.holder, token_secret)
+            self._insert(conn, issued, signer, decision, ttl_s, window_id, name, version_id, now)
             self.db.audit(
                 conn,
                 actor=actor,
@@ -132,8 +135,7 @@ class ApprovalRepository:
         self,
         conn: Connection,
         issued: IssuedCode,
-        token: TokenRecord,
-        token_secret: str | None,
+        signer: Signer,
         decision: Decision,
         ttl_s: float,
         window_id: int | None,
@@ -141,8 +143,10 @@ class ApprovalRepository:
         version_id: str,
         now: datetime,
     ) -> None:
-        """On Postgres through ``loragate_issue_approval_code``, which checks the token's
-        secret itself: a role's database user cannot insert a code (migration 0009)."""
+        """Store a code issued to ``signer``. On Postgres through
+        ``loragate_issue_approval_code``, which checks the token's secret itself: a role's
+        database user cannot insert a code (migration 0009)."""
+        token_id, reviewer, token_secret = signer
         if self.db.is_sqlite:
             conn.execute(
                 insert(approval_codes).values(
@@ -151,8 +155,8 @@ class ApprovalRepository:
                     window_id=window_id,
                     version_id=version_id,
                     adapter_name=name,
-                    token_id=token.token_id,
-                    reviewer=token.holder,
+                    token_id=token_id,
+                    reviewer=reviewer,
                     decision=decision.value,
                     issued_at=now,
                     expires_at=now + timedelta(seconds=ttl_s),
@@ -169,7 +173,7 @@ class ApprovalRepository:
                 "adapter_name": name,
                 "decision": decision.value,
                 "ttl_s": ttl_s,
-                "token_id": token.token_id,
+                "token_id": token_id,
                 "token_secret": token_secret or "",
             },
         )
@@ -217,9 +221,7 @@ class ApprovalRepository:
         ).rowcount
         return code_id if applied == 1 else None
 
-    def sign_off_in(
-        self, conn: Connection, token: TokenRecord, token_secret: str | None, name: str, version_id: str, at: datetime
-    ) -> str:
+    def sign_off_in(self, conn: Connection, signer: Signer, name: str, version_id: str, at: datetime) -> str:
         """A person's own production move: an approve code issued to their token and used at
         once, in the move's transaction, so it goes through the same door as a sign-off
         given to the pipeline (on Postgres the database checks the token's secret). Its id.
@@ -228,9 +230,9 @@ class ApprovalRepository:
             PermissionDenied: (Postgres) the database does not take the token.
         """
         issued = issue_code()
-        self._insert(conn, issued, token, token_secret, Decision.APPROVE, MIN_TTL_S, None, name, version_id, at)
+        self._insert(conn, issued, signer, Decision.APPROVE, MIN_TTL_S, None, name, version_id, at)
         presented = PresentedCode.parse(issued.code)
-        used = self._use(conn, issued.code_id, presented.secret, f"promote by {token.holder}", at)
+        used = self._use(conn, issued.code_id, presented.secret, f"promote by {signer[1]}", at)
         assert used is not None, "a code issued in this transaction is unused"
         return issued.code_id
 

@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from sqlalchemy.engine import Connection
 
+from registry.db.approvals import Signer
 from registry.db.pointers import ClaimedAdapter
 from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition, InvalidInput, NotFound, PermissionDenied
 from registry.records.adapters import utcnow
@@ -61,16 +62,14 @@ class ApprovalMixin(RegistryBase):
         if moved_to is None or plan.action != "promote":
             return None
         principal = self.principal
-        person = None
-        if principal.kind == TokenKind.PERSON and principal.token_id is not None:
-            found = self._store.access.token(principal.token_id)
-            person = found[0] if found is not None else None
+        # a person's token signs off itself; the principal already holds what that needs
+        signer: Signer | None = None
+        if principal.kind == TokenKind.PERSON and principal.token_id is not None and principal.holder is not None:
+            signer = (principal.token_id, principal.holder, principal.token_secret)
 
         def consume(conn: Connection) -> str | None:
             at = utcnow()
-            own = None
-            if person is not None:
-                own = self._store.approvals.sign_off_in(conn, person, principal.token_secret, claim.name, moved_to, at)
+            own = self._store.approvals.sign_off_in(conn, signer, claim.name, moved_to, at) if signer else None
             return self._store.approvals.apply(conn, moved_to, at, code_id=own)
 
         applied = claim.record(consume)
