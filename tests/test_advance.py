@@ -18,25 +18,12 @@ from datetime import UTC, datetime
 import pytest
 
 from registry.records.progress import Gate, Waiting
-from registry.rules.canary import Monitor, Observation, SideStats, Verdict
 from registry.service import Registry
 from tasks.advance import DEPLOYMENTS, advance, plan_nudges
-from tests.support.registries import mark_validated
+from tests.support.registries import mark_ready, mark_validated
 
 NAME = "acme/tiny-llama/support"
 OTHER = "acme/tiny-llama/billing"
-
-
-def ready(registry: Registry, version_id: str) -> int:
-    registry.promote(version_id, "canary")
-    window, _ = registry.open_canary_window(version_id)
-    side = SideStats(20, 0, 50.0, 100.0)
-    registry.record_canary_observation(
-        Observation(
-            window.id, datetime.now(UTC), side, side, 0.0, [], Verdict.READY, [Monitor("p95_ms", 1, 2, True)], ["ok"]
-        )
-    )
-    return window.id
 
 
 def _registered(r: Registry, bundles) -> dict[str, str]:
@@ -71,7 +58,9 @@ def _on_canary(r: Registry, bundles) -> dict[str, str]:
 
 def _ready(r: Registry, bundles) -> dict[str, str]:
     found = _validated(r, bundles)
-    ready(r, found["v1"])
+    r.promote(found["v1"], "canary")
+    window, _ = r.open_canary_window(found["v1"])
+    mark_ready(r, window.id)
     return found
 
 

@@ -20,9 +20,9 @@ from sqlalchemy import update
 from registry.db.schema import approval_codes
 from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition, InvalidInput, NotFound, PermissionDenied
 from registry.rules.approvals import Decision
-from registry.rules.canary import Monitor, Observation, SideStats, Verdict, WindowStatus
+from registry.rules.canary import WindowStatus
 from registry.service import Registry
-from tests.support.registries import mark_validated, sql_engine
+from tests.support.registries import mark_ready, mark_validated, sql_engine
 
 NAME = "acme/tiny-llama/support"
 FORGED = "lac_" + "0" * 12 + "_" + "A" * 22
@@ -62,15 +62,6 @@ class SignOff:
         return [e for e in self.owner.history(NAME) if e.action == action]
 
 
-def ready(registry: Registry, window_id: int) -> None:
-    side = SideStats(20, 0, 50.0, 100.0)
-    now = datetime.now(UTC)
-    monitors = [Monitor("p95_ms", 1.0, 2.0, True)]
-    registry.record_canary_observation(
-        Observation(window_id, now, side, side, 0.0, [], Verdict.READY, monitors, ["ok"])
-    )
-
-
 @pytest.fixture
 def signoff(cataloged, seeded_bundles):
     registry, _ = cataloged
@@ -80,7 +71,7 @@ def signoff(cataloged, seeded_bundles):
         mark_validated(registry, v)
     registry.promote(v1, "canary")
     window, _ = registry.open_canary_window(v1)
-    ready(registry, window.id)
+    mark_ready(registry, window.id)
     registry.request_approval(window.id, "run-1")
     holders = {
         "alice": ("activation", None),
@@ -125,7 +116,7 @@ def _other_window(signoff: SignOff) -> tuple[str, dict]:
     code = signoff.code()
     signoff.owner.promote(signoff.v2, "canary")
     window, _ = signoff.owner.open_canary_window(signoff.v2)
-    ready(signoff.owner, window.id)
+    mark_ready(signoff.owner, window.id)
     return code, {"window_id": window.id}
 
 

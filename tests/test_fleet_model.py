@@ -39,6 +39,7 @@ from registry.storage.resolver_index import (
 )
 from tasks.fleet import promote_and_switch, rollback_and_switch
 from tasks.reconcile import fleet_status, reconcile_fleet
+from tests.support.races import released_at_once
 from tests.support.registries import audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"
@@ -479,30 +480,17 @@ def test_bad_fleet_input_exits_2_naming_the_field_in_one_line(cli, argv, field):
 def test_concurrent_index_writers_of_different_adapters_never_lose_each_others_entries(tmp_path):
     """Each writer changes only its adapter's entries, under the index's file lock: eight
     adapters written 25 times each from eight threads released at once all end up there."""
-    import threading
-
     from registry.storage.resolver_index import replace_entries
 
     adapter_dir = str(tmp_path / "adapters")
     names = [f"acme/tiny-llama/t{i}" for i in range(8)]
-    barrier = threading.Barrier(len(names))
-    errors: list[BaseException] = []
 
     def writer(name: str) -> None:
-        try:
-            barrier.wait(timeout=30)
-            for round_ in range(25):
-                entry = {"version": f"v{round_}", "path": f"/p/{name}/v{round_}"}
-                replace_entries(adapter_dir, name, {"canary": entry, "production": entry})
-        except BaseException as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+        for round_ in range(25):
+            entry = {"version": f"v{round_}", "path": f"/p/{name}/v{round_}"}
+            replace_entries(adapter_dir, name, {"canary": entry, "production": entry})
 
-    threads = [threading.Thread(target=writer, args=(n,)) for n in names]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert errors == []
+    assert released_at_once([lambda n=n: writer(n) for n in names], timeout_s=60) == []
     roles = read_index(adapter_dir)["roles"]
     for role in ("canary", "production"):
         assert {n: e["version"] for n, e in roles[role].items()} == dict.fromkeys(names, "v24")

@@ -3,11 +3,10 @@ block under the adapter's lock, one commit on leaving -- on SQLite and on Postgr
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from registry.errors import ErrorCode, IllegalTransition
+from tests.support.races import released_at_once
 from tests.support.registries import IN_PROCESS, audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"
@@ -18,28 +17,15 @@ class SwitchFailed(Exception):
     pass
 
 
-def released_at_once(settings, acts: list) -> list[BaseException]:
-    """Each of ``acts`` (called with a registry of its own connection) in a thread of its
-    own, all released by one barrier; what they raised."""
+def with_own_registry(settings, act):
+    """``act(registry)`` on a registry of its own connection, for a racer."""
     from registry.service import Registry
 
-    barrier = threading.Barrier(len(acts))
-    errors: list[BaseException] = []
-
-    def run(act) -> None:
+    def run() -> None:
         with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as mine:
-            try:
-                barrier.wait(timeout=30)
-                act(mine)
-            except BaseException as e:  # noqa: BLE001 (reported to the caller)
-                errors.append(e)
+            act(mine)
 
-    threads = [threading.Thread(target=run, args=(act,)) for act in acts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    return errors
+    return run
 
 
 def _registered(registry, bundles, count: int, validated: bool = True) -> list[str]:
@@ -143,7 +129,7 @@ def test_concurrent_pointer_moves_replay_as_one_chain_each_with_its_audit(settin
 
         return move_it
 
-    assert released_at_once(settings, [mover(v) for v in ids]) == []
+    assert released_at_once([with_own_registry(settings, mover(v)) for v in ids]) == []
     with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as registry:
         events = [e for e in registry.history(NAME) if e.action in ("promote", "deploy")]
         final = registry.get_adapter(NAME).canary
@@ -182,7 +168,7 @@ def test_a_stale_rollback_decision_never_undoes_the_move_that_landed_meanwhile(
         else (lambda r: r.promote(v3, stage))
         for i in range(8)
     ]
-    assert released_at_once(settings, racers) == []
+    assert released_at_once([with_own_registry(settings, act) for act in racers]) == []
     with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as registry:
         adapter = registry.get_adapter(NAME)
         rollbacks = [e for e in registry.history(NAME) if e.action == "rollback"]

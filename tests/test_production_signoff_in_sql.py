@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -23,10 +23,9 @@ from sqlalchemy.exc import DBAPIError
 
 from registry.rules.access import split_token
 from registry.rules.approvals import PresentedCode, issue_code
-from registry.rules.canary import Monitor, Observation, SideStats, Verdict
 from registry.service import Registry
 from registry.settings import Settings
-from tests.support.registries import IN_PROCESS, mark_validated
+from tests.support.registries import IN_PROCESS, mark_ready, mark_validated
 
 pytestmark = pytest.mark.postgres
 
@@ -103,11 +102,7 @@ def world(pg_template, seeded_bundles, tiny_base, tmp_path: Path):
         mark_validated(owner, v)
     owner.promote(v1, "canary")
     window, _ = owner.open_canary_window(v1)
-    side = SideStats(20, 0, 50.0, 100.0)
-    monitors = [Monitor("p95_ms", 1.0, 2.0, True)]
-    owner.record_canary_observation(
-        Observation(window.id, datetime.now(UTC), side, side, 0.0, [], Verdict.READY, monitors, ["ok"])
-    )
+    mark_ready(owner, window.id)
     person = owner.create_token("activation", "alice")[1]
     pipeline = owner.create_token("activation", "pipeline-activation", pipeline=True)[1]
     activation = create_engine(make_url(url).set(username="loragate_activation"))

@@ -6,15 +6,27 @@ did not change.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 from registry.rules.access import Principal
+from registry.rules.canary import Monitor, Observation, SideStats, Verdict
 from registry.service import Registry
 from registry.settings import Settings
 from registry.storage.signing import generate_key_pair
 
 # tests call Registry directly with the database in hand: every role, like any library caller
 IN_PROCESS = Principal.in_process("tester")
+
+
+def mark_ready(registry: Registry, window_id: int) -> None:
+    """An in-band observation that makes a canary window ready for its sign-off, without
+    probing replicas."""
+    side = SideStats(20, 0, 50.0, 100.0)
+    monitors = [Monitor("p95_ms", 1.0, 2.0, True)]
+    registry.record_canary_observation(
+        Observation(window_id, datetime.now(UTC), side, side, 0.0, [], Verdict.READY, monitors, ["ok"])
+    )
 
 
 def open_sqlite_registry(tmp_path: Path) -> Registry:
