@@ -555,7 +555,12 @@ def test_a_canary_whose_answers_drift_is_rolled_back_automatically(stack, suppor
     assert name not in stack.served("canary"), "the canary replica no longer serves the withdrawn version"
     rollback = [e for e in stack.registry.history(name) if e.action == "rollback"]
     assert rollback and "out of band" in (rollback[-1].reason or "")
-    assert any("Rolled back" in m.text and version in m.text for m in stack.slack.messages)
+    # the flow posts to Slack after it closes the window: wait for the post, not a moment
+    wait_until(
+        "the rollback's Slack notice",
+        lambda: any("Rolled back" in m.text and version in m.text for m in stack.slack.messages),
+        timeout_s=60,
+    )
 
 
 def test_a_canary_flow_killed_mid_switch_and_rerun_from_the_top_converges(stack, support_bundle, tickets_bundle):
