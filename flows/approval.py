@@ -1,8 +1,8 @@
 """The sign-off form a production promotion waits on.
 
-``pause_flow_run(wait_for_input=Approval.with_initial_data(description=...))`` makes the
-Prefect UI render this model as a form beside the paused run, with the canary evidence as
-its description; ``loragate approve`` resumes the same pause with the same fields. The
+A sign-off waits on ``Approval.with_initial_data(description=...)`` (``flows/waiting.py``):
+the Prefect UI renders this model as a form beside the waiting run, with the canary
+evidence as its description; ``loragate approve`` answers the same wait with the same fields. The
 approval code proves who decides: ``loragate approve-code VERSION`` issues it to the
 reviewer's own activation token, and the flow redeems it before it records or moves
 anything (``registry/rules/approvals.py``). A version whose weight scan asked for review

@@ -2,9 +2,11 @@
 
 Triggered by ``loragate.canary.ready``. The run claims the window's sign-off (one waiting
 run per window, even when the event arrives twice), publishes the canary evidence, sends
-the UI link to Slack and pauses with ``pause_flow_run(wait_for_input=Approval)``: the
-Prefect UI shows the form with the evidence as its description, and ``loragate approve``
-resumes the same pause from a shell. The form's approval code proves who decides: it is
+the UI link to Slack and waits for ``Approval`` (``flows/waiting.py``): a deployed run
+suspends -- its process ends, so a sign-off that waits for days holds nothing on the
+worker -- and re-enters from the top once answered, without publishing or notifying
+again. The Prefect UI shows the form with the evidence as its description, and
+``loragate approve`` answers the same wait from a shell. The form's approval code proves who decides: it is
 redeemed before anything is recorded or moved, and a forged, expired, used or someone
 else's code is refused -- as an artifact -- and the run waits again. The decision,
 reviewer, comment and the token that proved it go into the audit log. A version whose
@@ -20,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from prefect import flow, pause_flow_run
+from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
@@ -30,6 +32,7 @@ from prefect.transactions import transaction
 
 from flows import events
 from flows.approval import Approval
+from flows.waiting import WaitingRun
 from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition
 from registry.render.canary import canary_evidence_markdown
 from registry.rules.canary import WindowStatus
@@ -83,18 +86,23 @@ def promote_flow(version_id: str) -> dict[str, Any]:
     if claimed.approval_flow_run_id != me:
         logger.info(f"flow run {claimed.approval_flow_run_id} claimed {version_id}'s sign-off first")
         return {"version_id": version_id, "decision": f"waiting in {claimed.approval_flow_run_id}"}
+    # a run that held the claim already is a suspended run re-entering: it published and notified
+    reentered = holder == me
 
     validation, review = validation_evidence(version_id)
     evidence = canary_evidence_markdown(window, observations) + (f"\n\n{validation}" if validation else "")
     link = ui_link(me)
-    create_markdown_artifact(
-        key=artifact_key("approval", name), markdown=evidence, description=f"Sign-off evidence for {version_id}"
-    )
-    last = observations[-1] if observations else None
-    summary = (
-        f"{len(observations)} observation(s) in band; last: {'; '.join(last.reasons)}" if last else "no observations"
-    )
-    notify_task(notify.awaiting_approval(name, version_id, link, summary))
+    if not reentered:
+        create_markdown_artifact(
+            key=artifact_key("approval", name), markdown=evidence, description=f"Sign-off evidence for {version_id}"
+        )
+        last = observations[-1] if observations else None
+        summary = (
+            f"{len(observations)} observation(s) in band; last: {'; '.join(last.reasons)}"
+            if last
+            else "no observations"
+        )
+        notify_task(notify.awaiting_approval(name, version_id, link, summary))
     logger.info(f"waiting for a sign-off of {version_id}: {link} or `loragate approve {version_id}`")
     settings = settings_now()
     ask = (
@@ -108,13 +116,20 @@ def promote_flow(version_id: str) -> dict[str, Any]:
             f"\n\n**The weight scan asked for review**: {review}. An approval must tick "
             "`acknowledge_scan_review` (`--acknowledge-scan-review` from a shell)."
         )
-    attempt, notice = 0, ""
+    waiting = WaitingRun.read(me)
+
+    def key(attempt: int) -> str:
+        return f"approval-{window.id}" + (f"-{attempt}" if attempt else "")
+
+    # the waits answered before are settled (each refused); the last answered one resumed this run
+    answered = waiting.answered([key(n) for n in range(len(waiting.fired) + 1)])
+    attempt, notice = max(0, answered - 1), ""
     while True:
-        decision = pause_flow_run(
-            wait_for_input=Approval.with_initial_data(description=notice + evidence + ask, approve=False),
-            timeout=int(settings.approval_timeout_s),
-            poll_interval=int(max(1, settings.approval_poll_s)),
-            key=f"approval-{window.id}" + (f"-{attempt}" if attempt else ""),
+        decision = waiting.wait(
+            Approval.with_initial_data(description=notice + evidence + ask, approve=False),
+            key=key(attempt),
+            timeout_s=settings.approval_timeout_s,
+            poll_s=settings.approval_poll_s,
         )
         try:
             if decision.approve:

@@ -228,6 +228,22 @@ class Stack:
                 for deployment_id in ids:
                     client.resume_deployment(deployment_id)
 
+    @staticmethod
+    def processes_of(flow_run_id: str) -> list[int]:
+        """The processes on this machine that run ``flow_run_id`` (a worker starts each with
+        its id in ``PREFECT__FLOW_RUN_ID``)."""
+        marker = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:  # ended while we looked, or not ours to read
+                continue
+        return found
+
     def flow_run_state(self, flow_run_id: str) -> str:
         from prefect.client.orchestration import get_client
 
@@ -323,6 +339,8 @@ def through_canary(stack: Stack, name: str, bundle: Path, location: str, golden:
     )
     run_id = wait_until("a window in band and a paused promotion", lambda: stack.waiting_run(version))
     wait_for_state(stack.pipeline.server, uuid.UUID(run_id), "PAUSED", timeout_s=60)
+    # waiting for a person costs the worker nothing: the suspended run's process has ended
+    wait_until("the waiting run's process to end", lambda: not stack.processes_of(run_id), timeout_s=60)
     return version, run_id
 
 
@@ -488,6 +506,8 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
         ("Rolled back", v1),
     ]:
         assert any(headline in t and (version is None or version in t) for t in texts), (headline, version, texts)
+    # v2's run was resumed three times (two refusals, then bob's code): it asked Slack once
+    assert len([t for t in texts if "Awaiting approval" in t and v2 in t]) == 1, texts
     assert all(m.authorized for m in stack.slack.messages)
     # the gates acted as the pipeline's role tokens, and no secret reached the record
     actors = {e.action: e.actor for e in stack.registry.history(name)}
