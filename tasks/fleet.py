@@ -24,7 +24,6 @@ import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -36,13 +35,13 @@ from registry.rules.fleet import (
     AdapterPointers,
     Placement,
     Replica,
-    ReplicaRole,
     desired_placements,
 )
 from registry.rules.lifecycle import Plan, Pointer
 from registry.rules.names import AdapterName
 from registry.service import PointerMove, Registry
 from registry.storage.resolver_index import Entries, adapter_entries, replace_entries
+from tasks.copies import ReadyCopies
 from tasks.replicas import ReplicaClient
 
 Progress = Callable[[str], None]
@@ -162,18 +161,6 @@ class ReplicaMove:
         }
 
 
-def materialize_for(registry: Registry, replica: Replica, placement: Placement) -> None:
-    """Write the version where the replica loads it from; a production replica's copy has
-    its signature verified on those very bytes, not only on the stored blobs.
-
-    Raises:
-        SignatureInvalid: the copy does not verify (the replica is not touched).
-    """
-    path = registry.materialize(placement.version_id, Path(placement.path))
-    if replica.role == ReplicaRole.PRODUCTION:
-        registry.verify_signature(placement.version_id, bundle_dir=path)
-
-
 def _after(pointers: AdapterPointers, plan: Plan) -> AdapterPointers:
     """The adapter's pointers once ``plan`` is applied."""
     changes = plan.pointer_changes
@@ -201,6 +188,7 @@ class FleetSwitch:
 
     registry: Registry
     name: str
+    copies: ReadyCopies
     progress: Progress = _quiet
     moves: list[ReplicaMove] = field(default_factory=list)
     _entries_before: dict[str, Entries] = field(default_factory=dict)
@@ -235,9 +223,8 @@ class FleetSwitch:
         expected = {}
         for move in moves:
             if move.after is not None:
-                self._materialize(move.replica, move.after)
-                if move.after.version_id not in expected:
-                    expected[move.after.version_id] = self.registry.expected_outputs(move.after.version_id)
+                self.copies.ready(move.replica, move.after)
+                expected[move.after.version_id] = self.copies.expected_outputs(move.after.version_id)
         self.moves = moves
         self._write_indexes(replicas, wanted)
         self.progress(f"switching {self.name} on {len(moves)} replica(s)")
@@ -264,9 +251,6 @@ class FleetSwitch:
                     code=ErrorCode.RANK_LIMIT,
                     field="lora_rank",
                 )
-
-    def _materialize(self, replica: Replica, placement: Placement) -> None:
-        materialize_for(self.registry, replica, placement)
 
     def _write_indexes(self, replicas: list[Replica], wanted: AdapterPointers) -> None:
         """Point this adapter's index entries at what the move wants -- only its own: other
@@ -339,15 +323,20 @@ def _in_parallel(moves: list[ReplicaMove], work: Callable[[ReplicaMove], None]) 
 
 
 def _switched_move(
-    registry: Registry, name: str, enter: Callable[[], AbstractContextManager[PointerMove]], progress: Progress
+    registry: Registry,
+    name: str,
+    enter: Callable[[], AbstractContextManager[PointerMove]],
+    copies: ReadyCopies,
+    progress: Progress,
 ) -> tuple[Plan, list[dict[str, Any]]]:
     """One pointer move with its fleet switch: both happen or neither does, the switch is
     audited in the move's transaction, and a move that does not commit (a refusal, a failed
     replica, a failed commit) leaves every replica as it was. Retried whole after a lost
-    compare-and-set."""
+    compare-and-set. ``copies`` were made ready before: under the lock only the decision,
+    the replica switch and the commit."""
 
     def attempt() -> tuple[Plan, list[dict[str, Any]]]:
-        switch = FleetSwitch(registry, name, progress=progress)
+        switch = FleetSwitch(registry, name, copies, progress=progress)
         try:
             with enter() as move:
                 switch.apply(move.plan)
@@ -378,10 +367,13 @@ def promote_and_switch(
         DeployFailed: a replica could not be switched or verified (nothing moved).
     """
     name = registry.get_version(version_id).name
+    copies = ReadyCopies(registry)
+    copies.prepare_promotion(version_id, to)
     return _switched_move(
         registry,
         name,
         lambda: registry.pointer_move(version_id, to, reason=reason, acknowledge_scan_review=acknowledge_scan_review),
+        copies,
         progress,
     )
 
@@ -404,9 +396,12 @@ def rollback_and_switch(
         InvalidInput: nothing to roll back to.
         DeployFailed: a replica could not be switched or verified (nothing moved).
     """
+    copies = ReadyCopies(registry)
+    copies.prepare_rollback(name, stage)
     return _switched_move(
         registry,
         name,
         lambda: registry.rollback_move(name, stage, reason=reason, expected_version=expected_version),
+        copies,
         progress,
     )

@@ -17,7 +17,8 @@ from registry.rules.fleet import ActionKind, FleetAction, Placement, Replica, de
 from registry.service import Registry
 from registry.storage.copies import VerifiedCache, cache_file, damaged_files, quarantine
 from registry.storage.resolver_index import adapter_entries, drop_unknown, replace_entries
-from tasks.fleet import Progress, materialize_for, replica_client, switch_replica, unload_replica, verify_replica
+from tasks.copies import materialize_for
+from tasks.fleet import Progress, replica_client, switch_replica, unload_replica, verify_replica
 
 
 def _quiet(_: str) -> None:

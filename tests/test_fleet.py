@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from registry.errors import DeployFailed, ErrorCode, InvalidInput
+from registry.errors import AlreadyExists, DeployFailed, ErrorCode, InvalidInput
 from registry.rules.fleet import version_path
 from registry.service import Registry
 from registry.storage.resolver_index import index_entry, read_index, write_index
+from tasks.copies import ReadyCopies
 from tasks.fleet import FleetSwitch, promote_and_switch, switch_replica
 from tasks.reconcile import fleet_status, reconcile_fleet
 from tasks.replicas import ReplicaClient
@@ -225,6 +226,37 @@ class _Via:
     role: str
 
 
+def test_a_production_move_checks_its_copies_before_the_adapters_lock_and_only_stats_them_under_it(fleet, outputs):
+    prod = [fleet.replicas["prod-a"], fleet.replicas["prod-b"]]
+    fleet.promote(fleet.v1, "canary")
+    copies = ReadyCopies(fleet.registry)
+    copies.prepare_promotion(fleet.v1, "production")
+    # one copy serves both production replicas (one adapter directory): fetched, hashed and
+    # its signature verified once, before the lock
+    assert copies.made_ready == 1
+    switch = FleetSwitch(fleet.registry, fleet.name, copies)
+    with fleet.registry.pointer_move(fleet.v1, "production") as move:
+        switch.apply(move.plan)
+        move.audit(switch.report())
+    assert copies.made_ready == 1, "under the lock the copy was only stat-ed, not fetched or checked again"
+    assert all(served(r)[fleet.name] == fleet.path(fleet.v1) for r in prod)
+    assert all(answer(r.url, fleet.name) == outputs[fleet.v1] for r in prod)
+
+
+def test_a_copy_changed_after_it_was_made_ready_is_checked_again_under_the_lock_and_refused(fleet):
+    prod = [fleet.replicas["prod-a"], fleet.replicas["prod-b"]]
+    copies = ReadyCopies(fleet.registry)
+    copies.prepare_promotion(fleet.v1, "canary")
+    assert copies.made_ready == 1
+    with open(Path(fleet.path(fleet.v1)) / "adapter_model.safetensors", "ab") as weights:
+        weights.write(b"\0")  # between the check and the lock
+    switch = FleetSwitch(fleet.registry, fleet.name, copies)
+    with pytest.raises(AlreadyExists), fleet.registry.pointer_move(fleet.v1, "canary") as move:
+        switch.apply(move.plan)
+    assert fleet.registry.get_adapter(fleet.name).canary is None, "nothing moved"
+    assert all(fleet.name not in served(r) for r in [*prod, fleet.replicas["canary"]]), "no replica was touched"
+
+
 def test_a_version_above_a_replicas_rank_limit_is_refused_before_any_replica_is_touched(fleet):
     fleet.promote(fleet.v1, "canary")
     fleet.promote(fleet.v1, "production")
@@ -351,7 +383,7 @@ def test_a_reconcile_during_a_switch_in_flight_waits_for_the_move_and_undoes_not
             found["states"] = reconcile_fleet(own)
         done.set()
 
-    switch = FleetSwitch(registry, fleet.name)
+    switch = FleetSwitch(registry, fleet.name, ReadyCopies(registry))
     reconciler = threading.Thread(target=scheduled_reconcile)
     with registry.pointer_move(fleet.v1, "canary") as move:
         switch.apply(move.plan)
