@@ -112,16 +112,17 @@ class Setup:
         return self.v1 if self.production() == self.v2 else self.v2
 
 
-def build_setup(work: Path, base: Path | None) -> Setup:
+def build_setup(work: Path, base: Path | None, database_url: str | None = None, **settings_: Any) -> Setup:
     log("building the tiny base and training two adapters (support, tickets)")
     base = base or build_base(work / "tiny-llama")
     support = train_adapter(base, "support", work / "support")
     tickets = train_adapter(base, "tickets", work / "tickets")
     settings = Settings(
         home=work / "home",
-        database_url=f"sqlite:///{work / 'registry.db'}",
+        database_url=database_url or f"sqlite:///{work / 'registry.db'}",
         artifacts=str(work / "artifacts"),
         actor="bench",
+        **settings_,
     )
     registry = Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
     registry.init()

@@ -61,3 +61,13 @@ def test_copies_benchmark_runs_in_smoke_mode(tmp_path):
     assert fleet["clean"]["files_read"] == 0 and fleet["after_one_change"]["files_read"] == 1
     assert fleet["damaged_found"] == 0
     assert {"first_lookup", "repeat_lookup", "unverified_lookup"} <= set(result["resolver"]["big"])
+
+
+def test_scale_benchmark_runs_in_smoke_mode(tmp_path):
+    result = run_bench("bench/scale.py", "--smoke", "--out", str(tmp_path / "s.json"), timeout=900)
+    burst = result["burst"]["large"]
+    assert burst["event_to_canary_serving"]["n"] == 2
+    assert burst["evaluate"]["windows"] == 2 and burst["evaluate"]["requests_per_observation"] > 0
+    assert burst["sign_off"]["promote_runs"] == 2 and burst["sign_off"]["processes_held"] == 0
+    assert set(burst["flow_runs"]) >= {"register", "shadow-validate", "canary", "canary-evaluate", "promote"}
+    assert result["restart"]["2"]["answering"] == 2 and result["restart"]["2"]["fleet_in_sync"]

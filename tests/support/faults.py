@@ -3,7 +3,8 @@ front of a real vLLM replica.
 
 It forwards every request to the replica unless told to misbehave on the call that loads an
 adapter -- after the unload went through, the worst moment -- the way a sick replica would:
-answer 500 with vLLM's error envelope, accept the connection and never answer, or be gone
+answer 500 with vLLM's error envelope, accept the connection and never answer, answer a
+byte a second and never finish, or be gone
 altogether (connection refused); or told to hold completions until released, which stops a
 fleet switch inside its verification for as long as a test needs. Everything else --
 completions, ``/v1/models`` -- reaches the real replica, so what the fleet switch verifies is
@@ -60,6 +61,8 @@ class Fault(StrEnum):
     NONE = "none"
     ERROR_500 = "error-500"
     HANG = "hang"
+    # answers 200, then one byte a second, never finishing: per-read timeouts never fire
+    DRIP = "drip"
     DEAD = "dead"
     # completions wait until released: a switch is held in its verification, on purpose
     HOLD_COMPLETIONS = "hold-completions"
@@ -91,6 +94,16 @@ class FaultProxy:
                 if self.path in FAULTY_PATHS and proxy.fault == Fault.HANG:
                     while not proxy._stop.is_set():
                         time.sleep(0.1)
+                    return
+                if self.path in FAULTY_PATHS and proxy.fault == Fault.DRIP:
+                    self.send_response(200)
+                    self.send_header("content-type", "text/plain")
+                    self.send_header("content-length", "100000")
+                    self.end_headers()
+                    while not proxy._stop.is_set():
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                        time.sleep(1.0)
                     return
                 if self.path == "/v1/completions" and proxy.fault == Fault.HOLD_COMPLETIONS:
                     proxy.holding.set()

