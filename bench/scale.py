@@ -59,6 +59,7 @@ BASE_ID = "tiny-llama"
 # canary-evaluate's schedule in prefect.yaml: 50 windows must be evaluated within it
 DEFAULT_EVALUATE_INTERVAL_S = 600.0
 SWEEP_EVERY_S = 10.0
+PAGE = 200  # the most flow runs the API returns at once
 RESTART_FIGURES = ("restart_all_answer_production_s", "fleet_status_s")
 
 
@@ -115,15 +116,15 @@ def flow_run_states(pipeline: LocalPipeline) -> dict[str, dict[str, int]]:
         flows = {f.id: f.name for f in client.read_flows()}
         offset = 0
         while True:
-            page = client.read_flow_runs(limit=200, offset=offset)
+            page = client.read_flow_runs(limit=PAGE, offset=offset)
             for run in page:
                 state = run.state.name if run.state else "?"
                 if state == "Scheduled":
                     continue
                 counts.setdefault(flows.get(run.flow_id, "?"), Counter())[state] += 1
-            if len(page) < 200:
+            if len(page) < PAGE:
                 break
-            offset += 200
+            offset += PAGE
     return {flow: dict(c) for flow, c in sorted(counts.items())}
 
 
@@ -133,8 +134,15 @@ def promote_runs(pipeline: LocalPipeline) -> list[tuple[str, str]]:
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.settings import temporary_settings
 
+    runs = []
     with temporary_settings(pipeline.server.client_settings()), get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["promote"])), limit=1000)
+        while True:
+            page = client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=["promote"])), limit=PAGE, offset=len(runs)
+            )
+            runs += page
+            if len(page) < PAGE:
+                break
     return [(str(r.id), r.state.name if r.state else "?") for r in runs]
 
 
@@ -290,12 +298,22 @@ def burst(
             log(str(e))
             waited = None
         runs = promote_runs(pipeline)
-        held = processes_running({run_id for run_id, _ in runs})
+        run_ids = {run_id for run_id, _ in runs}
+        exiting = len(processes_running(run_ids))
+        # a suspended run's process exits once its engine has reported the state
+        try:
+            gone_after = wait_for("the suspended runs' processes to exit", lambda: not processes_running(run_ids), 120)
+        except SystemExit as e:
+            log(str(e))
+            gone_after = None
+        held = processes_running(run_ids)
         workers = [w.pid for w in pipeline.workers]
         result["sign_off"] = {
             "promote_runs": len(runs),
             "states": dict(Counter(state for _, state in runs)),
             "all_suspended_after_s": round(waited, 1) if waited is not None else None,
+            "processes_exiting_at_last_suspend": exiting,
+            "all_exited_after_s": round(gone_after, 1) if gone_after is not None else None,
             "processes_held": len(held),
             "rss_held_mib": rss_mib(held),
             "workers_rss_mib": rss_mib(workers),

@@ -2,7 +2,8 @@
 
 ``canary`` (triggered by ``loragate.adapter.validated``) switches the canary replicas to the
 version in place, verified against its validated outputs, and opens its window.
-``canary-evaluate`` (scheduled) observes every open window once and acts on the verdict:
+``canary-evaluate`` (scheduled) observes every open window once (a few at a time) and acts
+on each verdict in window order:
 out of band rolls the canary back automatically (replicas withdrawn, version
 ``rolled_back`` with the reason, Slack); in band for the whole window announces
 ``loragate.canary.ready``, which starts the promotion that waits for a sign-off. Each
@@ -16,6 +17,7 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import events
 from registry.render.canary import canary_evidence_markdown, observation_row
@@ -24,6 +26,11 @@ from tasks import notify
 from tasks.gates import deploy_canary, observe_canary, open_canary_windows, withdraw_canary
 from tasks.naming import artifact_key
 from tasks.notify_task import notify_task
+
+# windows observed at once: a replica batches concurrent requests, so 50 windows fit in one
+# evaluation interval; both sides see the same concurrency, so their latencies stay comparable
+OBSERVED_AT_ONCE = 4
+OBSERVING: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=OBSERVED_AT_ONCE)
 
 
 @flow(name="canary", log_prints=True)
@@ -39,15 +46,18 @@ def canary_flow(version_id: str) -> dict[str, Any]:
     return window
 
 
-@flow(name="canary-evaluate", log_prints=True)
+# Prefect types TaskRunner as invariant in its future: a thread pool's is a subtype it refuses
+@flow(name="canary-evaluate", log_prints=True, task_runner=OBSERVING)  # type: ignore[arg-type]
 def canary_evaluate_flow() -> dict[str, str]:
     logger = get_run_logger()
     windows = open_canary_windows()
     if not windows:
         logger.info("no open canary window")
     verdicts: dict[str, str] = {}
-    for window in windows:
-        observed = observe_canary(window.id)
+    # observed a few at a time, acted on one by one in window order
+    observing = [(window, observe_canary.submit(window.id)) for window in windows]
+    for window, future in observing:
+        observed = future.result()
         if observed is None:
             continue
         observation, observations = observed

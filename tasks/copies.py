@@ -61,6 +61,7 @@ class ReadyCopies:
     # (copy path, signature verified on it) -> its files' stamps when it was checked
     _checked: dict[tuple[str, bool], tuple[tuple[int, int, int, int], ...]] = field(default_factory=dict)
     _expected: dict[str, Any] = field(default_factory=dict)
+    _versions: dict[str, str] = field(default_factory=dict)  # copy path -> the version it holds
     made_ready: int = 0  # copies materialized and checked (the work a prepared move avoids under its lock)
 
     def prepare_promotion(self, version_id: str, stage: str) -> None:
@@ -114,6 +115,17 @@ class ReadyCopies:
         stamps = _stamps(Path(placement.path))
         if stamps is not None:
             self._checked[key] = stamps
+            self._versions[placement.path] = placement.version_id
+
+    def signed_copies(self) -> dict[str, Path]:
+        """A copy of each version whose signature was verified on it, unchanged since
+        (version -> directory): the pointer move verifies production's signature on it
+        rather than fetch the stored blobs under the lock."""
+        found: dict[str, Path] = {}
+        for (path, signed), stamps in self._checked.items():
+            if signed and stamps == _stamps(Path(path)):
+                found.setdefault(self._versions[path], Path(path))
+        return found
 
     def expected_outputs(self, version_id: str) -> Any:
         """What shadow validation recorded for ``version_id`` (read once per move)."""

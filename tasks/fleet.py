@@ -372,7 +372,13 @@ def promote_and_switch(
     return _switched_move(
         registry,
         name,
-        lambda: registry.pointer_move(version_id, to, reason=reason, acknowledge_scan_review=acknowledge_scan_review),
+        lambda: registry.pointer_move(
+            version_id,
+            to,
+            reason=reason,
+            acknowledge_scan_review=acknowledge_scan_review,
+            copies=copies.signed_copies(),
+        ),
         copies,
         progress,
     )
@@ -401,7 +407,9 @@ def rollback_and_switch(
     return _switched_move(
         registry,
         name,
-        lambda: registry.rollback_move(name, stage, reason=reason, expected_version=expected_version),
+        lambda: registry.rollback_move(
+            name, stage, reason=reason, expected_version=expected_version, copies=copies.signed_copies()
+        ),
         copies,
         progress,
     )

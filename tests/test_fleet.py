@@ -226,19 +226,24 @@ class _Via:
     role: str
 
 
-def test_a_production_move_checks_its_copies_before_the_adapters_lock_and_only_stats_them_under_it(fleet, outputs):
+def test_a_production_move_fetches_nothing_under_the_adapters_lock(fleet, outputs, monkeypatch):
     prod = [fleet.replicas["prod-a"], fleet.replicas["prod-b"]]
     fleet.promote(fleet.v1, "canary")
     copies = ReadyCopies(fleet.registry)
     copies.prepare_promotion(fleet.v1, "production")
     # one copy serves both production replicas (one adapter directory): fetched, hashed and
     # its signature verified once, before the lock
-    assert copies.made_ready == 1
+    assert copies.made_ready == 1 and set(copies.signed_copies()) == {fleet.v1}
+    store = fleet.registry._artifacts
+    fetched: list[str] = []
+    fetch_to = store.fetch_to
+    monkeypatch.setattr(store, "fetch_to", lambda digest, dest: (fetched.append(digest), fetch_to(digest, dest))[1])
     switch = FleetSwitch(fleet.registry, fleet.name, copies)
-    with fleet.registry.pointer_move(fleet.v1, "production") as move:
+    with fleet.registry.pointer_move(fleet.v1, "production", copies=copies.signed_copies()) as move:
         switch.apply(move.plan)
         move.audit(switch.report())
     assert copies.made_ready == 1, "under the lock the copy was only stat-ed, not fetched or checked again"
+    assert fetched == [], "the signature was verified on the checked copy, not on blobs fetched under the lock"
     assert all(served(r)[fleet.name] == fleet.path(fleet.v1) for r in prod)
     assert all(answer(r.url, fleet.name) == outputs[fleet.v1] for r in prod)
 

@@ -20,9 +20,10 @@ the ``with`` raises.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from registry.db.pointers import ClaimedAdapter
@@ -73,11 +74,21 @@ def _pointer(value: str, field: str) -> Pointer:
 class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
     @contextmanager
     def pointer_move(
-        self, version_id: str, to: str, *, reason: str | None = None, acknowledge_scan_review: bool = False
+        self,
+        version_id: str,
+        to: str,
+        *,
+        reason: str | None = None,
+        acknowledge_scan_review: bool = False,
+        copies: Mapping[str, Path] | None = None,
     ) -> Iterator[PointerMove]:
         """Move the canary or production pointer to ``version_id`` (already there: an empty
         plan, and nothing is written). A version whose weight scan asked for review reaches
         production only with ``acknowledge_scan_review``, which the audit log records.
+        ``copies``: local copies of versions' bundles (version -> directory, a replica's,
+        made before the lock) that the production signature is verified on instead of the
+        stored blobs fetched under the lock -- the same bytes, as the blobs are checked
+        against the same digests.
 
         Raises:
             InvalidInput: ILLEGAL_TRANSITION for a target that is not canary or production;
@@ -99,17 +110,24 @@ class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
         with self._store.pointers.claim(subject=version_id) as claim:
             principal.require(action, claim.name)  # a denial rolls the claim back: nothing changed
             plan = plan_promotion(claim.pointers, claim.states[version_id], target, claim.states)
-            self._verify_targets(plan, claim, acknowledge_scan_review)
+            self._verify_targets(plan, claim, acknowledge_scan_review, copies)
             sign_off = self._consume_sign_off(claim, plan)
             claim.apply(plan, actor=principal.actor, reason=reason, details=sign_off)
             yield PointerMove(plan, claim.name, principal.actor, reason, claim)
 
     @contextmanager
     def rollback_move(
-        self, name: str, stage: str = "production", *, reason: str | None = None, expected_version: str | None = None
+        self,
+        name: str,
+        stage: str = "production",
+        *,
+        reason: str | None = None,
+        expected_version: str | None = None,
+        copies: Mapping[str, Path] | None = None,
     ) -> Iterator[PointerMove]:
         """Production back to ``previous`` in one pointer move, or withdraw the canary; the
-        version production returns to has its stored bytes and signature verified first.
+        version production returns to has its stored bytes and signature verified first
+        (the signature on its copy in ``copies``, as ``pointer_move``).
         With ``expected_version``, only if the stage still serves it, as read under the
         adapter's lock: a decision made on a version the stage has moved on from (a canary
         replaced, a promotion landed) is an empty plan, and writes nothing.
@@ -133,7 +151,7 @@ class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
                 yield PointerMove(Plan(action="rollback"), claim.name, actor, reason, claim)
                 return
             plan = plan_rollback(claim.pointers, target, claim.states, name)
-            self._verify_targets(plan, claim, acknowledged=True)
+            self._verify_targets(plan, claim, acknowledged=True, copies=copies)
             claim.apply(plan, actor=actor, reason=reason)
             yield PointerMove(plan, claim.name, actor, reason, claim)
 
@@ -171,14 +189,16 @@ class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
 
         return self._store.db.retrying(attempt)
 
-    def _verify_targets(self, plan: Plan, claim: ClaimedAdapter, acknowledged: bool) -> None:
+    def _verify_targets(
+        self, plan: Plan, claim: ClaimedAdapter, acknowledged: bool, copies: Mapping[str, Path] | None = None
+    ) -> None:
         """Every version the plan points at: its stored bytes; for production, the signature
         production relies on (promotion and rollback alike) and the scan acknowledgement."""
         for pointer, version_id in plan.targets():
             for hexdigest in claim.blobs[version_id]:
                 self._artifacts.verify(digest_of_hex(hexdigest))
             if pointer == Pointer.PRODUCTION:
-                self.verify_signature(version_id)
+                self.verify_signature(version_id, bundle_dir=(copies or {}).get(version_id))
                 if not acknowledged:
                     scan = self.scan_under_review(version_id)
                     check_scan_acknowledged(version_id, scan.describe() if scan else None, acknowledged=False)
