@@ -3,12 +3,14 @@
 Everything slow about a switch that is not talking to a replica -- downloading the bundle,
 checking its bytes, verifying a production copy's signature on them, reading the golden
 outputs the replicas must reproduce -- depends only on the version, not on the decision
-the move makes under the lock. So ``ReadyCopies.prepare`` does it first, for the copies
-the move will most likely need (predicted from the adapter's pointers read without a
-lock), and remembers each copy by its files' stat stamps (inode, size, mtime, ctime: any
-write changes the ctime). Under the lock a copy that was made ready and whose files are
-unchanged costs three ``stat`` calls; anything the prediction missed (the pointers moved
-in between) is made ready there, as before. Correctness never rests on the prediction.
+the move makes under the lock. So ``ReadyCopies.prepare_promotion`` / ``prepare_rollback``
+do it first, for the copies the move will most likely need (predicted from the adapter's
+pointers read without a lock), and remember each copy by its files' stat stamps (inode,
+size, mtime, ctime: any write changes the ctime). Under the lock a copy that was made ready
+and whose files are unchanged costs three ``stat`` calls, and production's signature is
+verified on it (``signed_copies``) rather than on stored blobs fetched there; anything the
+prediction missed (the pointers moved in between) is made ready there, as before.
+Correctness never rests on the prediction.
 
 A signature verified before the lock is as good as one verified under it: revoking a key
 or re-validating a version does not take the adapter's lock, so the check was never
