@@ -57,6 +57,9 @@ bench: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python bench/validation.py
 	$(BIN)/python bench/fleet.py
 	$(BIN)/python bench/copies.py
+	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/stuck.py
+	$(BIN)/python bench/scale.py
 
 clean:
 	rm -rf .loragate demo-out bench/out tests/artifacts

@@ -49,6 +49,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # registry package: look from the repository root instead
 sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
+from bench.harness import emit  # noqa: E402
 from bench.timing import summarize  # noqa: E402
 from infra.modelkit import build_base, golden_cases, train_adapter  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
@@ -572,11 +573,7 @@ def main() -> None:
             stop_replicas(started)
             setup.registry.close()
     result["wall_s"] = round(time.perf_counter() - wall, 1)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -41,10 +41,11 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 import httpx  # noqa: E402
 
+from bench.harness import production_and_canary  # noqa: E402
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
 from infra.pipeline import PipelineSecrets, start_pipeline  # noqa: E402
 from infra.prefect_local import PrefectServer, start_prefect_server  # noqa: E402
-from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
+from infra.replica import start_replicas, stop_replicas  # noqa: E402
 from registry.rules.access import Principal, Role  # noqa: E402
 from registry.rules.fleet import version_path  # noqa: E402
 from registry.service import Registry  # noqa: E402
@@ -230,17 +231,7 @@ def main() -> None:
     count = args.trials + args.default_trials
     bundles = [train_adapter(base_dir, "support", out / f"adapter-{i}", seed=100 + i) for i in range(count)]
     adapter_dir = out / "adapters"
-    replicas = [
-        VllmReplica(
-            base_dir,
-            "tiny-llama",
-            adapter_dir=adapter_dir,
-            role=role,
-            log_path=out / f"{role}.log",
-            die_with_parent=True,
-        )
-        for role in ("production", "canary")
-    ]
+    replicas = production_and_canary(base_dir, "tiny-llama", adapter_dir, out)
     log("starting a production and a canary vLLM replica")
     start_replicas(replicas)
     canary = replicas[1]

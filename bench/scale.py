@@ -26,7 +26,6 @@ stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -44,6 +43,7 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 import httpx  # noqa: E402
 
+from bench.harness import emit, production_and_canary  # noqa: E402
 from bench.scale_restart import bench_restart  # noqa: E402
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
 from infra.pipeline import LocalPipeline, PipelineSecrets, set_interval, start_pipeline  # noqa: E402
@@ -53,6 +53,7 @@ from registry.rules.access import Principal, Role  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 from registry.storage.signing import generate_key_pair  # noqa: E402
+from tests.support.flow_processes import processes_running, rss_mib  # noqa: E402
 from tests.support.postgres import admin_engine, drop_database, pg_url  # noqa: E402
 
 BASE_ID = "tiny-llama"
@@ -144,33 +145,6 @@ def promote_runs(pipeline: LocalPipeline) -> list[tuple[str, str]]:
             if len(page) < PAGE:
                 break
     return [(str(r.id), r.state.name if r.state else "?") for r in runs]
-
-
-def processes_running(flow_run_ids: set[str]) -> list[int]:
-    """PIDs on this machine running any of ``flow_run_ids`` (a worker starts each flow run
-    with its id in ``PREFECT__FLOW_RUN_ID``)."""
-    markers = {f"PREFECT__FLOW_RUN_ID={i}".encode() for i in flow_run_ids}
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if markers & set((entry / "environ").read_bytes().split(b"\0")):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
-def rss_mib(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            continue
-    return round(total / 1024, 1)
 
 
 def wait_for(what: str, check: Any, deadline_s: float, every_s: float = 0.5) -> float:
@@ -393,17 +367,7 @@ def main() -> None:
         golden = write_golden_set("support", work / "golden.jsonl")
         bundle = train_adapter(base_dir, "support", work / "support")
         adapter_dir = work / "adapters"
-        replicas = [
-            VllmReplica(
-                base_dir,
-                BASE_ID,
-                adapter_dir=adapter_dir,
-                role=role,
-                log_path=work / f"{role}.log",
-                die_with_parent=True,
-            )
-            for role in ("production", "canary")
-        ]
+        replicas = production_and_canary(base_dir, BASE_ID, adapter_dir, work)
         log("starting a production and a canary vLLM replica")
         start_replicas(replicas)
         try:
@@ -421,11 +385,7 @@ def main() -> None:
     if "small" in sizes:
         result["growth_small_to_large"] = growth(result, args.small, args.tenants)
     result["wall_s"] = round(time.perf_counter() - wall, 1)
-    text = json.dumps(result, indent=1, default=dict)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ quick run). Prints JSON on stdout; progress on stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -37,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 from bench.fleet import BASE_ID, LOGS, Setup, build_setup, log, use_fleet  # noqa: E402
+from bench.harness import emit  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
 from registry.errors import LoragateError  # noqa: E402
 from registry.rules.access import Principal  # noqa: E402
@@ -172,11 +172,7 @@ def main() -> None:
         stop_replicas(started)
         drop_database(admin, database)
     result["wall_s"] = round(time.perf_counter() - wall, 1)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

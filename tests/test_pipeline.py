@@ -43,6 +43,7 @@ from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions
 from tests.support.browser import approve_in_ui
 from tests.support.faults import Fault, FaultProxy
+from tests.support.flow_processes import processes_running
 from tests.support.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401
 from tests.support.registries import IN_PROCESS, SIGNING_KEY
 from tests.support.slack import RecordingSlack
@@ -228,22 +229,6 @@ class Stack:
                 for deployment_id in ids:
                     client.resume_deployment(deployment_id)
 
-    @staticmethod
-    def processes_of(flow_run_id: str) -> list[int]:
-        """The processes on this machine that run ``flow_run_id`` (a worker starts each with
-        its id in ``PREFECT__FLOW_RUN_ID``)."""
-        marker = f"PREFECT__FLOW_RUN_ID={flow_run_id}".encode()
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:  # ended while we looked, or not ours to read
-                continue
-        return found
-
     def flow_run_state(self, flow_run_id: str) -> str:
         from prefect.client.orchestration import get_client
 
@@ -340,7 +325,7 @@ def through_canary(stack: Stack, name: str, bundle: Path, location: str, golden:
     run_id = wait_until("a window in band and a paused promotion", lambda: stack.waiting_run(version))
     wait_for_state(stack.pipeline.server, uuid.UUID(run_id), "PAUSED", timeout_s=60)
     # waiting for a person costs the worker nothing: the suspended run's process has ended
-    wait_until("the waiting run's process to end", lambda: not stack.processes_of(run_id), timeout_s=60)
+    wait_until("the waiting run's process to end", lambda: not processes_running({run_id}), timeout_s=60)
     return version, run_id
 
 

@@ -1,0 +1,35 @@
+"""What the benchmarks that drive real replicas share: a production and a canary vLLM
+replica of one base, and printing (and keeping) the JSON result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from infra.replica import VllmReplica
+
+
+def production_and_canary(base_dir: Path, served_name: str, adapter_dir: Path, logs: Path) -> list[VllmReplica]:
+    """A production and a canary replica (not started), sharing ``adapter_dir``; they go
+    when the benchmark goes, even killed."""
+    return [
+        VllmReplica(
+            base_dir,
+            served_name,
+            adapter_dir=adapter_dir,
+            role=role,
+            log_path=logs / f"{role}.log",
+            die_with_parent=True,
+        )
+        for role in ("production", "canary")
+    ]
+
+
+def emit(result: dict[str, Any], out: Path | None) -> None:
+    """The result on stdout, and in ``out`` when given."""
+    text = json.dumps(result, indent=1, default=dict)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    print(text)
