@@ -107,12 +107,16 @@ class Databases:
             drop_database(admin, name)
 
 
-def flow_run_states(pipeline: LocalPipeline) -> dict[str, dict[str, int]]:
-    """Every flow run the server holds, by flow and state (scheduled runs not yet due left out)."""
+def flow_run_states(pipeline: LocalPipeline) -> dict[str, dict[str, Any]]:
+    """Every flow run the server holds, by flow: how many ended in each state, and how long
+    they queued (from when they were due to when they ran: trigger, worker poll, process
+    start) and ran (scheduled runs not yet due left out)."""
     from prefect.client.orchestration import get_client
     from prefect.settings import temporary_settings
 
     counts: dict[str, Counter[str]] = {}
+    queued: dict[str, list[float]] = {}
+    ran: dict[str, list[float]] = {}
     with temporary_settings(pipeline.server.client_settings()), get_client(sync_client=True) as client:
         flows = {f.id: f.name for f in client.read_flows()}
         offset = 0
@@ -122,11 +126,30 @@ def flow_run_states(pipeline: LocalPipeline) -> dict[str, dict[str, int]]:
                 state = run.state.name if run.state else "?"
                 if state == "Scheduled":
                     continue
-                counts.setdefault(flows.get(run.flow_id, "?"), Counter())[state] += 1
+                flow = flows.get(run.flow_id, "?")
+                counts.setdefault(flow, Counter())[state] += 1
+                due = run.expected_start_time or run.created
+                if run.start_time and due:
+                    queued.setdefault(flow, []).append((run.start_time - due).total_seconds())
+                if run.start_time and run.end_time:
+                    ran.setdefault(flow, []).append((run.end_time - run.start_time).total_seconds())
             if len(page) < PAGE:
                 break
             offset += PAGE
-    return {flow: dict(c) for flow, c in sorted(counts.items())}
+    return {
+        flow: {
+            "states": dict(c),
+            "queued_s": median_max(queued.get(flow, [])),
+            "ran_s": median_max(ran.get(flow, [])),
+        }
+        for flow, c in sorted(counts.items())
+    }
+
+
+def median_max(samples: list[float]) -> dict[str, float] | None:
+    if not samples:
+        return None
+    return {"median": round(statistics.median(samples), 1), "max": round(max(samples), 1)}
 
 
 def promote_runs(pipeline: LocalPipeline) -> list[tuple[str, str]]:
@@ -349,6 +372,7 @@ def main() -> None:
         "--smoke", action="store_true", help="one burst of 2 tenants, one restart with 2 adapters: does it still run"
     )
     parser.add_argument("--skip-paused-trigger", action="store_true", help="no burst with the canary trigger paused")
+    parser.add_argument("--paused-tenants", type=int, help="tenants of the burst with the trigger paused (--tenants)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     sizes = {"small": args.small, "large": args.tenants}
@@ -373,8 +397,15 @@ def main() -> None:
         try:
             bursts = {k: burst(k, n, bundle, golden, base_dir, replicas, work) for k, n in sizes.items()}
             if not args.skip_paused_trigger:
-                bursts["large_canary_trigger_paused"] = burst(
-                    "paused", args.tenants, bundle, golden, base_dir, replicas, work, drop_canary_trigger=True
+                bursts["canary_trigger_paused"] = burst(
+                    "paused",
+                    args.paused_tenants or args.tenants,
+                    bundle,
+                    golden,
+                    base_dir,
+                    replicas,
+                    work,
+                    drop_canary_trigger=True,
                 )
             result["burst"] = bursts
             stop_replicas(replicas)
