@@ -43,6 +43,12 @@ FAST_POLL_ENV: dict[str, str] = {
     "PREFECT_RUNNER_POLL_FREQUENCY": "1",
 }
 
+# flow runs one process worker runs at once: each is a Python process (~150 MB, ~2 s of
+# imports); 50 started together on two cores took minutes to import and swamped the server
+# (bench/scale.py). The rest wait in Prefect, scheduled, and start as runs end; a run
+# suspended for a sign-off has ended
+WORKER_LIMIT = 4
+
 # what the server's own services read (Prefect 3.8 names)
 SERVER_LOOP_ENV: dict[str, str] = {
     # the scheduler creates runs for scheduled deployments (default every 60 s) ...
@@ -56,6 +62,12 @@ SERVER_LOOP_ENV: dict[str, str] = {
     # proactive triggers ("expect X within N s") are evaluated at this granularity
     # (default 5 s); reactive event triggers fire on arrival and need no tuning
     "PREFECT_SERVER_EVENTS_PROACTIVE_GRANULARITY": "PT1S",  # a timedelta: ISO 8601
+    # every flow run holds an API connection while it reports states and logs: 50 tenants'
+    # runs at once exhausted the default pool (5 + 10 overflow) and the server answered 500s
+    # that crashed runs mid-start (bench/scale.py); on Postgres give it room, within the
+    # server's max_connections (100) shared with the registry
+    "PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE": "10",
+    "PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW": "20",
 }
 
 HEALTH_DEADLINE_S = 90.0
@@ -222,11 +234,12 @@ def start_worker(
     log: Path | None = None,
     *,
     name: str | None = None,
+    limit: int = WORKER_LIMIT,
 ) -> subprocess.Popen:
     """A ``prefect worker start --type process`` on ``pool`` (created if missing), polling
-    every second, in its own process group; ``env`` is merged over the server's client env.
-    Stop it with ``stop_process``."""
-    cmd = [prefect_bin(), "worker", "start", "--pool", pool, "--type", "process"]
+    every second, running at most ``limit`` flow runs at once, in its own process group;
+    ``env`` is merged over the server's client env. Stop it with ``stop_process``."""
+    cmd = [prefect_bin(), "worker", "start", "--pool", pool, "--type", "process", "--limit", str(limit)]
     if name:
         cmd += ["--name", name]
     full_env = {**os.environ, **server.env, **(env or {})}
