@@ -20,7 +20,7 @@ Growth from the small N to N is reported as ratios. Prints JSON on stdout; progr
 stderr.
 
     .venv/bin/python bench/scale.py [--tenants 50] [--small 10] [--restart-adapters 200]
-                                    [--skip-paused-trigger] [--smoke] [--out FILE]
+                                    [--skip-paused-trigger] [--restart-only] [--smoke] [--out FILE]
 """
 
 from __future__ import annotations
@@ -373,9 +373,10 @@ def main() -> None:
     )
     parser.add_argument("--skip-paused-trigger", action="store_true", help="no burst with the canary trigger paused")
     parser.add_argument("--paused-tenants", type=int, help="tenants of the burst with the trigger paused (--tenants)")
+    parser.add_argument("--restart-only", action="store_true", help="only the restart section (no Prefect)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
-    sizes = {"small": args.small, "large": args.tenants}
+    sizes = {} if args.restart_only else {"small": args.small, "large": args.tenants}
     restart_sizes = [args.small, args.tenants, args.restart_adapters]
     if args.smoke:
         sizes, restart_sizes, args.skip_paused_trigger = {"large": 2}, [2], True
@@ -391,12 +392,12 @@ def main() -> None:
         golden = write_golden_set("support", work / "golden.jsonl")
         bundle = train_adapter(base_dir, "support", work / "support")
         adapter_dir = work / "adapters"
-        replicas = production_and_canary(base_dir, BASE_ID, adapter_dir, work)
-        log("starting a production and a canary vLLM replica")
+        replicas = production_and_canary(base_dir, BASE_ID, adapter_dir, work) if sizes else []
+        log(f"starting {len(replicas)} vLLM replicas")
         start_replicas(replicas)
         try:
             bursts = {k: burst(k, n, bundle, golden, base_dir, replicas, work) for k, n in sizes.items()}
-            if not args.skip_paused_trigger:
+            if sizes and not args.skip_paused_trigger:
                 bursts["canary_trigger_paused"] = burst(
                     "paused",
                     args.paused_tenants or args.tenants,
@@ -407,7 +408,8 @@ def main() -> None:
                     work,
                     drop_canary_trigger=True,
                 )
-            result["burst"] = bursts
+            if bursts:
+                result["burst"] = bursts
             stop_replicas(replicas)
             replicas = []
             result["restart"] = bench_restart(base_dir, bundle, golden, work, restart_sizes)
@@ -415,6 +417,11 @@ def main() -> None:
             stop_replicas(replicas)
     if "small" in sizes:
         result["growth_small_to_large"] = growth(result, args.small, args.tenants)
+    elif args.restart_only:
+        restart = result["restart"]
+        result["growth_small_to_large"] = {
+            key: ratio(*(restart[str(n)][key] for n in (args.small, args.tenants))) for key in RESTART_FIGURES
+        }
     result["wall_s"] = round(time.perf_counter() - wall, 1)
     emit(result, args.out)
 
