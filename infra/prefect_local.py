@@ -62,12 +62,6 @@ SERVER_LOOP_ENV: dict[str, str] = {
     # proactive triggers ("expect X within N s") are evaluated at this granularity
     # (default 5 s); reactive event triggers fire on arrival and need no tuning
     "PREFECT_SERVER_EVENTS_PROACTIVE_GRANULARITY": "PT1S",  # a timedelta: ISO 8601
-    # every flow run holds an API connection while it reports states and logs: 50 tenants'
-    # runs at once exhausted the default pool (5 + 10 overflow) and the server answered 500s
-    # that crashed runs mid-start (bench/scale.py); on Postgres give it room, within the
-    # server's max_connections (100) shared with the registry
-    "PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE": "10",
-    "PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW": "20",
 }
 
 HEALTH_DEADLINE_S = 90.0

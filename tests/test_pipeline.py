@@ -53,6 +53,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 WINDOW_S = 6
+# manual sweeps cancelled because the scheduled one (every 60 s, ~10 s long) was in flight
+ADVANCE_COLLISIONS = 6
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 240.0, every_s: float = 0.5) -> Any:
@@ -636,8 +638,18 @@ def test_a_version_whose_event_was_lost_is_carried_on_by_the_advance_sweep(stack
     assert reports[0].status.value == "passed", reports[0].failures
     assert [w.gate.value for w in stack.registry.waiting() if w.version_id == version] == ["canary"]
 
-    with client_env(stack.pipeline.server):
-        run = run_deployment("advance/advance", parameters={"after_s": 0}, timeout=120)
+    def sweep_now():
+        with client_env(stack.pipeline.server):
+            return run_deployment("advance/advance", parameters={"after_s": 0}, timeout=120)
+
+    # the deployment runs one sweep at a time and cancels a new one (CANCEL_NEW): when the
+    # scheduled sweep is in flight, run ours again once it has ended
+    run = sweep_now()
+    for _ in range(ADVANCE_COLLISIONS):
+        if run.state is None or not run.state.is_cancelled():
+            break
+        time.sleep(5)
+        run = sweep_now()
     assert run.state is not None and run.state.is_completed(), run.state
     with client_env(stack.pipeline.server), get_client(sync_client=True) as client:
         started = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["advance"])))
