@@ -63,15 +63,10 @@ class ReadyCopies:
     # (copy path, signature verified on it) -> its files' stamps when it was checked
     _checked: dict[tuple[str, bool], tuple[tuple[int, int, int, int], ...]] = field(default_factory=dict)
     _expected: dict[str, Any] = field(default_factory=dict)
-    _versions: dict[str, str] = field(default_factory=dict)  # copy path -> the version it holds
     made_ready: int = 0  # copies materialized and checked (the work a prepared move avoids under its lock)
 
-    def prepare_promotion(self, version_id: str, stage: str) -> None:
-        """Make ready what promoting ``version_id`` to ``stage`` would place."""
-        try:
-            name = self.registry.get_version(version_id).name
-        except LoragateError:  # the move reports an unknown version itself
-            return
+    def prepare_promotion(self, name: str, version_id: str, stage: str) -> None:
+        """Make ready what promoting ``version_id`` of ``name`` to ``stage`` would place."""
         if stage in (Pointer.CANARY.value, Pointer.PRODUCTION.value):
             self._prepare(name, lambda adapter: {stage: version_id})
 
@@ -117,7 +112,6 @@ class ReadyCopies:
         stamps = _stamps(Path(placement.path))
         if stamps is not None:
             self._checked[key] = stamps
-            self._versions[placement.path] = placement.version_id
 
     def signed_copies(self) -> dict[str, Path]:
         """A copy of each version whose signature was verified on it, unchanged since
@@ -126,7 +120,7 @@ class ReadyCopies:
         found: dict[str, Path] = {}
         for (path, signed), stamps in self._checked.items():
             if signed and stamps == _stamps(Path(path)):
-                found.setdefault(self._versions[path], Path(path))
+                found.setdefault(Path(path).name, Path(path))  # a copy's path ends in its version
         return found
 
     def expected_outputs(self, version_id: str) -> Any:

@@ -368,7 +368,7 @@ def promote_and_switch(
     """
     name = registry.get_version(version_id).name
     copies = ReadyCopies(registry)
-    copies.prepare_promotion(version_id, to)
+    copies.prepare_promotion(name, version_id, to)
     return _switched_move(
         registry,
         name,

@@ -230,7 +230,7 @@ def test_a_production_move_fetches_nothing_under_the_adapters_lock(fleet, output
     prod = [fleet.replicas["prod-a"], fleet.replicas["prod-b"]]
     fleet.promote(fleet.v1, "canary")
     copies = ReadyCopies(fleet.registry)
-    copies.prepare_promotion(fleet.v1, "production")
+    copies.prepare_promotion(fleet.name, fleet.v1, "production")
     # one copy serves both production replicas (one adapter directory): fetched, hashed and
     # its signature verified once, before the lock
     assert copies.made_ready == 1 and set(copies.signed_copies()) == {fleet.v1}
@@ -251,7 +251,7 @@ def test_a_production_move_fetches_nothing_under_the_adapters_lock(fleet, output
 def test_a_copy_changed_after_it_was_made_ready_is_checked_again_under_the_lock_and_refused(fleet):
     prod = [fleet.replicas["prod-a"], fleet.replicas["prod-b"]]
     copies = ReadyCopies(fleet.registry)
-    copies.prepare_promotion(fleet.v1, "canary")
+    copies.prepare_promotion(fleet.name, fleet.v1, "canary")
     assert copies.made_ready == 1
     with open(Path(fleet.path(fleet.v1)) / "adapter_model.safetensors", "ab") as weights:
         weights.write(b"\0")  # between the check and the lock
