@@ -10,6 +10,9 @@ latency    a client looping on the logical name: p50/p99 in steady state and whi
            rollbacks and promotions run back to back, its errors, and any answer that is
            neither version's; after a switch, the switched name against the same version
            freshly loaded under a name of its own (requests interleaved).
+under_load a rollback while a client loops on the name on each of 2 replicas
+           (``bench/fleet_load.py``): its wall time against the 3 s target, the switch
+           and golden completions per replica, ``loragate rollback`` as a process.
 protocols  the two ways of switching a name in place, on one replica under the same
            looping client: loragate's (unload, then load from the new path, the resolver
            answering in between) and vLLM's ``load_inplace``.
@@ -59,7 +62,7 @@ from registry.rules.fleet import version_path  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 from registry.storage.resolver_index import index_entry, read_index, write_index  # noqa: E402
-from registry.storage.signing import generate_key_pair  # noqa: E402
+from registry.storage.signing import KeyPair, generate_key_pair  # noqa: E402
 from tasks.fleet import promote_and_switch, rollback_and_switch, switch_replica  # noqa: E402
 from tasks.reconcile import reconcile_fleet  # noqa: E402
 from tasks.replicas import ReplicaClient  # noqa: E402
@@ -103,6 +106,8 @@ class Setup:
     max_tokens: int
     # what each version answers the prompt, as shadow validation recorded it
     answers: dict[str, str]
+    # the key that signed both versions (a benchmark that registers more signs them with it)
+    key: KeyPair = field(repr=False)
 
     def production(self) -> str:
         pointers = self.registry.get_adapter(self.name)
@@ -152,7 +157,7 @@ def build_setup(work: Path, base: Path | None, database_url: str | None = None, 
     if answers[v1] == answers[v2]:
         raise SystemExit("bench: both versions answer the probe prompt alike; nothing would be measured")
     case = next(c for c in cases if c["id"] == "support-0")
-    return Setup(registry, settings, base, name, v1, v2, case["prompt"], case.get("max_tokens", 32), answers)
+    return Setup(registry, settings, base, name, v1, v2, case["prompt"], case.get("max_tokens", 32), answers, key)
 
 
 def use_fleet(setup: Setup, urls: list[str], adapter_dir: Path) -> None:
@@ -507,12 +512,21 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
+    # bench/fleet_load.py imports this module's pieces by name: it finds this run's, not a
+    # second copy of the script
+    sys.modules.setdefault("bench.fleet", sys.modules[__name__])
+    from bench.fleet_load import bench_under_load
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="rollbacks (and promotions back) per fleet size")
     parser.add_argument("--smoke", action="store_true", help="one round, short phases: does it still run")
     parser.add_argument("--replica", action="append", default=[], help="use this running replica (repeatable)")
     parser.add_argument("--adapter-dir", type=Path, help="the running replicas' adapter directory")
     parser.add_argument("--base", type=Path, help="the base the running replicas serve")
+    parser.add_argument(
+        "--load-threads", type=int, default=2, help="requests a looping client keeps in flight per replica (under_load)"
+    )
+    parser.add_argument("--under-load-only", action="store_true", help="only the under_load section, on 2 replicas")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     if args.replica and not (args.adapter_dir and args.base):
@@ -533,7 +547,8 @@ def main() -> None:
                 LOGS.mkdir(parents=True, exist_ok=True)
                 for old in LOGS.glob("replica-*.log"):
                     old.unlink()
-                log(f"starting 3 vLLM replicas (logs in {LOGS})")
+                count = 2 if args.under_load_only else 3
+                log(f"starting {count} vLLM replicas (logs in {LOGS})")
                 t0 = time.perf_counter()
                 started = [
                     VllmReplica(
@@ -543,10 +558,10 @@ def main() -> None:
                         die_with_parent=True,
                         log_path=LOGS / f"replica-{i}.log",
                     )
-                    for i in range(3)
+                    for i in range(count)
                 ]
                 start_replicas(started)
-                log(f"3 replicas answer after {time.perf_counter() - t0:.0f}s")
+                log(f"{count} replicas answer after {time.perf_counter() - t0:.0f}s")
                 urls = [r.url for r in started]
             # production = v2, previous = v1: every round rolls back to v1 and promotes v2 again
             for version in (setup.v1, setup.v2):
@@ -558,17 +573,24 @@ def main() -> None:
                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                 "smoke": args.smoke,
                 "replicas": len(urls),
-                "rollback": bench_rollback(setup, urls, adapter_dir, rounds, counts),
             }
-            use_fleet(setup, urls, adapter_dir)
-            result["parallelism"] = bench_parallelism(setup, urls, adapter_dir, rounds)
-            result["cli_rollback_s"] = round(bench_cli_rollback(setup), 3)
-            log(f"loragate rollback, end to end: {result['cli_rollback_s']}s")
-            result["latency"] = bench_latency(setup, urls[0], adapter_dir, steady_s, switches, interleaved)
-            result["protocols"] = bench_protocols(setup, urls[0], adapter_dir, switches, interleaved)
-            if started:
-                started[0], result["restart"] = bench_restarts(setup, started[0], adapter_dir)
-            result["verdict"] = verdict(result)
+            if args.under_load_only:
+                result["under_load"] = bench_under_load(setup, urls[:2], adapter_dir, rounds, args.load_threads)
+            else:
+                result["rollback"] = bench_rollback(setup, urls, adapter_dir, rounds, counts)
+                use_fleet(setup, urls, adapter_dir)
+                result["parallelism"] = bench_parallelism(setup, urls, adapter_dir, rounds)
+                result["cli_rollback_s"] = round(bench_cli_rollback(setup), 3)
+                log(f"loragate rollback, end to end: {result['cli_rollback_s']}s")
+                # the smoke leaves out the command under load: a process start on busy cores (~30 s)
+                result["under_load"] = bench_under_load(
+                    setup, urls[:2], adapter_dir, rounds, args.load_threads, cli=not args.smoke
+                )
+                result["latency"] = bench_latency(setup, urls[0], adapter_dir, steady_s, switches, interleaved)
+                result["protocols"] = bench_protocols(setup, urls[0], adapter_dir, switches, interleaved)
+                if started:
+                    started[0], result["restart"] = bench_restarts(setup, started[0], adapter_dir)
+                result["verdict"] = verdict(result)
         finally:
             stop_replicas(started)
             setup.registry.close()

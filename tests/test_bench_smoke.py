@@ -52,6 +52,17 @@ def test_fleet_benchmark_runs_in_smoke_mode_on_the_session_replicas(replicas, re
     assert set(result["rollback"]) == {"1", "2"}
     assert {"switch_flat_in_n", "zero_failed_requests", "after_switch_within_10pct"} <= set(result["verdict"])
     assert result["latency"]["whole_switching_run"]["n"] > 0
+    under_load = result["under_load"]
+    assert under_load["rollback"]["n"] == 1 and under_load["traffic"]["n"] > 0
+    assert set(under_load["phases"]) == {
+        "copies_before_lock",
+        "fleet_switch_under_lock",
+        "index_write",
+        "per_replica_move",
+        "per_replica_switch",
+        "per_replica_golden_completions",
+    }
+    assert under_load["phases"]["per_replica_golden_completions"]["n"] == 2  # a rollback verifies both replicas
 
 
 def test_copies_benchmark_runs_in_smoke_mode(tmp_path):
