@@ -4,10 +4,20 @@ replica of one base, and printing (and keeping) the JSON result."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from infra.replica import VllmReplica
+
+
+@dataclass(frozen=True)
+class ServingReplica:
+    """A replica a benchmark registers in its fleet: one it started, or one already running."""
+
+    url: str
+    role: str
+    adapter_dir: Path
 
 
 def production_and_canary(base_dir: Path, served_name: str, adapter_dir: Path, logs: Path) -> list[VllmReplica]:

@@ -20,7 +20,15 @@ Growth from the small N to N is reported as ratios. Prints JSON on stdout; progr
 stderr.
 
     .venv/bin/python bench/scale.py [--tenants 50] [--small 10] [--restart-adapters 200]
-                                    [--skip-paused-trigger] [--restart-only] [--smoke] [--out FILE]
+                                    [--skip-paused-trigger] [--restart-only | --burst-only] [--smoke]
+                                    [--out FILE]
+                                    [--production URL --canary URL --adapter-dir DIR --base DIR]
+                                    [--bundle DIR]
+
+With ``--production``/``--canary`` the bursts drive replicas already running (their resolver
+told DIR, serving the base in DIR as ``tiny-llama``; the smoke test passes the test
+session's); the restart section always starts its own. ``--bundle`` is a trained support
+adapter of that base to register, instead of training one.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 import httpx  # noqa: E402
 
-from bench.harness import emit, production_and_canary  # noqa: E402
+from bench.harness import ServingReplica, emit, production_and_canary  # noqa: E402
 from bench.scale_restart import bench_restart  # noqa: E402
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
 from infra.pipeline import LocalPipeline, PipelineSecrets, set_interval, start_pipeline  # noqa: E402
@@ -185,7 +193,7 @@ def burst(
     bundle: Path,
     golden: Path,
     base_dir: Path,
-    replicas: list[VllmReplica],
+    replicas: list[ServingReplica],
     work: Path,
     *,
     drop_canary_trigger: bool = False,
@@ -374,10 +382,23 @@ def main() -> None:
     parser.add_argument("--skip-paused-trigger", action="store_true", help="no burst with the canary trigger paused")
     parser.add_argument("--paused-tenants", type=int, help="tenants of the burst with the trigger paused (--tenants)")
     parser.add_argument("--restart-only", action="store_true", help="only the restart section (no Prefect)")
+    parser.add_argument(
+        "--burst-only", action="store_true", help="the burst of --tenants alone (no small N, no restart)"
+    )
+    parser.add_argument("--production", help="a running production replica to drive (needs --canary)")
+    parser.add_argument("--canary", help="a running canary replica to drive (needs --production)")
+    parser.add_argument("--adapter-dir", type=Path, help="the running replicas' adapter directory")
+    parser.add_argument("--base", type=Path, help="the base the running replicas serve")
+    parser.add_argument("--bundle", type=Path, help="a trained support adapter of the base (else one is trained)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
+    running = [args.production, args.canary, args.adapter_dir, args.base]
+    if any(running) and not all(running):
+        parser.error("--production, --canary, --adapter-dir and --base go together")
     sizes = {} if args.restart_only else {"small": args.small, "large": args.tenants}
     restart_sizes = [args.small, args.tenants, args.restart_adapters]
+    if args.burst_only:
+        sizes, restart_sizes = {"large": args.tenants}, []
     if args.smoke:
         sizes, restart_sizes, args.skip_paused_trigger = {"large": 2}, [2], True
     wall = time.perf_counter()
@@ -388,15 +409,24 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="loragate-bench-scale-") as tmp:
         work = Path(tmp)
-        base_dir = build_base(work / "tiny-llama")
+        base_dir = args.base or build_base(work / "tiny-llama")
         golden = write_golden_set("support", work / "golden.jsonl")
-        bundle = train_adapter(base_dir, "support", work / "support")
-        adapter_dir = work / "adapters"
-        replicas = production_and_canary(base_dir, BASE_ID, adapter_dir, work) if sizes else []
-        log(f"starting {len(replicas)} vLLM replicas")
-        start_replicas(replicas)
+        bundle = args.bundle or train_adapter(base_dir, "support", work / "support")
+        started: list[VllmReplica] = []
+        serving: list[ServingReplica] = []
+        if args.production:
+            serving = [
+                ServingReplica(args.production, "production", args.adapter_dir),
+                ServingReplica(args.canary, "canary", args.adapter_dir),
+            ]
+        elif sizes:
+            started = production_and_canary(base_dir, BASE_ID, work / "adapters", work)
+            log(f"starting {len(started)} vLLM replicas")
+            start_replicas(started)
+            serving = [ServingReplica(r.url, r.role, Path(r.adapter_dir or "")) for r in started]
+        replicas = started
         try:
-            bursts = {k: burst(k, n, bundle, golden, base_dir, replicas, work) for k, n in sizes.items()}
+            bursts = {k: burst(k, n, bundle, golden, base_dir, serving, work) for k, n in sizes.items()}
             if sizes and not args.skip_paused_trigger:
                 bursts["canary_trigger_paused"] = burst(
                     "paused",
@@ -404,7 +434,7 @@ def main() -> None:
                     bundle,
                     golden,
                     base_dir,
-                    replicas,
+                    serving,
                     work,
                     drop_canary_trigger=True,
                 )
@@ -412,7 +442,8 @@ def main() -> None:
                 result["burst"] = bursts
             stop_replicas(replicas)
             replicas = []
-            result["restart"] = bench_restart(base_dir, bundle, golden, work, restart_sizes)
+            if restart_sizes:
+                result["restart"] = bench_restart(base_dir, bundle, golden, work, restart_sizes)
         finally:
             stop_replicas(replicas)
     if "small" in sizes:

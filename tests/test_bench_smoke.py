@@ -74,8 +74,17 @@ def test_copies_benchmark_runs_in_smoke_mode(tmp_path):
     assert {"first_lookup", "repeat_lookup", "unverified_lookup"} <= set(result["resolver"]["big"])
 
 
-def test_scale_benchmark_runs_in_smoke_mode(tmp_path):
-    result = run_bench("bench/scale.py", "--smoke", "--out", str(tmp_path / "s.json"), timeout=900)
+def test_scale_benchmark_runs_in_smoke_mode_on_the_session_replicas(
+    tmp_path, replicas, replica_adapters, tiny_base, support_bundle
+):
+    argv = [
+        f"--production={replicas['prod-a'].url}",
+        f"--canary={replicas['canary'].url}",
+        f"--adapter-dir={replica_adapters}",
+        f"--base={tiny_base}",
+        f"--bundle={support_bundle}",
+    ]
+    result = run_bench("bench/scale.py", "--smoke", *argv, "--out", str(tmp_path / "s.json"), timeout=900)
     burst = result["burst"]["large"]
     assert burst["event_to_canary_serving"]["n"] == 2
     assert burst["evaluate"]["windows"] == 2 and burst["evaluate"]["requests_per_observation"] > 0
