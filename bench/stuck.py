@@ -7,8 +7,8 @@ an adapter (after the unload went through: the worst moment), either
 hang   accepts the request and never answers, or
 drip   answers 200 and then a byte a second, never finishing (per-read timeouts never fire).
 
-For each fault: production serves v1 (previous v2); v2 is promoted to production with the
-fault on, and 2 s later ``rollback_and_switch`` (what ``loragate rollback`` runs) starts in
+For each fault: production serves v1 (previous v2); a third version, v3, is promoted to
+production with the fault on, and 2 s later ``rollback_and_switch`` (what ``loragate rollback`` runs) starts in
 a registry session of its own. Reported: how long the promotion ran (it holds the
 adapter's lock from its decision to its end) and how it ended; how long the rollback
 waited and how it ended; once the promotion ended, a second rollback's time; then the fault
@@ -37,6 +37,7 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 from bench.fleet import BASE_ID, LOGS, Setup, build_setup, log, use_fleet  # noqa: E402
 from bench.harness import emit  # noqa: E402
+from infra.modelkit import train_adapter  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
 from registry.errors import LoragateError  # noqa: E402
 from registry.rules.access import Principal  # noqa: E402
@@ -45,6 +46,7 @@ from registry.service import Registry  # noqa: E402
 from tasks.fleet import promote_and_switch, rollback_and_switch  # noqa: E402
 from tasks.reconcile import reconcile_fleet  # noqa: E402
 from tasks.replicas import ReplicaClient  # noqa: E402
+from tasks.validation import ValidationPolicy, validate_versions  # noqa: E402
 from tests.support.faults import Fault, FaultProxy  # noqa: E402
 from tests.support.postgres import admin_engine, drop_database, pg_url  # noqa: E402
 
@@ -62,8 +64,8 @@ def timed(work: Any) -> dict[str, Any]:
     return {"s": round(time.perf_counter() - t0, 2), "outcome": outcome}
 
 
-def served_versions(setup: Setup, urls: list[str], adapter_dir: Path) -> dict[str, str | None]:
-    paths = {version_path(str(adapter_dir), setup.name, v): v for v in (setup.v1, setup.v2)}
+def served_versions(setup: Setup, urls: list[str], adapter_dir: Path, v3: str) -> dict[str, str | None]:
+    paths = {version_path(str(adapter_dir), setup.name, v): v for v in (setup.v1, setup.v2, v3)}
     found = {}
     for url in urls:
         with ReplicaClient(url) as client:
@@ -71,15 +73,43 @@ def served_versions(setup: Setup, urls: list[str], adapter_dir: Path) -> dict[st
     return found
 
 
-def stuck_case(setup: Setup, proxy: FaultProxy, fault: Fault, urls: list[str], adapter_dir: Path) -> dict[str, Any]:
-    log(f"{fault.value}: v2 to canary, then to production with the fault on")
-    promote_and_switch(setup.registry, setup.v2, "canary")
+def third_version(setup: Setup, work: Path) -> str:
+    """v3: another training run of the support adapter, validated and signed like v1 and v2."""
+    bundle = train_adapter(setup.base, "support", work / "support-v3", seed=7)
+    v3 = setup.registry.register_adapter(bundle, setup.name).version.version_id
+    policy = ValidationPolicy.from_settings(setup.settings, pass_threshold=0.5)
+    (report,) = validate_versions(setup.registry, [v3], policy)
+    if report.status.value != "passed":
+        raise SystemExit(f"bench: v3 did not pass validation: {report.failures}")
+    setup.registry.sign_version(v3, setup.key.private_pem)
+    return v3
+
+
+def production_v1_previous_v2(setup: Setup) -> None:
+    """Production v1 with v2 to roll back to; no canary."""
+    adapter = setup.registry.get_adapter(setup.name)
+    if (adapter.production, adapter.previous, adapter.canary) == (setup.v1, setup.v2, None):
+        return
+    if adapter.canary is not None:
+        rollback_and_switch(setup.registry, setup.name, "canary")
+    for version in (setup.v2, setup.v1):
+        if setup.registry.get_adapter(setup.name).production != version:
+            promote_and_switch(setup.registry, version, "canary")
+            promote_and_switch(setup.registry, version, "production")
+
+
+def stuck_case(
+    setup: Setup, v3: str, proxy: FaultProxy, fault: Fault, urls: list[str], adapter_dir: Path
+) -> dict[str, Any]:
+    production_v1_previous_v2(setup)
+    log(f"{fault.value}: v3 to canary, then to production with the fault on")
+    promote_and_switch(setup.registry, v3, "canary")
     proxy.set(fault)
     promotion: dict[str, Any] = {}
 
     def promote() -> None:
         with Registry.open(setup.settings, check_schema=False, principal=Principal.in_process("bench-promote")) as own:
-            promotion.update(timed(lambda: promote_and_switch(own, setup.v2, "production", reason="bench")))
+            promotion.update(timed(lambda: promote_and_switch(own, v3, "production", reason="bench")))
 
     thread = threading.Thread(target=promote)
     thread.start()
@@ -95,22 +125,17 @@ def stuck_case(setup: Setup, proxy: FaultProxy, fault: Fault, urls: list[str], a
         after = timed(lambda: rollback_and_switch(oncall, setup.name, "production", reason="incident, again"))
         states = reconcile_fleet(oncall)
         adapter = oncall.get_adapter(setup.name)
-    serving = served_versions(setup, urls, adapter_dir)
-    result = {
+    serving = served_versions(setup, urls, adapter_dir, v3)
+    names = {setup.v1: "v1", setup.v2: "v2", v3: "v3"}
+    return {
         "promotion": promotion,
         "rollback_during_promotion": during,
-        "production_after_promotion": "v1" if production_after_promotion == setup.v1 else "v2",
+        "production_after_promotion": names.get(production_after_promotion or "", production_after_promotion),
         "rollback_after_promotion": after,
+        "production_at_end": names.get(adapter.production or "", adapter.production),
         "reconcile_actions": sum(len(s.actions) for s in states),
         "every_replica_serves_production": all(v == adapter.production for v in serving.values()),
     }
-    # back to production v1, previous v2, no canary, for the next case
-    if adapter.production != setup.v1:
-        promote_and_switch(setup.registry, setup.v1, "canary")
-        promote_and_switch(setup.registry, setup.v1, "production")
-    if setup.registry.get_adapter(setup.name).canary is not None:
-        rollback_and_switch(setup.registry, setup.name, "canary")
-    return result
 
 
 def main() -> None:
@@ -149,10 +174,7 @@ def main() -> None:
             proxy = FaultProxy(started[1].url)
             urls = [started[0].url, proxy.url]
             use_fleet(setup, urls, adapter_dir)
-            # production v1, previous v2
-            for version in (setup.v2, setup.v1):
-                promote_and_switch(setup.registry, version, "canary")
-                promote_and_switch(setup.registry, version, "production")
+            v3 = third_version(setup, work)
             s = setup.settings
             result: dict[str, Any] = {
                 "benchmark": "stuck",
@@ -164,7 +186,7 @@ def main() -> None:
                 },
             }
             for fault in (Fault.HANG, Fault.DRIP):
-                result[fault.value] = stuck_case(setup, proxy, fault, urls, adapter_dir)
+                result[fault.value] = stuck_case(setup, v3, proxy, fault, urls, adapter_dir)
             setup.registry.close()
     finally:
         if proxy is not None:
