@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +24,7 @@ import tasks.fleet
 from bench.fleet import (
     LoopingClient,
     Setup,
+    bench_cli_rollback,
     check_verified,
     latency,
     log,
@@ -80,26 +78,6 @@ def timed_calls(taken: dict[str, list[float]]) -> Iterator[None]:
             setattr(PHASES[name][0], PHASES[name][1], fn)
 
 
-def cli_rollback(setup: Setup) -> float:
-    """``loragate rollback`` as a person runs it in an incident: a process of its own."""
-    env = {
-        **os.environ,
-        "LORAGATE_HOME": str(setup.settings.home),
-        "LORAGATE_DATABASE_URL": setup.settings.database_url,
-        "LORAGATE_ARTIFACTS": setup.settings.artifacts,
-        "LORAGATE_ACTOR": "bench",
-        "LORAGATE_TOKEN": setup.registry.create_token("activation", "bench-incident")[1],
-    }
-    command = [str(Path(sys.executable).parent / "loragate"), "rollback", setup.name, "--json"]
-    started = time.perf_counter()
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    took = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"bench: loragate rollback exited {proc.returncode}: {proc.stderr[-2000:]}")
-    promote_back(setup)
-    return took
-
-
 def bench_under_load(
     setup: Setup, urls: list[str], adapter_dir: Path, rounds: int, threads: int, *, cli: bool = True
 ) -> dict[str, Any]:
@@ -125,7 +103,7 @@ def bench_under_load(
             report = promote_back(setup)
             forth.append(time.perf_counter() - started)
             check_verified(report, len(urls))
-        cli_s = cli_rollback(setup) if cli else None
+        cli_s = bench_cli_rollback(setup) if cli else None
     requests = [r for c in clients for r in c.requests]
     result = {
         "replicas": len(urls),
