@@ -8,8 +8,8 @@ hang   accepts the request and never answers, or
 drip   answers 200 and then a byte a second, never finishing (per-read timeouts never fire).
 
 For each fault: production serves v1 (previous v2); a third version, v3, is promoted to
-production with the fault on, and 2 s later ``rollback_and_switch`` (what ``loragate rollback`` runs) starts in
-a registry session of its own. Reported: how long the promotion ran (it holds the
+production with the fault on, and 2 s later ``rollback_and_switch`` (what ``loragate
+rollback`` runs) starts in a registry session of its own. Reported: how long the promotion ran (it holds the
 adapter's lock from its decision to its end) and how it ended; how long the rollback
 waited and how it ended; once the promotion ended, a second rollback's time; then the fault
 is cleared, the fleet reconciled and what every replica serves checked against production.
