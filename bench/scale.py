@@ -424,7 +424,6 @@ def main() -> None:
             log(f"starting {len(started)} vLLM replicas")
             start_replicas(started)
             serving = [ServingReplica(r.url, r.role, Path(r.adapter_dir or "")) for r in started]
-        replicas = started
         try:
             bursts = {k: burst(k, n, bundle, golden, base_dir, serving, work) for k, n in sizes.items()}
             if sizes and not args.skip_paused_trigger:
@@ -440,12 +439,12 @@ def main() -> None:
                 )
             if bursts:
                 result["burst"] = bursts
-            stop_replicas(replicas)
-            replicas = []
+            stop_replicas(started)
+            started = []
             if restart_sizes:
                 result["restart"] = bench_restart(base_dir, bundle, golden, work, restart_sizes)
         finally:
-            stop_replicas(replicas)
+            stop_replicas(started)
     if "small" in sizes:
         result["growth_small_to_large"] = growth(result, args.small, args.tenants)
     elif args.restart_only:
