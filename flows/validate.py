@@ -5,7 +5,10 @@ signs what passed with the pipeline's signing key and announces each outcome:
 ``loragate.adapter.validated`` triggers the canary gate;
 ``loragate.adapter.validation-failed`` comes with a Slack message naming the failed checks.
 The reports are a Prefect table artifact. A re-run after a crash finds nothing pending and
-announces again what passed but never entered canary, so the pipeline resumes.
+announces again what passed but never entered canary, so the pipeline resumes -- except a
+version whose canary run is already queued: in a burst, each queued validation run found
+the versions earlier runs had announced and announced them again (35 redundant canary runs,
+each a process, in a burst of 50 tenants).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from __future__ import annotations
 from prefect import flow
 
 from flows import events
+from registry.records.progress import Gate
 from tasks import notify
+from tasks.advance import versions_with_live_runs
 from tasks.gates import sign_validated, versions_to_validate
 from tasks.notify_task import notify_task
 from tasks.validation.prefect_tasks import shadow_validate
@@ -33,8 +38,11 @@ def shadow_validate_flow(base: str) -> dict[str, str]:
                 )
                 notify_task(notify.validation_failed(report.name, report.version_id, report.failures))
     _, passed = versions_to_validate(base)
+    earlier = [v["version_id"] for v in passed if v["version_id"] not in outcome]
+    queued = versions_with_live_runs(Gate.CANARY) if earlier else set()
     for version in passed:
         sign_validated(version["version_id"])  # production takes a signature; canary does not
-        events.announce(events.VALIDATED, version["name"], version_id=version["version_id"], base=base)
+        if version["version_id"] not in queued:
+            events.announce(events.VALIDATED, version["name"], version_id=version["version_id"], base=base)
         outcome.setdefault(version["version_id"], "passed")
     return outcome

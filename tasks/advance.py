@@ -121,6 +121,15 @@ def live_runs(client: SyncPrefectClient, ids: dict[str, UUID]) -> dict[str, list
     return found
 
 
+def versions_with_live_runs(gate: Gate) -> set[str]:
+    """The versions a live run of ``gate``'s deployment was started for: announcing one of
+    them again would only queue a second run that finds nothing to do."""
+    deployment = DEPLOYMENTS[gate]
+    with get_client(sync_client=True) as client:
+        runs = live_runs(client, deployment_ids(client, [deployment])).get(deployment, [])
+    return {str(parameters["version_id"]) for parameters, _ in runs if "version_id" in parameters}
+
+
 def advance(registry: Registry, *, after_s: float, alert_s: float) -> list[Nudge]:
     """Start a run for every version that has waited longer than ``after_s`` with none live;
     marks those waiting longer than ``alert_s``."""

@@ -19,7 +19,7 @@ import pytest
 
 from registry.records.progress import Gate, Waiting
 from registry.service import Registry
-from tasks.advance import DEPLOYMENTS, advance, plan_nudges
+from tasks.advance import DEPLOYMENTS, advance, plan_nudges, versions_with_live_runs
 from tests.support.registries import mark_ready, mark_validated
 
 NAME = "acme/tiny-llama/support"
@@ -182,6 +182,23 @@ def test_the_sweep_starts_what_lost_events_would_have_and_never_a_second_live_ru
     assert len(_runs_of(deployed, DEPLOYMENTS[Gate.CANARY])) == 2
     # and nothing waiting less than the setting is touched
     assert advance(registry, after_s=3600, alert_s=3600) == []
+
+
+def test_a_version_with_a_live_canary_run_is_not_announced_again_and_one_whose_run_ended_is(deployed):
+    from prefect.states import Cancelled, Completed, Paused, Running
+
+    canary = deployed.read_deployment_by_name(DEPLOYMENTS[Gate.CANARY]).id
+    validate = deployed.read_deployment_by_name(DEPLOYMENTS[Gate.VALIDATE]).id
+    runs = {
+        state: deployed.create_flow_run_from_deployment(canary, parameters={"version_id": f"v-{state}"})
+        for state in ("scheduled", "running", "paused", "completed", "cancelled")
+    }
+    deployed.create_flow_run_from_deployment(validate, parameters={"base": "tiny-llama"})
+    for state, make in (("running", Running), ("paused", Paused), ("completed", Completed), ("cancelled", Cancelled)):
+        deployed.set_flow_run_state(runs[state].id, make(), force=True)
+
+    assert versions_with_live_runs(Gate.CANARY) == {"v-scheduled", "v-running", "v-paused"}
+    assert versions_with_live_runs(Gate.VALIDATE) == set()  # its runs name a base, not a version
 
 
 def test_loragate_status_lists_what_waits_and_flags_what_is_stuck(catalogued_cli, seeded_bundles):
