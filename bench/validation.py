@@ -236,7 +236,9 @@ def main() -> None:
         record = inspect_base(str(base), "tiny-llama")
         golden = golden_set("support")
         policy = ValidationPolicy.from_settings(Settings())
-        trained, skipped = train_passing(base, root / "trained", golden, record, policy, wanted=min(5, max(sizes)))
+        # the smoke derives its variants from one trained adapter: each training is ~15 s of CI
+        wanted = 1 if args.smoke else min(5, max(sizes))
+        trained, skipped = train_passing(base, root / "trained", golden, record, policy, wanted=wanted)
         bundles = make_adapters(trained, root / "adapters", max(sizes))
         # warm-up: imports, kernels and allocator, outside every timed region
         validate_group(record, None, targets_for(bundles[:2], golden), policy)

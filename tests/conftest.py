@@ -63,6 +63,14 @@ def support_bundle(kit, tiny_base) -> Path:
 
 
 @pytest.fixture(scope="session")
+def retrained_support_bundle(kit, tiny_base) -> Path:
+    """Another training run of the support task (seed 7): a second version of one adapter."""
+    from infra.modelkit import train_adapter
+
+    return train_adapter(tiny_base, "support", kit / "support-retrained", seed=7)
+
+
+@pytest.fixture(scope="session")
 def tickets_bundle(kit, tiny_base) -> Path:
     from infra.modelkit import train_adapter
 

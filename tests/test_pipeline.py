@@ -332,10 +332,9 @@ def through_canary(stack: Stack, name: str, bundle: Path, location: str, golden:
 
 
 def test_a_training_event_goes_through_every_gate_to_production_and_back(
-    stack, support_bundle, kit, tiny_base, s3_endpoint
+    stack, support_bundle, retrained_support_bundle, s3_endpoint
 ):
     from infra import corpus
-    from infra.modelkit import train_adapter
 
     name = f"p{uuid.uuid4().hex[:6]}/tiny-llama/support"
     golden = golden_file(stack.tmp)
@@ -371,8 +370,7 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
     assert all(name in stack.served(k) for k in ("prod-a", "prod-b", "canary"))
 
     # v2 (another training run) signed off in the Prefect UI, in a real browser
-    v2_bundle = train_adapter(tiny_base, "support", kit / f"support-{name.split('/')[0]}", seed=7)
-    v2, run2 = through_canary(stack, name, v2_bundle, str(v2_bundle), golden)
+    v2, run2 = through_canary(stack, name, retrained_support_bundle, str(retrained_support_bundle), golden)
     ARTIFACTS.mkdir(exist_ok=True)
     refusals = artifact_key("approval-refused", name)
 

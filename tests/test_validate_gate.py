@@ -103,15 +103,14 @@ def test_a_failed_version_never_reaches_canary(env, capsys, tmp_path, support_bu
     assert registry.get_adapter(SUPPORT).canary is None
 
 
-def test_second_version_reports_drift_against_the_first(env, capsys, tmp_path, tiny_base, support_bundle):
-    from infra.modelkit import train_adapter
-
+def test_second_version_reports_drift_against_the_first(
+    env, capsys, tmp_path, support_bundle, retrained_support_bundle
+):
     registry = env
     first = registry.register_adapter(support_bundle, SUPPORT).version.version_id
     attach(registry, SUPPORT, "support", tmp_path)
     assert run(capsys, "validate", first)[0] == 0
-    retrained = train_adapter(tiny_base, "support", tmp_path / "retrained", seed=7, steps=120)
-    second = registry.register_adapter(retrained, SUPPORT).version.version_id
+    second = registry.register_adapter(retrained_support_bundle, SUPPORT).version.version_id
     rc, out, _ = run(capsys, "validate", second, "--threshold", "0.0")
     drift = out["reports"][0]["drift"]
     assert drift["reference_version"] == first and drift["same_version"] is False
