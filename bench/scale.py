@@ -198,6 +198,7 @@ def burst(
     *,
     drop_canary_trigger: bool = False,
     deadline_s: float = 3600.0,
+    sweeps_every_s: float | None = 60.0,
 ) -> dict[str, Any]:
     from prefect.deployments import run_deployment
     from prefect.events.worker import EventsWorker
@@ -235,7 +236,13 @@ def burst(
         log(f"{label}: a Prefect server on Postgres, the deployments, a worker per pool")
         server = start_prefect_server(home / "prefect", database_url=prefect_url)
         pipeline = start_pipeline(
-            home / "prefect", env, PipelineSecrets(tokens, key.private_pem), evaluate_every_s=3600, server=server
+            home / "prefect",
+            env,
+            PipelineSecrets(tokens, key.private_pem),
+            evaluate_every_s=3600,
+            reconcile_every_s=sweeps_every_s,
+            advance_every_s=sweeps_every_s,
+            server=server,
         )
         pipeline.owns_server = True
         if drop_canary_trigger:
@@ -425,7 +432,13 @@ def main() -> None:
             start_replicas(started)
             serving = [ServingReplica(r.url, r.role, Path(r.adapter_dir or "")) for r in started]
         try:
-            bursts = {k: burst(k, n, bundle, golden, base_dir, serving, work) for k, n in sizes.items()}
+            # the smoke's two tenants need no scheduled reconcile or sweep: each is a process on
+            # the test session's two cores
+            sweeps_every_s = None if args.smoke else 60.0
+            bursts = {
+                k: burst(k, n, bundle, golden, base_dir, serving, work, sweeps_every_s=sweeps_every_s)
+                for k, n in sizes.items()
+            }
             if sizes and not args.skip_paused_trigger:
                 bursts["canary_trigger_paused"] = burst(
                     "paused",

@@ -111,16 +111,25 @@ def _prefect(server: PrefectServer, env: dict[str, str], *args: str, check: bool
     return proc.stdout
 
 
-def deploy(server: PrefectServer, env: dict[str, str], *, evaluate_every_s: float, reconcile_every_s: float) -> None:
-    """Create the work pools, ``prefect deploy --all``, then tighten the two schedules."""
+def deploy(
+    server: PrefectServer,
+    env: dict[str, str],
+    *,
+    evaluate_every_s: float | None,
+    reconcile_every_s: float | None,
+    advance_every_s: float | None,
+) -> None:
+    """Create the work pools, ``prefect deploy --all``, then set the three schedules."""
     for pool in POOLS:
         _prefect(server, env, "work-pool", "create", pool.name, "--type", "process", "--overwrite")
     _prefect(server, env, "deploy", "--all")
     set_interval(server, "canary-evaluate/canary-evaluate", evaluate_every_s)
     set_interval(server, "reconcile/reconcile", reconcile_every_s)
+    set_interval(server, "advance/advance", advance_every_s)
 
 
-def set_interval(server: PrefectServer, deployment: str, seconds: float) -> None:
+def set_interval(server: PrefectServer, deployment: str, seconds: float | None) -> None:
+    """Run ``deployment`` every ``seconds``; ``None``: only when someone starts it."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.schedules import IntervalSchedule
     from prefect.settings import temporary_settings
@@ -129,7 +138,9 @@ def set_interval(server: PrefectServer, deployment: str, seconds: float) -> None
         found = client.read_deployment_by_name(deployment)
         for schedule in client.read_deployment_schedules(found.id):
             client.delete_deployment_schedule(found.id, schedule.id)
-        client.create_deployment_schedules(found.id, [(IntervalSchedule(interval=timedelta(seconds=seconds)), True)])
+        if seconds is not None:
+            schedule = IntervalSchedule(interval=timedelta(seconds=seconds))
+            client.create_deployment_schedules(found.id, [(schedule, True)])
 
 
 def start_pipeline(
@@ -137,18 +148,26 @@ def start_pipeline(
     loragate_env: dict[str, str],
     secrets: PipelineSecrets,
     *,
-    evaluate_every_s: float = 5.0,
-    reconcile_every_s: float = 60.0,
+    evaluate_every_s: float | None = 5.0,
+    reconcile_every_s: float | None = 60.0,
+    advance_every_s: float | None = 60.0,
     server: PrefectServer | None = None,
 ) -> LocalPipeline:
     """A Prefect server under ``home`` (or the one given), loragate deployed on it, and one
     worker per pool whose flow runs see ``loragate_env`` and act with that pool's share of
-    ``secrets`` (written under ``<server home>/secrets/<pool>``)."""
+    ``secrets`` (written under ``<server home>/secrets/<pool>``). Each scheduled flow run is
+    a process: ``None`` leaves that deployment to be started by hand."""
     owns_server = server is None
     server = server or start_prefect_server(home)
     pipeline = LocalPipeline(server, {**server.env, **loragate_env}, owns_server=owns_server)
     try:
-        deploy(server, loragate_env, evaluate_every_s=evaluate_every_s, reconcile_every_s=reconcile_every_s)
+        deploy(
+            server,
+            loragate_env,
+            evaluate_every_s=evaluate_every_s,
+            reconcile_every_s=reconcile_every_s,
+            advance_every_s=advance_every_s,
+        )
         pipeline.secret_dirs = write_secrets(server.home / "secrets", secrets)
         for pool in POOLS:
             worker_env = {**loragate_env, SECRETS_DIR_VARIABLE: str(pipeline.secret_dirs[pool.name])}

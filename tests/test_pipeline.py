@@ -53,8 +53,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 WINDOW_S = 6
-# manual sweeps cancelled because the scheduled one (every 60 s, ~10 s long) was in flight
-ADVANCE_COLLISIONS = 6
+EVALUATE_EVERY_S = 15
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 240.0, every_s: float = 0.5) -> Any:
@@ -256,9 +255,6 @@ def stack(prefect_server, pg_template, replicas, replica_adapters, tiny_base, s3
         # is a row of tests/test_canary.py's verdict table
         "LORAGATE_CANARY_P95_SLACK_MS": "5000",
         "LORAGATE_APPROVAL_POLL_S": "1",
-        # the scheduled sweep leaves these tests' versions to their events (and to the tests'
-        # own steps); test_a_version_whose_event_was_lost... runs it on purpose
-        "LORAGATE_ADVANCE_AFTER_S": "3600",
         "LORAGATE_UI_URL": prefect_server.ui_url,
         "LORAGATE_SLACK_CHANNEL": "#adapters",
         "LORAGATE_SLACK_BASE_URL": slack.base_url,
@@ -281,7 +277,18 @@ def stack(prefect_server, pg_template, replicas, replica_adapters, tiny_base, s3
         registry.add_signing_key(SIGNING_KEY.public_pem, "signing", "pipeline")
     # the Slack token too comes from the pools' secrets directories: the workers' environment has none
     secrets = PipelineSecrets(tokens, SIGNING_KEY.private_pem, "xoxb-test-token")
-    pipeline = start_pipeline(tmp / "prefect", env, secrets, evaluate_every_s=5, server=prefect_server)
+    # each scheduled run is a process on two shared cores: evaluations every 5 s ran back to
+    # back, and a reconcile and a sweep every minute, slowed every gate under test 2-3x. Here
+    # reconcile and the sweep run only when a test starts them
+    pipeline = start_pipeline(
+        tmp / "prefect",
+        env,
+        secrets,
+        evaluate_every_s=EVALUATE_EVERY_S,
+        reconcile_every_s=None,
+        advance_every_s=None,
+        server=prefect_server,
+    )
     made = Stack(pipeline, settings, slack, replicas, tmp, people, tokens)
     try:
         yield made
@@ -636,18 +643,9 @@ def test_a_version_whose_event_was_lost_is_carried_on_by_the_advance_sweep(stack
     assert reports[0].status.value == "passed", reports[0].failures
     assert [w.gate.value for w in stack.registry.waiting() if w.version_id == version] == ["canary"]
 
-    def sweep_now():
-        with client_env(stack.pipeline.server):
-            return run_deployment("advance/advance", parameters={"after_s": 0}, timeout=120)
-
-    # the deployment runs one sweep at a time and cancels a new one (CANCEL_NEW): when the
-    # scheduled sweep is in flight, run ours again once it has ended
-    run = sweep_now()
-    for _ in range(ADVANCE_COLLISIONS):
-        if run.state is None or not run.state.is_cancelled():
-            break
-        time.sleep(5)
-        run = sweep_now()
+    # the sweep, as its schedule would start it (the test stack has none)
+    with client_env(stack.pipeline.server):
+        run = run_deployment("advance/advance", parameters={"after_s": 0}, timeout=120)
     assert run.state is not None and run.state.is_completed(), run.state
     with client_env(stack.pipeline.server), get_client(sync_client=True) as client:
         started = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["advance"])))
