@@ -1,4 +1,4 @@
-"""64 concurrent promote/rollback calls on one adapter, from separate processes, against
+"""32 concurrent promote/rollback calls on one adapter, from separate processes, against
 Postgres and the three real vLLM replicas: no lost update, and the audit log tells one
 linear story that matches the final pointers and what the replicas serve.
 
@@ -42,7 +42,7 @@ from tasks.fleet import promote_and_switch
 from tasks.replicas import ReplicaClient
 from tests.support.registries import IN_PROCESS, mark_validated
 
-CALLS = 64
+CALLS = 32
 CALL_TIMEOUT_S = 600
 ARTIFACTS = Path(__file__).parent / "artifacts"
 POINTER_MOVES = ("promote", "rollback")
@@ -222,7 +222,7 @@ def quantile(values: list[float], q: int) -> float:
 
 
 @pytest.mark.slow
-def test_64_concurrent_promotes_and_rollbacks_tell_one_story(
+def test_32_concurrent_promotes_and_rollbacks_tell_one_story(
     tmp_path, pg_template, seeded_bundles, tiny_base, replicas, replica_adapters
 ):
     settings = Settings(
@@ -259,7 +259,7 @@ def test_64_concurrent_promotes_and_rollbacks_tell_one_story(
             "LORAGATE_HOME": str(settings.home),
         }
         calls = the_mix(name, v1, v2, v3)
-        # one call alone first, a no-op: what a call costs without 63 others beside it
+        # one call alone first, a no-op: what a call costs without 31 others beside it
         solo = run_call(
             Call(-1, "solo", ["promote", v2, "--to", "canary"], "signing"),
             {**base_env, "LORAGATE_TOKEN": tokens["signing"]},
