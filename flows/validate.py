@@ -7,8 +7,8 @@ signs what passed with the pipeline's signing key and announces each outcome:
 The reports are a Prefect table artifact. A re-run after a crash finds nothing pending and
 announces again what passed but never entered canary, so the pipeline resumes -- except a
 version whose canary run is already queued: in a burst, each queued validation run found
-the versions earlier runs had announced and announced them again (35 redundant canary runs,
-each a process, in a burst of 50 tenants).
+the versions earlier runs had announced and announced them again, a redundant canary run
+(a process) for each.
 """
 
 from __future__ import annotations

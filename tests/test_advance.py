@@ -184,7 +184,7 @@ def test_the_sweep_starts_what_lost_events_would_have_and_never_a_second_live_ru
     assert advance(registry, after_s=3600, alert_s=3600) == []
 
 
-def test_a_version_with_a_live_canary_run_is_not_announced_again_and_one_whose_run_ended_is(deployed):
+def test_the_versions_with_a_live_canary_run_are_those_its_scheduled_running_and_paused_runs_name(deployed):
     from prefect.states import Cancelled, Completed, Paused, Running
 
     canary = deployed.read_deployment_by_name(DEPLOYMENTS[Gate.CANARY]).id
