@@ -16,6 +16,10 @@ CHROMIUM := /usr/bin/chromium
 # lies in pip's find-links folder, which uv does not read unless told (UV_FIND_LINKS); both
 # locks pin the +cpu build, so without it the install fails instead of fetching CUDA's
 UV_VERSION := 0.13.9
+# pip's find-links folder: its environment variable, else its configuration files
+ifndef PIP_FIND_LINKS
+PIP_FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+endif
 export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
 
 $(STAMP): pyproject.toml requirements.lock

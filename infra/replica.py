@@ -92,8 +92,8 @@ def build_vllm_venv(python: str = "python3", log=sys.stderr) -> Path:
     install, uninstall = [str(uv), "pip", "install", *target], [str(uv), "pip", "uninstall", *target]
     # torch's CPU wheel lies in pip's find-links folder; uv reads it only from its own variable
     env = dict(os.environ)
-    if "UV_FIND_LINKS" not in env and "PIP_FIND_LINKS" in env:
-        env["UV_FIND_LINKS"] = env["PIP_FIND_LINKS"]
+    if "UV_FIND_LINKS" not in env:
+        env["UV_FIND_LINKS"] = env.get("PIP_FIND_LINKS") or _pip_find_links(python)
 
     def run(cmd: list[str]) -> None:
         print("$ " + " ".join(cmd), file=log, flush=True)
@@ -117,6 +117,17 @@ def build_vllm_venv(python: str = "python3", log=sys.stderr) -> Path:
     run([*install, "--no-deps", "--reinstall", str(PLUGIN)])
     stamp.touch()
     return VLLM_VENV
+
+
+def _pip_find_links(python: str) -> str:
+    """pip's ``global.find-links`` from its configuration files ("" when none is set)."""
+    try:
+        found = subprocess.run(
+            [python, "-m", "pip", "config", "get", "global.find-links"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return found.stdout.strip() if found.returncode == 0 else ""
 
 
 @dataclass
