@@ -54,7 +54,7 @@ import httpx  # noqa: E402
 from bench.harness import ServingReplica, emit, production_and_canary  # noqa: E402
 from bench.scale_restart import bench_restart  # noqa: E402
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
-from infra.pipeline import LocalPipeline, PipelineSecrets, set_interval, start_pipeline  # noqa: E402
+from infra.pipeline import SWEEPS_EVERY_S, LocalPipeline, PipelineSecrets, set_interval, start_pipeline  # noqa: E402
 from infra.prefect_local import start_prefect_server  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
 from registry.rules.access import Principal, Role  # noqa: E402
@@ -198,7 +198,7 @@ def burst(
     *,
     drop_canary_trigger: bool = False,
     deadline_s: float = 3600.0,
-    sweeps_every_s: float | None = 60.0,
+    sweeps_every_s: float | None = SWEEPS_EVERY_S,
 ) -> dict[str, Any]:
     from prefect.deployments import run_deployment
     from prefect.events.worker import EventsWorker
@@ -434,7 +434,7 @@ def main() -> None:
         try:
             # the smoke's two tenants need no scheduled reconcile or sweep: each is a process on
             # the test session's two cores
-            sweeps_every_s = None if args.smoke else 60.0
+            sweeps_every_s = None if args.smoke else SWEEPS_EVERY_S
             bursts = {
                 k: burst(k, n, bundle, golden, base_dir, serving, work, sweeps_every_s=sweeps_every_s)
                 for k, n in sizes.items()

@@ -32,6 +32,8 @@ from registry.rules.access import Role
 from tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets
 
 ROOT = Path(__file__).resolve().parents[1]
+# the local pipeline's reconcile and advance sweep (prefect.yaml: every 5 min and every minute)
+SWEEPS_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -149,8 +151,8 @@ def start_pipeline(
     secrets: PipelineSecrets,
     *,
     evaluate_every_s: float | None = 5.0,
-    reconcile_every_s: float | None = 60.0,
-    advance_every_s: float | None = 60.0,
+    reconcile_every_s: float | None = SWEEPS_EVERY_S,
+    advance_every_s: float | None = SWEEPS_EVERY_S,
     server: PrefectServer | None = None,
 ) -> LocalPipeline:
     """A Prefect server under ``home`` (or the one given), loragate deployed on it, and one
