@@ -38,8 +38,9 @@ def shadow_validate_flow(base: str) -> dict[str, str]:
                 )
                 notify_task(notify.validation_failed(report.name, report.version_id, report.failures))
     _, passed = versions_to_validate(base)
-    earlier = [v["version_id"] for v in passed if v["version_id"] not in outcome]
-    queued = versions_with_live_runs(Gate.CANARY) if earlier else set()
+    # the Prefect API is asked only when a version passed in an earlier run
+    validated_earlier = any(v["version_id"] not in outcome for v in passed)
+    queued = versions_with_live_runs(Gate.CANARY) if validated_earlier else set()
     for version in passed:
         sign_validated(version["version_id"])  # production takes a signature; canary does not
         if version["version_id"] not in queued:
