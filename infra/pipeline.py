@@ -1,6 +1,6 @@
 """The promotion pipeline on one machine: a local Prefect server, loragate's deployments
-from ``prefect.yaml``, and a process worker per work pool -- for ``make demo``, the
-end-to-end tests and ``bench/pipeline.py``.
+from ``prefect.yaml``, and a worker per work pool (warm or process, ``POOLS``) -- for
+``make demo``, the end-to-end tests and ``bench/pipeline.py``.
 
 ``prefect deploy --all`` runs exactly as an operator would run it; only the two schedules
 are then tightened (an evaluation every few seconds instead of every ten minutes), because
@@ -43,12 +43,16 @@ class Pool:
     name: str
     role: Role
     holds_signing_key: bool = False
+    warm: bool = True  # its gates run in threads of a warm worker (infra/warm_worker.py)
 
 
-# prefect.yaml puts each deployment on the pool of the role its gates need
+# prefect.yaml puts each deployment on the pool of the role its gates need. The short gates
+# (register; evaluate, promote, rollback; reconcile, advance) run where the imports are
+# paid; the signing pool's shadow validation loads torch and a base, and a canary flow run
+# must stay killable as a process (tests/test_pipeline.py), so it keeps a process worker
 POOLS = (
     Pool("intake", Role.TRAINING),
-    Pool("gpu", Role.SIGNING, holds_signing_key=True),
+    Pool("gpu", Role.SIGNING, holds_signing_key=True, warm=False),
     Pool("release", Role.ACTIVATION),
     Pool("fleet", Role.ADMIN),
 )
@@ -154,11 +158,13 @@ def start_pipeline(
     reconcile_every_s: float | None = SWEEPS_EVERY_S,
     advance_every_s: float | None = SWEEPS_EVERY_S,
     server: PrefectServer | None = None,
+    warm_workers: bool = True,
 ) -> LocalPipeline:
     """A Prefect server under ``home`` (or the one given), loragate deployed on it, and one
     worker per pool whose flow runs see ``loragate_env`` and act with that pool's share of
-    ``secrets`` (written under ``<server home>/secrets/<pool>``). Each scheduled flow run is
-    a process: ``None`` leaves that deployment to be started by hand."""
+    ``secrets`` (written under ``<server home>/secrets/<pool>``). An ``*_every_s`` of
+    ``None`` leaves that deployment to be started by hand; ``warm_workers=False`` gives every
+    pool a process worker (a flow run per process: ``bench/pipeline.py``'s peer)."""
     owns_server = server is None
     server = server or start_prefect_server(home)
     pipeline = LocalPipeline(server, {**server.env, **loragate_env}, owns_server=owns_server)
@@ -174,7 +180,7 @@ def start_pipeline(
         for pool in POOLS:
             worker_env = {**loragate_env, SECRETS_DIR_VARIABLE: str(pipeline.secret_dirs[pool.name])}
             log = server.home / f"worker-{pool.name}.log"
-            pipeline.workers.append(start_worker(server, pool.name, worker_env, cwd=ROOT, log=log))
+            pipeline.workers.append(start_worker(server, pool.name, worker_env, cwd=ROOT, log=log, warm=pool.warm and warm_workers))
     except BaseException:
         pipeline.stop()
         raise

@@ -4,7 +4,7 @@
 scheduler included: schedules create runs only there, never in ephemeral mode) on
 127.0.0.1 with its SQLite database and log under a directory of the caller's, in a process
 group of its own so that ``stop`` ends it and whatever it spawned. ``start_worker`` runs a
-process worker against it. Every poll and service loop that sits between "something
+process worker (or a warm one) against it. Every poll and service loop that sits between "something
 happened" and "a flow runs" is lowered from Prefect's production defaults (10-60 s) to
 1-2 s, so a pipeline reacts within seconds here. Importing this module does not import
 Prefect (it costs ~2 s); the processes do.
@@ -229,11 +229,19 @@ def start_worker(
     *,
     name: str | None = None,
     limit: int = WORKER_LIMIT,
+    warm: bool = False,
+    flows_package: str = "flows",
 ) -> subprocess.Popen:
     """A ``prefect worker start --type process`` on ``pool`` (created if missing), polling
     every second, running at most ``limit`` flow runs at once, in its own process group;
-    ``env`` is merged over the server's client env. Stop it with ``stop_process``."""
-    cmd = [prefect_bin(), "worker", "start", "--pool", pool, "--type", "process", "--limit", str(limit)]
+    ``env`` is merged over the server's client env. ``warm``: a ``WarmWorker`` instead
+    (``infra/warm_worker.py``), whose runs are threads of its own process, running flows of
+    ``flows_package`` only. Stop it with ``stop_process``."""
+    if warm:
+        cmd = [sys.executable, "-m", "infra.warm_worker", "--pool", pool, "--limit", str(limit)]
+        cmd += ["--flows-package", flows_package]
+    else:
+        cmd = [prefect_bin(), "worker", "start", "--pool", pool, "--type", "process", "--limit", str(limit)]
     if name:
         cmd += ["--name", name]
     full_env = {**os.environ, **server.env, **(env or {})}

@@ -277,17 +277,23 @@ def test_the_gpu_pool_template_refuses_a_negative_gpu_limit_and_unknown_selector
 # -- the workers -----------------------------------------------------------------------------
 
 
-def test_each_prefect_yaml_pool_has_a_worker_of_the_right_type_with_a_health_check():
+WARM_WORKER = ["python", "-m", "infra.warm_worker"]
+
+
+def test_each_prefect_yaml_pool_has_a_worker_of_the_right_kind_with_a_health_check():
+    """The gpu pool's runs are Kubernetes Jobs; the short gates' pools run warm workers."""
     pools = {p["name"] for p in prefect_yaml()["definitions"]["pools"].values()}
-    expected_types = {"gpu": "kubernetes", "intake": "process", "release": "process", "fleet": "process"}
+    expected_kinds = {"gpu": "kubernetes", "intake": "warm", "release": "warm", "fleet": "warm"}
     workers = {}
     for name, deployment in objects("Deployment").items():
         command = container(deployment, "worker")["command"]
         if command[:3] == ["prefect", "worker", "start"]:
-            workers[arg_after(command, "--pool")] = (name, command)
+            workers[arg_after(command, "--pool")] = (name, command, arg_after(command, "--type"))
+        elif command[:3] == WARM_WORKER:
+            workers[arg_after(command, "--pool")] = (name, command, "warm")
     assert set(workers) == pools
-    for pool, (name, command) in workers.items():
-        assert arg_after(command, "--type") == expected_types[pool], name
+    for pool, (name, command, kind) in workers.items():
+        assert kind == expected_kinds[pool], name
         assert "--with-healthcheck" in command, name
         probe = container(objects("Deployment")[name], "worker")["livenessProbe"]["httpGet"]
         assert probe["path"] == "/health"

@@ -1,0 +1,172 @@
+"""The warm worker (``infra/warm_worker.py``) runs a pool's deployment runs in threads of its
+own process: what a process worker does for a flow run -- claim it, run the deployment's
+entrypoint, record its final state, re-run a resumed suspension from the top -- without a
+process start. Against a real ``prefect server start`` and a real worker process."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from infra.warm_worker import WarmWorker, module_of_entrypoint
+from tests.support.prefect_env import (  # noqa: F401  (a fixture)
+    client_env,
+    prefect_server_fixture,
+    start_worker,
+    stop_process,
+    wait_for_state,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOWS = "tests/support/warm_flows.py"
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "expected"),
+    [
+        ("flows/rollback.py:rollback_flow", ("flows.rollback", "rollback_flow")),
+        ("flows/canary.py:canary_evaluate_flow", ("flows.canary", "canary_evaluate_flow")),
+        # a module of the repository that is not a gate: whoever edits a deployment does not
+        # get to pick the code a worker runs with its pool's token
+        ("tests/support/warm_flows.py:warm_probe", None),
+        ("infra/demo.py:main", None),
+        ("flowsy/x.py:f", None),
+        ("/abs/flows/rollback.py:rollback_flow", None),
+        ("flows/../infra/demo.py:main", None),
+        ("flows/rollback.py", None),
+        ("flows/rollback:rollback_flow", None),
+        ("flows/rollback.py:os.system", None),
+    ],
+)
+def test_an_entrypoint_is_a_flow_module_of_the_package_or_refused(entrypoint, expected):
+    if expected is None:
+        with pytest.raises(ValueError, match="entrypoint"):
+            module_of_entrypoint(entrypoint)
+    else:
+        assert module_of_entrypoint(entrypoint) == expected
+
+
+def test_an_attribute_that_is_not_a_flow_is_refused():
+    worker = WarmWorker(work_pool_name="unused")
+    with pytest.raises(ValueError, match="names no flow"):
+        worker.flow_for_entrypoint("flows/rollback.py:artifact_key")
+    assert worker.flow_for_entrypoint("flows/rollback.py:rollback_flow").name == "rollback"
+
+
+@pytest.fixture(scope="module")
+def warm_pool(prefect_server):
+    """A process pool with a deployment per probe flow and one warm worker (3 runs at once)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    pool = f"warm-{uuid.uuid4().hex[:8]}"
+    with client_env(prefect_server), get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        deployments = {}
+        for flow_name, entrypoint in (
+            ("warm-probe", f"{FLOWS}:warm_probe"),
+            ("warm-failing", f"{FLOWS}:warm_failing"),
+            ("warm-suspending", f"{FLOWS}:warm_suspending"),
+            # a deployment edited to run something that is not a flow of the worker's package
+            ("warm-outside", "flows/rollback.py:rollback_flow"),
+        ):
+            flow_id = client.create_flow_from_name(flow_name)
+            deployments[flow_name] = client.create_deployment(
+                flow_id=flow_id,
+                name=pool,
+                entrypoint=entrypoint,
+                work_pool_name=pool,
+                path=str(ROOT),
+            )
+    worker = start_worker(prefect_server, pool, cwd=ROOT, limit=3, warm=True, flows_package="tests.support")
+    try:
+        yield deployments, worker
+    finally:
+        stop_process(worker)
+
+
+def _start(server, deployment_id, **parameters):
+    from prefect.client.orchestration import get_client
+
+    with client_env(server), get_client(sync_client=True) as client:
+        return client.create_flow_run_from_deployment(deployment_id, parameters=parameters).id
+
+
+def _records(out: Path) -> list[tuple[str, int, int]]:
+    return [(m, int(p), int(t)) for m, p, t in (line.split() for line in out.read_text().splitlines())]
+
+
+def test_deployment_runs_complete_in_the_warm_workers_own_process(prefect_server, warm_pool, tmp_path):
+    deployments, worker = warm_pool
+    out = tmp_path / "runs"
+    for marker in ("first", "second"):
+        run_id = _start(prefect_server, deployments["warm-probe"], out=str(out), marker=marker)
+        wait_for_state(prefect_server, run_id, "COMPLETED", timeout_s=60)
+    assert [(m, p) for m, p, _ in _records(out)] == [("first", worker.pid), ("second", worker.pid)]
+
+
+def test_runs_started_together_run_at_once_in_threads_of_one_process(prefect_server, warm_pool, tmp_path):
+    deployments, worker = warm_pool
+    out = tmp_path / "runs"
+    runs = [
+        _start(prefect_server, deployments["warm-probe"], out=str(out), marker=f"r{i}", wait_for_lines=3)
+        for i in range(3)
+    ]
+    for run_id in runs:
+        wait_for_state(prefect_server, run_id, "COMPLETED", timeout_s=90)
+    records = _records(out)
+    assert {p for _, p, _ in records} == {worker.pid}
+    assert len({t for _, _, t in records}) == 3
+
+
+def test_a_failing_gate_is_recorded_failed_and_the_worker_runs_the_next(prefect_server, warm_pool, tmp_path):
+    deployments, worker = warm_pool
+    out = tmp_path / "runs"
+    failed = wait_for_state(
+        prefect_server, _start(prefect_server, deployments["warm-failing"], out=str(out)), "FAILED", timeout_s=60
+    )
+    assert "this gate failed on purpose" in (failed.state.message or "")
+    after = _start(prefect_server, deployments["warm-probe"], out=str(out), marker="after")
+    wait_for_state(prefect_server, after, "COMPLETED", timeout_s=60)
+    assert [m for m, _, _ in _records(out)] == ["failing", "after"]
+    assert worker.poll() is None
+
+
+def test_a_suspended_run_frees_its_thread_and_resumed_reenters_from_the_top_in_the_same_process(
+    prefect_server, warm_pool, tmp_path
+):
+    from prefect.client.orchestration import get_client
+
+    deployments, worker = warm_pool
+    out = tmp_path / "runs"
+    run_id = _start(prefect_server, deployments["warm-suspending"], out=str(out))
+    suspended = wait_for_state(prefect_server, run_id, "PAUSED", timeout_s=60)
+    assert suspended.state.name == "Suspended"
+    with client_env(prefect_server), get_client(sync_client=True) as client:
+        client.resume_flow_run(run_id)
+    wait_for_state(prefect_server, run_id, "COMPLETED", timeout_s=60)
+    assert [(m, p) for m, p, _ in _records(out)] == [
+        ("entered", worker.pid),
+        ("entered", worker.pid),
+        ("resumed", worker.pid),
+    ]
+
+
+def test_a_deployment_pointing_outside_the_flows_package_crashes_unrun_and_the_worker_goes_on(
+    prefect_server, warm_pool, tmp_path
+):
+    deployments, worker = warm_pool
+    crashed = wait_for_state(prefect_server, _start(prefect_server, deployments["warm-outside"]), "CRASHED", 60)
+    assert "outside 'tests.support'" in (crashed.state.message or "")
+    from prefect.client.orchestration import get_client
+
+    with client_env(prefect_server), get_client(sync_client=True) as client:
+        states = [state.type.value for state in client.read_flow_run_states(crashed.id)]
+    assert "RUNNING" not in states, states  # no flow was entered
+    out = tmp_path / "runs"
+    wait_for_state(
+        prefect_server, _start(prefect_server, deployments["warm-probe"], out=str(out), marker="next"), "COMPLETED", 60
+    )
+    assert worker.poll() is None
