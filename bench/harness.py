@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from infra.replica import VllmReplica
 
 
@@ -43,3 +45,12 @@ def emit(result: dict[str, Any], out: Path | None) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
     print(text)
+
+
+def serving_path(url: str, name: str) -> str | None:
+    """The path the replica serves ``name`` from (its model card's root), if it serves it."""
+    try:
+        cards = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+    return next((c["root"] for c in cards if c["id"] == name), None)

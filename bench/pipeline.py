@@ -42,9 +42,8 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
-import httpx  # noqa: E402
 
-from bench.harness import production_and_canary  # noqa: E402
+from bench.harness import production_and_canary, serving_path  # noqa: E402
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
 from infra.pipeline import PipelineSecrets, start_pipeline  # noqa: E402
 from infra.prefect_local import PrefectServer, start_prefect_server  # noqa: E402
@@ -66,14 +65,6 @@ DEFAULT_POLLS = {
 
 def log(message: str) -> None:
     print(f"[pipeline bench] {message}", file=sys.stderr, flush=True)
-
-
-def serving_path(url: str, name: str) -> str | None:
-    try:
-        cards = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
-    except (httpx.HTTPError, ValueError, KeyError):
-        return None
-    return next((c["root"] for c in cards if c["id"] == name), None)
 
 
 def _seconds(a, b) -> float | None:
