@@ -180,7 +180,8 @@ def start_pipeline(
         for pool in POOLS:
             worker_env = {**loragate_env, SECRETS_DIR_VARIABLE: str(pipeline.secret_dirs[pool.name])}
             log = server.home / f"worker-{pool.name}.log"
-            pipeline.workers.append(start_worker(server, pool.name, worker_env, cwd=ROOT, log=log, warm=pool.warm and warm_workers))
+            warm = pool.warm and warm_workers
+            pipeline.workers.append(start_worker(server, pool.name, worker_env, cwd=ROOT, log=log, warm=warm))
     except BaseException:
         pipeline.stop()
         raise

@@ -37,6 +37,8 @@ from prefect.exceptions import Abort, InfrastructureNotAvailable, Pause
 from prefect.flows import Flow
 from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, ProcessWorkerResult
 
+from infra.prefect_local import WORKER_LIMIT
+
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun, WorkPool
     from prefect.client.schemas.responses import WorkerFlowRunResponse
@@ -153,7 +155,7 @@ def run_in_this_thread(flow: Flow[..., Any], flow_run: FlowRun) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m infra.warm_worker", description=__doc__.splitlines()[0])
     parser.add_argument("--pool", required=True)
-    parser.add_argument("--limit", type=int, default=None, help="flow runs at once (threads)")
+    parser.add_argument("--limit", type=int, default=WORKER_LIMIT, help="flow runs at once (threads)")
     parser.add_argument("--name", default=None)
     parser.add_argument("--flows-package", default=FLOWS_PACKAGE, help="the package whose flows it runs")
     parser.add_argument("--with-healthcheck", action="store_true", help="serve /health (PREFECT_WORKER_WEBSERVER_*)")

@@ -134,24 +134,28 @@ def test_a_failing_gate_is_recorded_failed_and_the_worker_runs_the_next(prefect_
     assert worker.poll() is None
 
 
-def test_a_suspended_run_frees_its_thread_and_resumed_reenters_from_the_top_in_the_same_process(
+def test_suspended_runs_hold_no_slot_and_resumed_reenter_from_the_top_in_the_same_process(
     prefect_server, warm_pool, tmp_path
 ):
+    """As many runs suspended as the worker has slots (3), and another run still starts:
+    a sign-off that waits holds no thread."""
     from prefect.client.orchestration import get_client
 
     deployments, worker = warm_pool
     out = tmp_path / "runs"
-    run_id = _start(prefect_server, deployments["warm-suspending"], out=str(out))
-    suspended = wait_for_state(prefect_server, run_id, "PAUSED", timeout_s=60)
-    assert suspended.state.name == "Suspended"
+    waiting = [_start(prefect_server, deployments["warm-suspending"], out=str(out)) for _ in range(3)]
+    for run_id in waiting:
+        assert wait_for_state(prefect_server, run_id, "PAUSED", timeout_s=60).state.name == "Suspended"
+    probe = _start(prefect_server, deployments["warm-probe"], out=str(out), marker="meanwhile")
+    wait_for_state(prefect_server, probe, "COMPLETED", timeout_s=60)
     with client_env(prefect_server), get_client(sync_client=True) as client:
-        client.resume_flow_run(run_id)
-    wait_for_state(prefect_server, run_id, "COMPLETED", timeout_s=60)
-    assert [(m, p) for m, p, _ in _records(out)] == [
-        ("entered", worker.pid),
-        ("entered", worker.pid),
-        ("resumed", worker.pid),
-    ]
+        for run_id in waiting:
+            client.resume_flow_run(run_id)
+    for run_id in waiting:
+        wait_for_state(prefect_server, run_id, "COMPLETED", timeout_s=60)
+    records = _records(out)
+    assert sorted(m for m, _, _ in records) == ["entered"] * 6 + ["meanwhile"] + ["resumed"] * 3
+    assert {p for _, p, _ in records} == {worker.pid}
 
 
 def test_a_deployment_pointing_outside_the_flows_package_crashes_unrun_and_the_worker_goes_on(
