@@ -67,6 +67,7 @@ bench: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python bench/registry.py
 	$(BIN)/python bench/validation.py
 	$(BIN)/python bench/fleet.py
+	$(BIN)/python bench/fleet_prefect.py
 	$(BIN)/python bench/copies.py
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/stuck.py

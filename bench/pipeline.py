@@ -42,7 +42,6 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
-
 from bench.harness import production_and_canary, serving_path  # noqa: E402
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
 from infra.pipeline import PipelineSecrets, start_pipeline  # noqa: E402
