@@ -117,6 +117,15 @@ class Setup:
     def previous(self) -> str:
         return self.v1 if self.production() == self.v2 else self.v2
 
+    def env(self) -> dict[str, str]:
+        """The settings a ``loragate`` command or a worker needs to reach this registry."""
+        return {
+            "LORAGATE_HOME": str(self.settings.home),
+            "LORAGATE_DATABASE_URL": self.settings.database_url,
+            "LORAGATE_ARTIFACTS": self.settings.artifacts,
+            "LORAGATE_ACTOR": "bench",
+        }
+
 
 def build_setup(work: Path, base: Path | None, database_url: str | None = None, **settings_: Any) -> Setup:
     log("building the tiny base and training two adapters (support, tickets)")
@@ -338,14 +347,7 @@ def bench_parallelism(setup: Setup, urls: list[str], adapter_dir: Path, rounds: 
 
 def bench_cli_rollback(setup: Setup) -> float:
     """``loragate rollback`` as a user runs it: a process of its own, imports included."""
-    env = {
-        **os.environ,
-        "LORAGATE_HOME": str(setup.settings.home),
-        "LORAGATE_DATABASE_URL": setup.settings.database_url,
-        "LORAGATE_ARTIFACTS": setup.settings.artifacts,
-        "LORAGATE_ACTOR": "bench",
-        "LORAGATE_TOKEN": setup.registry.create_token("activation", "bench")[1],
-    }
+    env = {**os.environ, **setup.env(), "LORAGATE_TOKEN": setup.registry.create_token("activation", "bench")[1]}
     command = [str(Path(sys.executable).parent / "loragate"), "rollback", setup.name, "--json"]
     started = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)

@@ -66,21 +66,11 @@ RUN_DEADLINE_S = 180.0
 CLIENT_THREADS = 2
 
 
-def loragate_env(setup: Setup) -> dict[str, str]:
-    return {
-        "LORAGATE_HOME": str(setup.settings.home),
-        "LORAGATE_DATABASE_URL": setup.settings.database_url,
-        "LORAGATE_ARTIFACTS": setup.settings.artifacts,
-        "LORAGATE_ACTOR": "bench",
-        "HF_HUB_OFFLINE": "1",
-    }
-
-
 def rollback_code(setup: Setup, person_token: str, version: str) -> str:
     """What a person types into the run's ``code``: ``loragate approve-code VERSION --rollback``."""
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "loragate"), "approve-code", version, "--rollback", "--json"],
-        env={**os.environ, **loragate_env(setup), "LORAGATE_TOKEN": person_token},
+        env={**os.environ, **setup.env(), "LORAGATE_TOKEN": person_token},
         capture_output=True,
         text=True,
         check=False,
@@ -169,7 +159,7 @@ def bench_worker(
     secrets: Path,
     token: str,
 ) -> dict[str, Any]:
-    env = {**loragate_env(setup), SECRETS_DIR_VARIABLE: str(secrets)}
+    env = {**setup.env(), SECRETS_DIR_VARIABLE: str(secrets)}
     kind = "warm" if warm else "process"
     worker = start_worker(server, "release", env, cwd=ROOT, log=server.home / f"worker-{kind}.log", warm=warm)
     try:
@@ -224,7 +214,7 @@ def main() -> None:
                 promote_and_switch(setup.registry, version, "production")
             use_fleet(setup, urls, adapter_dir)
             server = start_prefect_server(work / "prefect")
-            deploy(server, loragate_env(setup), evaluate_every_s=None, reconcile_every_s=None, advance_every_s=None)
+            deploy(server, setup.env(), evaluate_every_s=None, reconcile_every_s=None, advance_every_s=None)
             pipeline_token = setup.registry.create_token(Role.ACTIVATION.value, "pipeline-activation", pipeline=True)[1]
             secrets = write_pool_secrets(work / "secrets" / "release", {Role.ACTIVATION: pipeline_token}, None, None)
             person = setup.registry.create_token(Role.ACTIVATION.value, "alice")[1]

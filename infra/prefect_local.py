@@ -4,9 +4,9 @@
 scheduler included: schedules create runs only there, never in ephemeral mode) on
 127.0.0.1 with its SQLite database and log under a directory of the caller's, in a process
 group of its own so that ``stop`` ends it and whatever it spawned. ``start_worker`` runs a
-process worker (or a warm one) against it. Every poll and service loop that sits between "something
-happened" and "a flow runs" is lowered from Prefect's production defaults (10-60 s) to
-1-2 s, so a pipeline reacts within seconds here. Importing this module does not import
+process worker (or a warm one) against it. Every poll and service loop that sits between
+"something happened" and "a flow runs" is lowered from Prefect's production defaults
+(10-60 s) to 1-2 s, so a pipeline reacts within seconds here. Importing this module does not import
 Prefect (it costs ~2 s); the processes do.
 
 The server runs with API authentication on (``PREFECT_SERVER_API_AUTH_STRING``, HTTP basic
