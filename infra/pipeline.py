@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from infra.automations import HEARTBEAT_ENV, unresponsive_runs_automation
+from infra.automations import ensure as ensure_automation
 from infra.prefect_local import (
     AUTH_FILE,
     PrefectServer,
@@ -44,15 +46,22 @@ class Pool:
     role: Role
     holds_signing_key: bool = False
     warm: bool = True  # its gates run in threads of a warm worker (infra/warm_worker.py)
+    preload: tuple[str, ...] = ()  # modules its warm worker imports at start, before any run
 
 
-# prefect.yaml puts each deployment on the pool of the role its gates need. The short gates
-# (register; evaluate, promote, rollback; reconcile, advance) run where the imports are
-# paid; the signing pool's shadow validation loads torch and a base, and a canary flow run
-# must stay killable as a process (tests/test_pipeline.py), so it keeps a process worker
+# shadow validation's libraries: importing PEFT alone takes ~8 s here, torch and
+# transformers' model classes most of the rest
+VALIDATION_IMPORTS = ("torch", "peft", "transformers.models.auto.modeling_auto", "tasks.validation.runner")
+
+# prefect.yaml puts each deployment on the pool of the role its gates need, and every pool
+# runs where the imports are paid. The signing role has two pools: `gpu` validates and signs
+# (the key is there and nowhere else), `canary` deploys what was validated with the signing
+# token alone. A cluster runs each validation batch as a Kubernetes Job on a GPU node
+# instead (infra/k8s/), which holds a GPU only while it validates.
 POOLS = (
-    Pool("intake", Role.TRAINING),
-    Pool("gpu", Role.SIGNING, holds_signing_key=True, warm=False),
+    Pool("intake", Role.TRAINING, preload=("great_expectations",)),  # a golden set's suite
+    Pool("gpu", Role.SIGNING, holds_signing_key=True, preload=VALIDATION_IMPORTS),
+    Pool("canary", Role.SIGNING),
     Pool("release", Role.ACTIVATION),
     Pool("fleet", Role.ADMIN),
 )
@@ -125,10 +134,15 @@ def deploy(
     reconcile_every_s: float | None,
     advance_every_s: float | None,
 ) -> None:
-    """Create the work pools, ``prefect deploy --all``, then set the three schedules."""
+    """Create the work pools, ``prefect deploy --all``, the automation that crashes flow runs
+    whose worker died (``infra/automations.py``), then set the three schedules."""
+    from prefect.settings import temporary_settings
+
     for pool in POOLS:
         _prefect(server, env, "work-pool", "create", pool.name, "--type", "process", "--overwrite")
     _prefect(server, env, "deploy", "--all")
+    with temporary_settings(server.client_settings()):
+        ensure_automation(unresponsive_runs_automation())
     set_interval(server, "canary-evaluate/canary-evaluate", evaluate_every_s)
     set_interval(server, "reconcile/reconcile", reconcile_every_s)
     set_interval(server, "advance/advance", advance_every_s)
@@ -178,10 +192,15 @@ def start_pipeline(
         )
         pipeline.secret_dirs = write_secrets(server.home / "secrets", secrets)
         for pool in POOLS:
-            worker_env = {**loragate_env, SECRETS_DIR_VARIABLE: str(pipeline.secret_dirs[pool.name])}
+            worker_env = {
+                **loragate_env,
+                **HEARTBEAT_ENV,  # its flow runs beat, so one its death leaves RUNNING is crashed
+                SECRETS_DIR_VARIABLE: str(pipeline.secret_dirs[pool.name]),
+            }
             log = server.home / f"worker-{pool.name}.log"
             warm = pool.warm and warm_workers
-            pipeline.workers.append(start_worker(server, pool.name, worker_env, cwd=ROOT, log=log, warm=warm))
+            worker = start_worker(server, pool.name, worker_env, cwd=ROOT, log=log, warm=warm, preload=pool.preload)
+            pipeline.workers.append(worker)
     except BaseException:
         pipeline.stop()
         raise

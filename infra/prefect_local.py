@@ -231,15 +231,17 @@ def start_worker(
     limit: int = WORKER_LIMIT,
     warm: bool = False,
     flows_package: str = "flows",
+    preload: tuple[str, ...] = (),
 ) -> subprocess.Popen:
     """A ``prefect worker start --type process`` on ``pool`` (created if missing), polling
     every second, running at most ``limit`` flow runs at once, in its own process group;
     ``env`` is merged over the server's client env. ``warm``: a ``WarmWorker`` instead
     (``infra/warm_worker.py``), whose runs are threads of its own process, running flows of
-    ``flows_package`` only. Stop it with ``stop_process``."""
+    ``flows_package`` only, with the ``preload`` modules imported at its start. Stop it with
+    ``stop_process``."""
     if warm:
         cmd = [sys.executable, "-m", "infra.warm_worker", "--pool", pool, "--limit", str(limit)]
-        cmd += ["--flows-package", flows_package]
+        cmd += ["--flows-package", flows_package, *(f"--preload={module}" for module in preload)]
     else:
         cmd = [prefect_bin(), "worker", "start", "--pool", pool, "--type", "process", "--limit", str(limit)]
     if name:

@@ -11,13 +11,15 @@ artifacts reach the UI, a suspended sign-off ends the thread (not the process) a
 resumed run is picked up again from the top.
 
 What a thread cannot do that a process can: be killed. Cancelling a running flow run
-leaves it to finish on its own deadlines (every wait a gate makes has one), so the gates
-it runs are the short ones; shadow validation, which loads torch and a base model, stays
-on a process worker. One worker per pool and role as before: its process holds that
-pool's secrets directory and nothing else, as the process worker's did.
+leaves it to finish on its own deadlines (every wait a gate makes has one, and a validation
+batch ends with its last adapter). One worker per pool and role as before: its process holds
+that pool's secrets directory and nothing else, as the process worker's did. A pool whose
+flows need heavy libraries names them (``--preload``): shadow validation's torch,
+transformers and PEFT are imported once at the worker's start, not once per batch.
 
-``python -m infra.warm_worker --pool NAME [--limit N] [--name NAME] [--with-healthcheck]``
-starts one (from the repository root: the entrypoints are relative to it).
+``python -m infra.warm_worker --pool NAME [--limit N] [--name NAME] [--preload MODULE ...]
+[--with-healthcheck]`` starts one (from the repository root: the entrypoints are relative
+to it).
 """
 
 from __future__ import annotations
@@ -159,10 +161,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default=None)
     parser.add_argument("--flows-package", default=FLOWS_PACKAGE, help="the package whose flows it runs")
     parser.add_argument("--with-healthcheck", action="store_true", help="serve /health (PREFECT_WORKER_WEBSERVER_*)")
+    parser.add_argument("--preload", action="append", default=[], metavar="MODULE", help="import at start")
     args = parser.parse_args(argv)
     os.chdir(ROOT)  # deployments' entrypoints are relative to the repository root
 
     worker = WarmWorker(work_pool_name=args.pool, limit=args.limit, name=args.name, flows_package=args.flows_package)
+    for module in args.preload:
+        importlib.import_module(module)  # a module that does not import stops the worker here
     preload(worker, args.pool)
     asyncio.run(worker.start(with_healthcheck=args.with_healthcheck))
 

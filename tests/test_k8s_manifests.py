@@ -21,6 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from infra.automations import HEARTBEAT_ENV
 from infra.k8s.make_gpu_pool_template import gpu_pool_template, render
 from infra.pipeline import POOLS
 from registry.settings import VLLM_LORA_RANKS
@@ -283,7 +284,7 @@ WARM_WORKER = ["python", "-m", "infra.warm_worker"]
 def test_each_prefect_yaml_pool_has_a_worker_of_the_right_kind_with_a_health_check():
     """The gpu pool's runs are Kubernetes Jobs; the short gates' pools run warm workers."""
     pools = {p["name"] for p in prefect_yaml()["definitions"]["pools"].values()}
-    expected_kinds = {"gpu": "kubernetes", "intake": "warm", "release": "warm", "fleet": "warm"}
+    expected_kinds = {"gpu": "kubernetes", "intake": "warm", "canary": "warm", "release": "warm", "fleet": "warm"}
     workers = {}
     for name, deployment in objects("Deployment").items():
         command = container(deployment, "worker")["command"]
@@ -374,14 +375,28 @@ def test_each_pools_flow_runs_mount_that_pools_secret_and_no_other_and_hold_no_t
             assert not names & {"LORAGATE_TOKEN", "LORAGATE_SLACK_TOKEN", "LORAGATE_SIGNING_KEY"}, c["name"]
 
 
-def test_the_canary_deployment_runs_on_the_signing_pool_without_a_gpu():
+def test_every_flow_run_beats_and_the_readme_creates_the_automation_that_crashes_silent_ones():
+    config = objects("ConfigMap")["loragate-config"]["data"]
+    assert config["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == HEARTBEAT_ENV["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]
+    for pool, (_, flow_container) in pool_pods().items():
+        assert {"configMapRef": {"name": "loragate-config"}} in flow_container["envFrom"], pool
+    assert "python -m infra.automations" in (K8S / "README.md").read_text()
+
+
+def test_the_canary_deployment_runs_with_the_signing_token_but_neither_the_key_nor_a_gpu():
     canary = next(d for d in prefect_yaml()["deployments"] if d["name"] == "canary")
-    assert canary["work_pool"]["name"] == "gpu"
-    job = render_gpu_job(canary["work_pool"]["job_variables"])
-    pod = job["spec"]["template"]["spec"]
-    flow_container = next(c for c in pod["containers"] if c["name"] == "prefect-job")
-    assert flow_container["resources"]["limits"][GPU] == 0
+    pool = canary["work_pool"]["name"]
+    assert pool != "gpu" and POOL_ROLES[pool] == POOL_ROLES["gpu"] == "signing"
+    assert not next(p for p in POOLS if p.name == pool).holds_signing_key
+    pod, _ = pool_pods()[pool]
     assert not pod.get("nodeSelector")
+    for c in pod["containers"]:
+        assert GPU not in c["resources"].get("limits", {}), c["name"]
+    # what the README has an operator put into that pool's Secret
+    readme = (K8S / "README.md").read_text()
+    after = readme[readme.index(f"create secret generic loragate-{pool} ") :]
+    created = after[: after.index("kubectl")]
+    assert "--from-file=token-signing=" in created and "signing-key.pem" not in created
 
 
 def test_the_gpu_worker_may_run_and_watch_jobs_and_read_their_pods_in_its_namespace():
@@ -405,10 +420,10 @@ def test_the_gpu_worker_may_run_and_watch_jobs_and_read_their_pods_in_its_namesp
 
 def writer_pods() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     """(pod spec, flow container) of each pool whose flows write to the adapter volume:
-    release (promote, rollback), fleet (reconcile) and gpu (canary)."""
+    canary, release (promote, rollback), fleet (reconcile), and gpu (its Jobs)."""
     pods = {
         pool: (objects("Deployment")[f"prefect-worker-{pool}"]["spec"]["template"]["spec"], None)
-        for pool in ("release", "fleet")
+        for pool in ("canary", "release", "fleet")
     }
     found = {
         pool: (pod, next(c for c in pod["containers"] if c["name"] == "worker")) for pool, (pod, _) in pods.items()

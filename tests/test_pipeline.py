@@ -590,7 +590,7 @@ def test_a_canary_flow_killed_mid_switch_and_rerun_from_the_top_converges(stack,
         script = f"from flows.canary import canary_flow; canary_flow({version!r})"
         process = subprocess.Popen(
             [sys.executable, "-c", script],
-            env={**os.environ, **stack.pipeline.pool_env("gpu")},  # as the canary deployment's worker
+            env={**os.environ, **stack.pipeline.pool_env("canary")},  # as the canary deployment's worker
             cwd=ROOT,
             start_new_session=True,
             stdout=subprocess.DEVNULL,

@@ -5,11 +5,15 @@ process start. Against a real ``prefect server start`` and a real worker process
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from infra.automations import HEARTBEAT_ENV, HEARTBEAT_S, ensure, unresponsive_runs_automation
 from infra.warm_worker import WarmWorker, module_of_entrypoint
 from tests.support.prefect_env import (  # noqa: F401  (a fixture)
     client_env,
@@ -21,6 +25,7 @@ from tests.support.prefect_env import (  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOWS = "tests/support/warm_flows.py"
+PRELOADED = "tests.support.warm_preloaded"  # imported by the worker at its start, by nothing else
 
 
 @pytest.mark.parametrize(
@@ -55,14 +60,13 @@ def test_an_attribute_that_is_not_a_flow_is_refused():
     assert worker.flow_for_entrypoint("flows/rollback.py:rollback_flow").name == "rollback"
 
 
-@pytest.fixture(scope="module")
-def warm_pool(prefect_server):
-    """A process pool with a deployment per probe flow and one warm worker (3 runs at once)."""
+def _deploy_probes(server) -> tuple[str, dict]:
+    """A process pool of its own with a deployment per probe flow: (pool, deployment ids)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
     pool = f"warm-{uuid.uuid4().hex[:8]}"
-    with client_env(prefect_server), get_client(sync_client=True) as client:
+    with client_env(server), get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
         deployments = {}
         for flow_name, entrypoint in (
@@ -80,7 +84,16 @@ def warm_pool(prefect_server):
                 work_pool_name=pool,
                 path=str(ROOT),
             )
-    worker = start_worker(prefect_server, pool, cwd=ROOT, limit=3, warm=True, flows_package="tests.support")
+    return pool, deployments
+
+
+@pytest.fixture(scope="module")
+def warm_pool(prefect_server):
+    """The probe deployments and one warm worker (3 runs at once)."""
+    pool, deployments = _deploy_probes(prefect_server)
+    worker = start_worker(
+        prefect_server, pool, cwd=ROOT, limit=3, warm=True, flows_package="tests.support", preload=(PRELOADED,)
+    )
     try:
         yield deployments, worker
     finally:
@@ -105,6 +118,25 @@ def test_deployment_runs_complete_in_the_warm_workers_own_process(prefect_server
         run_id = _start(prefect_server, deployments["warm-probe"], out=str(out), marker=marker)
         wait_for_state(prefect_server, run_id, "COMPLETED", timeout_s=60)
     assert [(m, p) for m, p, _ in _records(out)] == [("first", worker.pid), ("second", worker.pid)]
+
+
+def test_a_run_finds_the_modules_its_pool_preloads_already_imported(prefect_server, warm_pool, tmp_path):
+    deployments, worker = warm_pool
+    out = tmp_path / "runs"
+    for imported, marker in ((PRELOADED, "preloaded-imported"), ("tests.support.never_imported", "other-not-imported")):
+        run_id = _start(
+            prefect_server, deployments["warm-probe"], out=str(out), marker=marker.split("-")[0], imported=imported
+        )
+        wait_for_state(prefect_server, run_id, "COMPLETED", timeout_s=60)
+        assert _records(out)[-1][:2] == (marker, worker.pid)
+
+
+def test_a_worker_whose_preload_does_not_import_stops_at_its_start(prefect_server):
+    worker = start_worker(prefect_server, "unused", cwd=ROOT, warm=True, preload=("tests.support.no_such_module",))
+    try:
+        assert worker.wait(timeout=120) != 0
+    finally:
+        stop_process(worker)
 
 
 def test_runs_started_together_run_at_once_in_threads_of_one_process(prefect_server, warm_pool, tmp_path):
@@ -174,3 +206,41 @@ def test_a_deployment_pointing_outside_the_flows_package_crashes_unrun_and_the_w
         prefect_server, _start(prefect_server, deployments["warm-probe"], out=str(out), marker="next"), "COMPLETED", 60
     )
     assert worker.poll() is None
+
+
+def test_runs_of_a_killed_worker_are_crashed_and_a_suspended_sign_off_is_left_waiting(prefect_server, tmp_path):
+    """A warm worker killed with a run in a thread: the run stops beating and, ``within_s``
+    later, the automation (``infra/automations.py``, scoped to this test's deployments)
+    marks it Crashed -- it is no longer live, so the advance sweep starts its gate again. A
+    run suspended before the kill sent its Suspended event after its last heartbeat: left
+    PAUSED, however long it waits."""
+    from prefect.automations import Automation
+
+    within_s = 40.0
+    pool, deployments = _deploy_probes(prefect_server)
+    out = tmp_path / "runs"
+    with client_env(prefect_server):
+        automation = ensure(
+            unresponsive_runs_automation(
+                within_s, deployment_ids=deployments.values(), name=f"crash unresponsive runs of {pool}"
+            )
+        )
+    worker = start_worker(prefect_server, pool, HEARTBEAT_ENV, cwd=ROOT, warm=True, flows_package="tests.support")
+    try:
+        waiting = _start(prefect_server, deployments["warm-suspending"], out=str(out))
+        wait_for_state(prefect_server, waiting, "PAUSED", timeout_s=120)
+        running = _start(
+            prefect_server, deployments["warm-probe"], out=str(out), marker="cut", wait_for_lines=99, deadline_s=600
+        )
+        wait_for_state(prefect_server, running, "RUNNING", timeout_s=60)
+        os.killpg(worker.pid, signal.SIGKILL)  # as an evicted pod or an OOM kill: no goodbye
+        worker.wait(timeout=30)
+        killed_at = time.monotonic()
+        crashed = wait_for_state(prefect_server, running, "CRASHED", timeout_s=within_s + 90)
+        assert "no heartbeat" in (crashed.state.message or "")
+        assert time.monotonic() - killed_at > within_s - HEARTBEAT_S  # not before its window
+        assert wait_for_state(prefect_server, waiting, "PAUSED", timeout_s=1).state.name == "Suspended"
+    finally:
+        stop_process(worker)
+        with client_env(prefect_server):
+            Automation.read(id=automation).delete()

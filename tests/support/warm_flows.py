@@ -4,6 +4,7 @@ the process and thread it ran in, so the test can tell a warm run from a process
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,9 +18,12 @@ def _record(out: str, marker: str) -> None:
 
 
 @flow(name="warm-probe", log_prints=True, persist_result=False)
-def warm_probe(out: str, marker: str, wait_for_lines: int = 0, deadline_s: float = 60.0) -> None:
+def warm_probe(out: str, marker: str, wait_for_lines: int = 0, deadline_s: float = 60.0, imported: str = "") -> None:
     """Record where it runs; with ``wait_for_lines``, wait (bounded) until that many runs
-    have recorded: runs taken one at a time would never all get there."""
+    have recorded: runs taken one at a time would never all get there. With ``imported``,
+    the marker says whether that module was imported before the run began."""
+    if imported:
+        marker += "-imported" if imported in sys.modules else "-not-imported"
     _record(out, marker)
     print(f"warm probe {marker} ran")
     end = time.monotonic() + deadline_s
