@@ -189,7 +189,7 @@ def run_configuration(
     setup_s = time.monotonic() - t0
     results = []
     try:
-        time.sleep(3)  # the workers' first poll
+        log(f"{label}: every pool's worker online after {pipeline.wait_for_workers():.1f} s")
         for i in range(trials):
             result = trial(pipeline, registry, canary.url, canary.adapter_dir, bundles[len(results)], golden)
             log(

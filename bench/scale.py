@@ -249,7 +249,7 @@ def burst(
             paused = pause_trigger(pipeline, "canary")
             set_interval(server, "advance/advance", SWEEP_EVERY_S)
             log(f"{label}: {paused} canary trigger automation(s) paused; advance every {SWEEP_EVERY_S:g} s")
-        time.sleep(3)  # the workers' first poll
+        log(f"{label}: every pool's worker online after {pipeline.wait_for_workers():.1f} s")
         names = [f"s{uuid.uuid4().hex[:6]}-{i}/{BASE_ID}/support" for i in range(tenants)]
         canary_url = next(r.url for r in replicas if r.role == "canary")
         log(f"{label}: {tenants} training events at once")

@@ -285,7 +285,7 @@ def main() -> None:
         "LORAGATE_ACTOR": "demo",
         "HF_HUB_OFFLINE": "1",
         "LORAGATE_CANARY_WINDOW_S": str(WINDOW_S),
-        # two replicas, four workers and a server share two cores: a p95 of a few requests
+        # two replicas, five workers and a server share two cores: a p95 of a few requests
         # swings by half a second here -- the machine, not the adapter (errors and drift stay
         # strict; the latency rule is a row of tests/test_canary.py's verdict table)
         "LORAGATE_CANARY_P95_SLACK_MS": "3000",

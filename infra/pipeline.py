@@ -1,5 +1,5 @@
 """The promotion pipeline on one machine: a local Prefect server, loragate's deployments
-from ``prefect.yaml``, and a worker per work pool (warm or process, ``POOLS``) -- for
+from ``prefect.yaml``, and a warm worker per work pool (``POOLS``; a process worker each for a peer) -- for
 ``make demo``, the end-to-end tests and ``bench/pipeline.py``.
 
 ``prefect deploy --all`` runs exactly as an operator would run it; only the two schedules
@@ -45,7 +45,6 @@ class Pool:
     name: str
     role: Role
     holds_signing_key: bool = False
-    warm: bool = True  # its gates run in threads of a warm worker (infra/warm_worker.py)
     preload: tuple[str, ...] = ()  # modules its warm worker imports at start, before any run
 
 
@@ -102,6 +101,30 @@ class LocalPipeline:
         """What a process needs to run a flow as ``pool``'s worker would: ``env`` and that
         pool's secrets directory."""
         return {**self.env, SECRETS_DIR_VARIABLE: str(self.secret_dirs[pool])}
+
+    def wait_for_workers(self, timeout_s: float = 300.0) -> float:
+        """Wait until every pool has a worker online -- a warm one registers once its imports
+        are done -- and return the seconds waited: a benchmark times the pipeline, not its
+        start. Raises TimeoutError naming the pools without one."""
+        import time
+
+        from prefect.client.orchestration import get_client
+        from prefect.settings import temporary_settings
+
+        start = time.monotonic()
+        waiting = [pool.name for pool in POOLS]
+        with temporary_settings(self.server.client_settings()), get_client(sync_client=True) as client:
+            while waiting:
+                waiting = [
+                    pool
+                    for pool in waiting
+                    if not any(w.status.value == "ONLINE" for w in client.read_workers_for_work_pool(pool))
+                ]
+                if waiting and time.monotonic() - start > timeout_s:
+                    raise TimeoutError(f"no worker online after {timeout_s:.0f} s on pool(s) {', '.join(waiting)}")
+                if waiting:
+                    time.sleep(0.5)
+        return time.monotonic() - start
 
     def stop(self) -> None:
         for worker in self.workers:
@@ -198,8 +221,9 @@ def start_pipeline(
                 SECRETS_DIR_VARIABLE: str(pipeline.secret_dirs[pool.name]),
             }
             log = server.home / f"worker-{pool.name}.log"
-            warm = pool.warm and warm_workers
-            worker = start_worker(server, pool.name, worker_env, cwd=ROOT, log=log, warm=warm, preload=pool.preload)
+            worker = start_worker(
+                server, pool.name, worker_env, cwd=ROOT, log=log, warm=warm_workers, preload=pool.preload
+            )
             pipeline.workers.append(worker)
     except BaseException:
         pipeline.stop()

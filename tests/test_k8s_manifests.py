@@ -295,6 +295,9 @@ def test_each_prefect_yaml_pool_has_a_worker_of_the_right_kind_with_a_health_che
     assert set(workers) == pools
     for pool, (name, command, kind) in workers.items():
         assert kind == expected_kinds[pool], name
+        if kind == "warm":  # it imports at its start what the local pipeline's worker does
+            preloaded = tuple(command[i + 1] for i, arg in enumerate(command) if arg == "--preload")
+            assert preloaded == next(p for p in POOLS if p.name == pool).preload, name
         assert "--with-healthcheck" in command, name
         probe = container(objects("Deployment")[name], "worker")["livenessProbe"]["httpGet"]
         assert probe["path"] == "/health"

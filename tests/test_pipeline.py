@@ -249,7 +249,7 @@ def stack(prefect_server, pg_template, replicas, replica_adapters, tiny_base, s3
         "LORAGATE_ACTOR": "pipeline",
         "LORAGATE_S3_ENDPOINT_URL": s3_endpoint,
         "LORAGATE_CANARY_WINDOW_S": str(WINDOW_S),
-        # three replicas, four workers and a server share two cores: a p95 of a few requests
+        # three replicas, five workers and a server share two cores: a p95 of a few requests
         # swings by half a second and more -- the machine, not the adapter. A latency
         # rollback here would be chance; drift and errors stay strict, and the latency rule
         # is a row of tests/test_canary.py's verdict table
