@@ -14,9 +14,10 @@ prefect-kubernetes' default template, plus what loragate's GPU flow runs need:
   job variables the Prefect API would store. The signing role's token, the signing key and
   the Slack token come from the pool's own Secret ``loragate-gpu``, mounted read-only at
   ``/var/run/secrets/loragate`` (``LORAGATE_SECRETS_DIR``): no other pod mounts it.
-- The replicas' adapter volume at ``/adapters`` (the ``loragate-adapters`` claim): the
-  ``canary`` deployment runs here too (it needs the signing role) and materializes there;
-  prefect.yaml gives it ``gpu_limit: 0`` and no node selector, so it takes no GPU.
+- The replicas' adapter volume at ``/adapters`` (the ``loragate-adapters`` claim). The
+  ``canary`` deployment, which materializes there, ran on this pool until it got a pool of
+  its own (``canary``: the signing token without the key, a warm worker); a Job that
+  passes ``gpu_limit: 0`` and no node selector still takes no GPU.
 - The base models read-only at ``/models`` (the ``loragate-models`` claim), where shadow
   validation finds the base the catalog pinned, and a toleration for GPU-tainted nodes.
 - ``parallelism`` / ``completions`` moved from the pod spec, where prefect-kubernetes puts

@@ -1,0 +1,99 @@
+"""infra/k8s/'s vLLM replicas, offline: one canary and two production replicas, each on a GPU,
+serving the base with LoRA on, their limits from the fleet ConfigMap, the resolver of their
+role, and stable DNS names."""
+
+from __future__ import annotations
+
+import tomllib
+
+from registry.settings import VLLM_LORA_RANKS
+from tests.support.k8s import (
+    GPU,
+    ROOT,
+    arg_after,
+    container,
+    env_of,
+    no_network,  # noqa: F401  (an autouse fixture: nothing here touches the network)
+    objects,
+    vllm_statefulsets,
+)
+
+# -- the vLLM replicas -----------------------------------------------------------------------
+
+
+def test_there_is_one_canary_replica_and_two_production_replicas_each_on_a_gpu():
+    replicas = {}
+    for name, statefulset in vllm_statefulsets().items():
+        role = statefulset["spec"]["template"]["metadata"]["labels"]["loragate.dev/role"]
+        replicas[role] = statefulset["spec"]["replicas"]
+        resources = container(statefulset, "vllm")["resources"]
+        assert resources["limits"][GPU] == 1, name
+    assert replicas == {"canary": 1, "production": 2}
+
+
+def test_vllm_lora_limits_come_from_the_fleet_config_map():
+    fleet = objects("ConfigMap")["loragate-fleet"]["data"]
+    assert int(fleet["max_lora_rank"]) in VLLM_LORA_RANKS
+    assert int(fleet["max_cpu_loras"]) >= int(fleet["max_loras"]) >= 1
+    for name, statefulset in vllm_statefulsets().items():
+        c = container(statefulset, "vllm")
+        env = env_of(c)
+        for flag, variable, key in (
+            ("--max-lora-rank", "MAX_LORA_RANK", "max_lora_rank"),
+            ("--max-loras", "MAX_LORAS", "max_loras"),
+            ("--max-cpu-loras", "MAX_CPU_LORAS", "max_cpu_loras"),
+        ):
+            assert arg_after(c["args"], flag) == f"$({variable})", name
+            assert env[variable]["valueFrom"]["configMapKeyRef"] == {"name": "loragate-fleet", "key": key}, name
+    worker_env = env_of(container(objects("Deployment")["prefect-worker-release"], "worker"))
+    assert worker_env["LORAGATE_MAX_LORA_RANK"]["valueFrom"]["configMapKeyRef"] == {
+        "name": "loragate-fleet",
+        "key": "max_lora_rank",
+    }
+
+
+def test_vllm_replicas_run_the_openai_server_of_the_base_with_lora_on():
+    for name, statefulset in vllm_statefulsets().items():
+        c = container(statefulset, "vllm")
+        assert c["command"] == ["python", "-m", "vllm.entrypoints.openai.api_server"], name
+        assert arg_after(c["args"], "--model") == "/models/base"
+        assert arg_after(c["args"], "--served-model-name") == "tiny-llama"
+        assert arg_after(c["args"], "--port") == "8000"
+        assert "--enable-lora" in c["args"]
+        models = next(m for m in c["volumeMounts"] if m["mountPath"] == "/models")
+        assert models["readOnly"] is True
+
+
+def test_vllm_replicas_are_ready_when_they_list_models_and_alive_while_healthy():
+    for name, statefulset in vllm_statefulsets().items():
+        c = container(statefulset, "vllm")
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        for probe, path in (("readinessProbe", "/v1/models"), ("livenessProbe", "/health")):
+            get = c[probe]["httpGet"]
+            assert get["path"] == path, f"{name} {probe}"
+            assert ports.get(get["port"], get["port"]) == 8000, f"{name} {probe}"
+
+
+def test_vllm_replicas_load_the_loragate_resolver_for_their_role():
+    """As infra/replica.py launches it: the plugin is enabled by its entry point's name and
+    registers only when told the adapter dir and the role."""
+    plugin = tomllib.loads((ROOT / "infra" / "vllm_plugin" / "pyproject.toml").read_text())
+    entry_points = set(plugin["project"]["entry-points"]["vllm.general_plugins"])
+    for name, statefulset in vllm_statefulsets().items():
+        role = statefulset["spec"]["template"]["metadata"]["labels"]["loragate.dev/role"]
+        env = {n: e.get("value") for n, e in env_of(container(statefulset, "vllm")).items()}
+        assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1", name
+        assert set(env["VLLM_PLUGINS"].split(",")) <= entry_points, name
+        assert env["LORAGATE_ADAPTER_DIR"] == "/adapters", name
+        assert env["LORAGATE_REPLICA_ROLE"] == role, name
+
+
+def test_each_replica_pod_has_a_stable_dns_name_from_a_headless_service_of_its_role():
+    services = objects("Service")
+    for name, statefulset in vllm_statefulsets().items():
+        service = services[statefulset["spec"]["serviceName"]]
+        assert service["spec"]["clusterIP"] == "None", name
+        pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= pod_labels.items(), name
+        assert service["spec"]["selector"]["loragate.dev/role"] == pod_labels["loragate.dev/role"]
+        assert [p["port"] for p in service["spec"]["ports"]] == [8000]
