@@ -208,12 +208,32 @@ def test_a_deployment_pointing_outside_the_flows_package_crashes_unrun_and_the_w
     assert worker.poll() is None
 
 
+def _wait_for_a_heartbeat(server, flow_run_id, timeout_s: float = 60.0) -> None:
+    """Until the server has a heartbeat event of the flow run (bounded)."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+
+    def wanted() -> EventFilter:  # a filter's window ends when it is made
+        return EventFilter(
+            event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+            resource=EventResourceFilter(id=[f"prefect.flow-run.{flow_run_id}"]),
+        )
+
+    end = time.monotonic() + timeout_s
+    with client_env(server), get_client(sync_client=True) as client:
+        while not client.read_events(filter=wanted(), limit=1).events:
+            assert time.monotonic() < end, f"no heartbeat of flow run {flow_run_id} after {timeout_s:.0f} s"
+            time.sleep(0.5)
+
+
 def test_runs_of_a_killed_worker_are_crashed_and_a_suspended_sign_off_is_left_waiting(prefect_server, tmp_path):
     """A warm worker killed with a run in a thread: the run stops beating and, ``within_s``
     later, the automation (``infra/automations.py``, scoped to this test's deployments)
     marks it Crashed -- it is no longer live, so the advance sweep starts its gate again. A
     run suspended before the kill sent its Suspended event after its last heartbeat: left
-    PAUSED, however long it waits."""
+    PAUSED, however long it waits. Each run's first beat is waited for on the server: a beat
+    still in a killed process's queue never arrives, and one that arrives after the run's
+    Suspended event re-arms the trigger (README, "A worker that dies with its runs")."""
     from prefect.automations import Automation
 
     within_s = 40.0
@@ -227,12 +247,15 @@ def test_runs_of_a_killed_worker_are_crashed_and_a_suspended_sign_off_is_left_wa
         )
     worker = start_worker(prefect_server, pool, HEARTBEAT_ENV, cwd=ROOT, warm=True, flows_package="tests.support")
     try:
-        waiting = _start(prefect_server, deployments["warm-suspending"], out=str(out))
-        wait_for_state(prefect_server, waiting, "PAUSED", timeout_s=120)
+        waiting = _start(prefect_server, deployments["warm-suspending"], out=str(out), work_s=5.0)
+        wait_for_state(prefect_server, waiting, "RUNNING", timeout_s=120)
+        _wait_for_a_heartbeat(prefect_server, waiting)
+        wait_for_state(prefect_server, waiting, "PAUSED", timeout_s=60)
         running = _start(
             prefect_server, deployments["warm-probe"], out=str(out), marker="cut", wait_for_lines=99, deadline_s=600
         )
         wait_for_state(prefect_server, running, "RUNNING", timeout_s=60)
+        _wait_for_a_heartbeat(prefect_server, running)
         os.killpg(worker.pid, signal.SIGKILL)  # as an evicted pod or an OOM kill: no goodbye
         worker.wait(timeout=30)
         killed_at = time.monotonic()
