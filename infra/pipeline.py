@@ -158,14 +158,19 @@ def deploy(
     advance_every_s: float | None,
 ) -> None:
     """Create the work pools, ``prefect deploy --all``, the automation that crashes flow runs
-    whose worker died (``infra/automations.py``), then set the three schedules."""
+    whose worker died (``infra/automations.py``; on a Postgres server only), then set the
+    three schedules."""
     from prefect.settings import temporary_settings
 
     for pool in POOLS:
         _prefect(server, env, "work-pool", "create", pool.name, "--type", "process", "--overwrite")
     _prefect(server, env, "deploy", "--all")
-    with temporary_settings(server.client_settings()):
-        ensure_automation(unresponsive_runs_automation())
+    # on SQLite (make demo) the beats and the automation's buckets, written on every flow-run
+    # event, took the server's one writer: 287 "database is locked" and a sign-off never
+    # started in the demo, against 10 without them
+    if server.on_postgres:
+        with temporary_settings(server.client_settings()):
+            ensure_automation(unresponsive_runs_automation())
     set_interval(server, "canary-evaluate/canary-evaluate", evaluate_every_s)
     set_interval(server, "reconcile/reconcile", reconcile_every_s)
     set_interval(server, "advance/advance", advance_every_s)
@@ -217,7 +222,8 @@ def start_pipeline(
         for pool in POOLS:
             worker_env = {
                 **loragate_env,
-                **HEARTBEAT_ENV,  # its flow runs beat, so one its death leaves RUNNING is crashed
+                # its flow runs beat, so one its death leaves RUNNING is crashed (deploy)
+                **(HEARTBEAT_ENV if server.on_postgres else {}),
                 SECRETS_DIR_VARIABLE: str(pipeline.secret_dirs[pool.name]),
             }
             log = server.home / f"worker-{pool.name}.log"

@@ -87,6 +87,7 @@ class PrefectServer:
     env: dict[str, str] = field(repr=False)  # what a worker or the `prefect` CLI needs to talk to it
     process: subprocess.Popen = field(repr=False)
     auth_string: str = field(default="", repr=False)  # "user:password" of the API's basic auth
+    on_postgres: bool = False  # its database: Postgres, or the SQLite default
 
     @property
     def log(self) -> Path:
@@ -181,7 +182,13 @@ def start_prefect_server(
             start_new_session=True,
         )
     server = PrefectServer(
-        api_url=api_url, ui_url=ui_url, home=home, env=client_env, process=process, auth_string=auth_string
+        api_url=api_url,
+        ui_url=ui_url,
+        home=home,
+        env=client_env,
+        process=process,
+        auth_string=auth_string,
+        on_postgres=database_url is not None,
     )
     end = time.monotonic() + deadline_s
     while True:
