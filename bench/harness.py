@@ -1,9 +1,11 @@
 """What the benchmarks that drive real replicas share: a production and a canary vLLM
-replica of one base, and printing (and keeping) the JSON result."""
+replica of one base, Postgres databases of their own, and printing (and keeping) the JSON
+result."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import httpx
 
 from infra.replica import VllmReplica
+from tests.support.postgres import admin_engine, drop_database, pg_url
 
 
 @dataclass(frozen=True)
@@ -54,3 +57,30 @@ def serving_path(url: str, name: str) -> str | None:
     except (httpx.HTTPError, ValueError, KeyError):
         return None
     return next((c["root"] for c in cards if c["id"] == name), None)
+
+
+@dataclass
+class Databases:
+    """Postgres databases a benchmark creates on the test server, by label, dropped at its end."""
+
+    names: dict[str, str]
+
+    @classmethod
+    def create(cls, bench: str, *labels: str) -> Databases:
+        names = {label: f"loragate_bench_{bench}_{label}_{uuid.uuid4().hex[:6]}" for label in labels}
+        with admin_engine().connect() as conn:
+            for name in names.values():
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        return cls(names)
+
+    def url(self, label: str) -> str:
+        return pg_url(self.names[label])
+
+    def prefect_url(self, label: str) -> str:
+        """The URL a Prefect server takes: its async driver."""
+        return self.url(label).replace("+psycopg", "+asyncpg")
+
+    def drop(self) -> None:
+        admin = admin_engine()
+        for name in self.names.values():
+            drop_database(admin, name)

@@ -42,7 +42,6 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +50,14 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 import httpx  # noqa: E402
 
-from bench.harness import ServingReplica, emit, production_and_canary  # noqa: E402
+from bench.harness import (  # noqa: E402
+    Databases,  # noqa: E402
+    ServingReplica,
+    emit,
+    production_and_canary,
+)
 from bench.scale_restart import bench_restart  # noqa: E402
+from bench.timing import ratio, spread  # noqa: E402
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
 from infra.pipeline import SWEEPS_EVERY_S, LocalPipeline, PipelineSecrets, set_interval, start_pipeline  # noqa: E402
 from infra.prefect_local import start_prefect_server  # noqa: E402
@@ -62,7 +67,6 @@ from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 from registry.storage.signing import generate_key_pair  # noqa: E402
 from tests.support.flow_processes import processes_running, rss_mib  # noqa: E402
-from tests.support.postgres import admin_engine, drop_database, pg_url  # noqa: E402
 
 BASE_ID = "tiny-llama"
 # canary-evaluate's schedule in prefect.yaml: 50 windows must be evaluated within it
@@ -82,37 +86,6 @@ def served_names(url: str) -> set[str]:
     except (httpx.HTTPError, ValueError, KeyError):
         return set()
     return {c["id"] for c in cards}
-
-
-def spread(samples: list[float]) -> dict[str, Any]:
-    if not samples:
-        return {"n": 0}
-    return {
-        "n": len(samples),
-        "first_s": round(min(samples), 1),
-        "median_s": round(statistics.median(samples), 1),
-        "last_s": round(max(samples), 1),
-    }
-
-
-@dataclass
-class Databases:
-    """The Postgres databases one burst creates, dropped at the end."""
-
-    names: list[str]
-
-    @classmethod
-    def create(cls, *labels: str) -> Databases:
-        names = [f"loragate_bench_scale_{label}_{uuid.uuid4().hex[:6]}" for label in labels]
-        with admin_engine().connect() as conn:
-            for name in names:
-                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        return cls(names)
-
-    def drop(self) -> None:
-        admin = admin_engine()
-        for name in self.names:
-            drop_database(admin, name)
 
 
 def flow_run_states(pipeline: LocalPipeline) -> dict[str, dict[str, Any]]:
@@ -207,9 +180,8 @@ def burst(
     from flows.events import announce_training_completed
 
     home = work / label
-    databases = Databases.create("registry", "prefect")
-    registry_url = pg_url(databases.names[0])
-    prefect_url = pg_url(databases.names[1]).replace("+psycopg", "+asyncpg")
+    databases = Databases.create("scale", "registry", "prefect")
+    registry_url, prefect_url = databases.url("registry"), databases.prefect_url("prefect")
     env = {
         "LORAGATE_HOME": str(home),
         "LORAGATE_DATABASE_URL": registry_url,
@@ -356,12 +328,6 @@ def pause_trigger(pipeline: LocalPipeline, deployment: str) -> int:
     if not paused:
         raise SystemExit(f"bench/scale: no automation runs the {deployment} deployment")
     return paused
-
-
-def ratio(small: Any, large: Any) -> float | None:
-    if isinstance(small, int | float) and isinstance(large, int | float) and small:
-        return round(large / small, 2)
-    return None
 
 
 def growth(result: dict[str, Any], small_n: int, large_n: int) -> dict[str, Any]:

@@ -1,10 +1,11 @@
-"""Latency sampling shared by ``registry.py`` and ``mlflow_peer.py`` (stdlib only: it runs
-in both the project venv and the MLflow venv)."""
+"""Latency sampling and summaries shared by the benchmarks (stdlib only: it runs in both the
+project venv and the MLflow venv)."""
 
 from __future__ import annotations
 
 import gc
 import math
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,3 +46,22 @@ def measure(
         op(*args)
         timings.append(time.perf_counter_ns() - start)
     return summarize(timings)
+
+
+def spread(samples: list[float]) -> dict[str, Any]:
+    """How many, and the first, median and last, in seconds (one decimal)."""
+    if not samples:
+        return {"n": 0}
+    return {
+        "n": len(samples),
+        "first_s": round(min(samples), 1),
+        "median_s": round(statistics.median(samples), 1),
+        "last_s": round(max(samples), 1),
+    }
+
+
+def ratio(small: Any, large: Any) -> float | None:
+    """large / small, where both are numbers and small is not 0."""
+    if isinstance(small, int | float) and isinstance(large, int | float) and small:
+        return round(large / small, 2)
+    return None
