@@ -91,10 +91,15 @@ class WarmWorker(ProcessWorker):
                 self._flows[entrypoint] = found
             return self._flows[entrypoint]
 
-    async def _flow_of(self, flow_run: FlowRun) -> Flow[..., Any]:
+    async def _flow_of(self, flow_run: FlowRun, configuration: ProcessJobConfiguration) -> Flow[..., Any]:
         if flow_run.deployment_id is None:
             raise ValueError(f"flow run {flow_run.id} has no deployment: a warm worker runs deployments' runs only")
-        deployment = await self.client.read_deployment(flow_run.deployment_id)
+        # the deployment as Prefect's worker read it to build this run's configuration: one
+        # API call less between a run's creation and its start, each of them a second or more
+        # on a server whose cores busy replicas share (README, "A rollback through Prefect")
+        deployment = configuration._related_objects.get("deployment")
+        if deployment is None or deployment.id != flow_run.deployment_id:
+            deployment = await self.client.read_deployment(flow_run.deployment_id)
         if not deployment.entrypoint:
             raise ValueError(f"deployment {deployment.name!r} has no entrypoint")
         return await anyio.to_thread.run_sync(self.flow_for_entrypoint, deployment.entrypoint)
@@ -118,7 +123,7 @@ class WarmWorker(ProcessWorker):
         configuration: ProcessJobConfiguration,
         task_status: anyio.abc.TaskStatus[int] | None = None,
     ) -> ProcessWorkerResult:
-        flow = await self._flow_of(flow_run)
+        flow = await self._flow_of(flow_run, configuration)
         identifier = f"{os.getpid()}:{flow_run.id}"
         if task_status is not None:
             task_status.started(identifier)  # type: ignore[arg-type]  # recorded as the run's infrastructure id

@@ -60,6 +60,31 @@ def test_an_attribute_that_is_not_a_flow_is_refused():
     assert worker.flow_for_entrypoint("flows/rollback.py:rollback_flow").name == "rollback"
 
 
+def test_a_run_takes_its_entrypoint_from_the_deployment_its_configuration_was_built_from():
+    """Prefect's worker read the run's deployment to build its configuration; the warm
+    worker runs that deployment's entrypoint without asking the API again -- and asks only
+    when the configuration was built from another deployment (here: a worker never started,
+    whose every API call raises)."""
+    import asyncio
+
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.client.schemas.responses import DeploymentResponse
+    from prefect.workers.process import ProcessJobConfiguration
+
+    worker = WarmWorker(work_pool_name="unused")
+    deployment = DeploymentResponse(
+        id=uuid.uuid4(), name="rollback", flow_id=uuid.uuid4(), entrypoint="flows/rollback.py:rollback_flow"
+    )
+    run = FlowRun(id=uuid.uuid4(), flow_id=deployment.flow_id, deployment_id=deployment.id)
+    configuration = ProcessJobConfiguration()
+    configuration.prepare_for_flow_run(flow_run=run, deployment=deployment)
+    assert asyncio.run(worker._flow_of(run, configuration)).name == "rollback"
+
+    another = FlowRun(id=uuid.uuid4(), flow_id=deployment.flow_id, deployment_id=uuid.uuid4())
+    with pytest.raises(RuntimeError, match="not been correctly initialized"):
+        asyncio.run(worker._flow_of(another, configuration))
+
+
 def _deploy_probes(server) -> tuple[str, dict]:
     """A process pool of its own with a deployment per probe flow: (pool, deployment ids)."""
     from prefect.client.orchestration import get_client
