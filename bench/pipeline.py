@@ -328,52 +328,20 @@ def main() -> None:
     start_replicas(replicas)
     canary = replicas[1]
     try:
-        results = {
-            "lowered_polls": run_configuration(
-                "lowered", {}, args.trials, bundles[: args.trials], golden, base_dir, canary, replicas, out
-            )
-        }
-        used = args.trials
-        if args.postgres_trials:
-            results["lowered_polls_prefect_on_postgres"] = run_configuration(
-                "postgres",
-                {},
-                args.postgres_trials,
-                bundles[used : used + args.postgres_trials],
-                golden,
-                base_dir,
-                canary,
-                replicas,
-                out,
-                prefect_on_postgres=True,
-            )
-            used += args.postgres_trials
-        if args.process_trials:
-            results["lowered_polls_process_workers"] = run_configuration(
-                "process",
-                {},
-                args.process_trials,
-                bundles[used : used + args.process_trials],
-                golden,
-                base_dir,
-                canary,
-                replicas,
-                out,
-                warm_workers=False,
-            )
-            used += args.process_trials
-        if args.default_trials:
-            results["default_polls"] = run_configuration(
-                "default",
-                DEFAULT_POLLS,
-                args.default_trials,
-                bundles[used:],
-                golden,
-                base_dir,
-                canary,
-                replicas,
-                out,
-            )
+        results: dict[str, Any] = {}
+        used = 0
+        for key, label, polls, trials, options in (
+            ("lowered_polls", "lowered", {}, args.trials, {}),
+            ("lowered_polls_prefect_on_postgres", "postgres", {}, args.postgres_trials, {"prefect_on_postgres": True}),
+            ("lowered_polls_process_workers", "process", {}, args.process_trials, {"warm_workers": False}),
+            ("default_polls", "default", DEFAULT_POLLS, args.default_trials, {}),
+        ):
+            if trials:
+                batch = bundles[used : used + trials]
+                results[key] = run_configuration(
+                    label, polls, trials, batch, golden, base_dir, canary, replicas, out, **options
+                )
+                used += trials
     finally:
         stop_replicas(replicas)
     lowered = results["lowered_polls"]["median_minus_forward_passes_s"]
