@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from infra.automations import HEARTBEAT_ENV, unresponsive_runs_automation
-from infra.automations import ensure as ensure_automation
 from infra.prefect_local import (
     AUTH_FILE,
+    HEARTBEAT_ENV,
     PrefectServer,
     prefect_bin,
     start_prefect_server,
@@ -157,20 +156,10 @@ def deploy(
     reconcile_every_s: float | None,
     advance_every_s: float | None,
 ) -> None:
-    """Create the work pools, ``prefect deploy --all``, the automation that crashes flow runs
-    whose worker died (``infra/automations.py``; on a Postgres server only), then set the
-    three schedules."""
-    from prefect.settings import temporary_settings
-
+    """Create the work pools, ``prefect deploy --all``, then set the three schedules."""
     for pool in POOLS:
         _prefect(server, env, "work-pool", "create", pool.name, "--type", "process", "--overwrite")
     _prefect(server, env, "deploy", "--all")
-    # on SQLite (make demo) the beats and the automation's buckets, written on every flow-run
-    # event, took the server's one writer: 287 "database is locked" and a sign-off never
-    # started in the demo, against 10 without them
-    if server.on_postgres:
-        with temporary_settings(server.client_settings()):
-            ensure_automation(unresponsive_runs_automation())
     set_interval(server, "canary-evaluate/canary-evaluate", evaluate_every_s)
     set_interval(server, "reconcile/reconcile", reconcile_every_s)
     set_interval(server, "advance/advance", advance_every_s)
@@ -222,7 +211,11 @@ def start_pipeline(
         for pool in POOLS:
             worker_env = {
                 **loragate_env,
-                # its flow runs beat, so one its death leaves RUNNING is crashed (deploy)
+                # its flow runs beat every 30 s, so the advance sweep crashes one its death left
+                # RUNNING after LORAGATE_UNRESPONSIVE_AFTER_S (tasks/unresponsive.py); on SQLite
+                # (make demo) Prefect's default 180 s: a beat every 30 s of each run there took
+                # the server's one writer (287 "database is locked" with the automation of an
+                # earlier stop, a sign-off never started)
                 **(HEARTBEAT_ENV if server.on_postgres else {}),
                 SECRETS_DIR_VARIABLE: str(pipeline.secret_dirs[pool.name]),
             }

@@ -49,6 +49,12 @@ FAST_POLL_ENV: dict[str, str] = {
 # suspended for a sign-off has ended
 WORKER_LIMIT = 4
 
+# Prefect's shortest heartbeat interval (its default is 180 s): what the pipeline's workers
+# set for their flow runs, so that the advance sweep can tell a run whose process is gone
+# from a busy one within minutes (tasks/unresponsive.py)
+HEARTBEAT_S = 30
+HEARTBEAT_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)}
+
 # what the server's own services read (Prefect 3.8 names)
 SERVER_LOOP_ENV: dict[str, str] = {
     # the scheduler creates runs for scheduled deployments (default every 60 s) ...

@@ -120,6 +120,9 @@ class Settings(BaseSettings):
     # gets one (its event was lost or its action failed); one waiting this long is reported
     advance_after_s: float = Field(default=120.0, ge=0)
     stuck_alert_s: float = Field(default=3600.0, gt=0)
+    # ... and a RUNNING flow run that sent no event (heartbeat, state) for this long lost its
+    # process: the sweep crashes it (never sooner than three of its heartbeat intervals)
+    unresponsive_after_s: float = Field(default=180.0, gt=0)
     # the Prefect UI a notification links to (approval forms live there)
     ui_url: str = "http://127.0.0.1:4200"
     # Slack: off while the token or the channel is unset; base_url points elsewhere in tests

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.automations import HEARTBEAT_ENV
 from infra.pipeline import POOLS
+from infra.prefect_local import HEARTBEAT_ENV
 from tests.support.k8s import (
     GPU,
     K8S,
@@ -127,12 +127,11 @@ def test_each_pools_flow_runs_mount_that_pools_secret_and_no_other_and_hold_no_t
             assert not names & {"LORAGATE_TOKEN", "LORAGATE_SLACK_TOKEN", "LORAGATE_SIGNING_KEY"}, c["name"]
 
 
-def test_every_flow_run_beats_and_the_readme_creates_the_automation_that_crashes_silent_ones():
+def test_every_flow_run_beats_so_the_sweep_can_tell_a_dead_run_from_a_busy_one():
     config = objects("ConfigMap")["loragate-config"]["data"]
     assert config["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == HEARTBEAT_ENV["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]
     for pool, (_, flow_container) in pool_pods().items():
         assert {"configMapRef": {"name": "loragate-config"}} in flow_container["envFrom"], pool
-    assert "python -m infra.automations" in (K8S / "README.md").read_text()
 
 
 def test_the_canary_deployment_runs_with_the_signing_token_but_neither_the_key_nor_a_gpu():

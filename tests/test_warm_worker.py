@@ -5,15 +5,11 @@ process start. Against a real ``prefect server start`` and a real worker process
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from infra.automations import HEARTBEAT_ENV, HEARTBEAT_S, ensure, unresponsive_runs_automation
 from infra.warm_worker import WarmWorker, module_of_entrypoint
 from tests.support.prefect_env import (  # noqa: F401  (a fixture)
     client_env,
@@ -22,9 +18,8 @@ from tests.support.prefect_env import (  # noqa: F401  (a fixture)
     stop_process,
     wait_for_state,
 )
+from tests.support.warm_probes import ROOT, deploy_probes, start_run
 
-ROOT = Path(__file__).resolve().parents[1]
-FLOWS = "tests/support/warm_flows.py"
 PRELOADED = "tests.support.warm_preloaded"  # imported by the worker at its start, by nothing else
 
 
@@ -85,37 +80,10 @@ def test_a_run_takes_its_entrypoint_from_the_deployment_its_configuration_was_bu
         asyncio.run(worker._flow_of(another, configuration))
 
 
-def _deploy_probes(server) -> tuple[str, dict]:
-    """A process pool of its own with a deployment per probe flow: (pool, deployment ids)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-
-    pool = f"warm-{uuid.uuid4().hex[:8]}"
-    with client_env(server), get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-        deployments = {}
-        for flow_name, entrypoint in (
-            ("warm-probe", f"{FLOWS}:warm_probe"),
-            ("warm-failing", f"{FLOWS}:warm_failing"),
-            ("warm-suspending", f"{FLOWS}:warm_suspending"),
-            # a deployment edited to run something that is not a flow of the worker's package
-            ("warm-outside", "flows/rollback.py:rollback_flow"),
-        ):
-            flow_id = client.create_flow_from_name(flow_name)
-            deployments[flow_name] = client.create_deployment(
-                flow_id=flow_id,
-                name=pool,
-                entrypoint=entrypoint,
-                work_pool_name=pool,
-                path=str(ROOT),
-            )
-    return pool, deployments
-
-
 @pytest.fixture(scope="module")
 def warm_pool(prefect_server):
     """The probe deployments and one warm worker (3 runs at once)."""
-    pool, deployments = _deploy_probes(prefect_server)
+    pool, deployments = deploy_probes(prefect_server)
     worker = start_worker(
         prefect_server, pool, cwd=ROOT, limit=3, warm=True, flows_package="tests.support", preload=(PRELOADED,)
     )
@@ -123,13 +91,6 @@ def warm_pool(prefect_server):
         yield deployments, worker
     finally:
         stop_process(worker)
-
-
-def _start(server, deployment_id, **parameters):
-    from prefect.client.orchestration import get_client
-
-    with client_env(server), get_client(sync_client=True) as client:
-        return client.create_flow_run_from_deployment(deployment_id, parameters=parameters).id
 
 
 def _records(out: Path) -> list[tuple[str, int, int]]:
@@ -140,7 +101,7 @@ def test_deployment_runs_complete_in_the_warm_workers_own_process(prefect_server
     deployments, worker = warm_pool
     out = tmp_path / "runs"
     for marker in ("first", "second"):
-        run_id = _start(prefect_server, deployments["warm-probe"], out=str(out), marker=marker)
+        run_id = start_run(prefect_server, deployments["warm-probe"], out=str(out), marker=marker)
         wait_for_state(prefect_server, run_id, "COMPLETED", timeout_s=60)
     assert [(m, p) for m, p, _ in _records(out)] == [("first", worker.pid), ("second", worker.pid)]
 
@@ -149,14 +110,14 @@ def test_a_run_finds_the_modules_its_pool_preloads_already_imported(prefect_serv
     deployments, worker = warm_pool
     out = tmp_path / "runs"
     for imported, marker in ((PRELOADED, "preloaded-imported"), ("tests.support.never_imported", "other-not-imported")):
-        run_id = _start(
+        run_id = start_run(
             prefect_server, deployments["warm-probe"], out=str(out), marker=marker.split("-")[0], imported=imported
         )
         wait_for_state(prefect_server, run_id, "COMPLETED", timeout_s=60)
         assert _records(out)[-1][:2] == (marker, worker.pid)
 
 
-def test_a_worker_whose_preload_does_not_import_stops_at_its_start(prefect_server):
+def test_a_worker_whose_preload_does_not_import_stops_at_itsstart_run(prefect_server):
     worker = start_worker(prefect_server, "unused", cwd=ROOT, warm=True, preload=("tests.support.no_such_module",))
     try:
         assert worker.wait(timeout=120) != 0
@@ -168,7 +129,7 @@ def test_runs_started_together_run_at_once_in_threads_of_one_process(prefect_ser
     deployments, worker = warm_pool
     out = tmp_path / "runs"
     runs = [
-        _start(prefect_server, deployments["warm-probe"], out=str(out), marker=f"r{i}", wait_for_lines=3)
+        start_run(prefect_server, deployments["warm-probe"], out=str(out), marker=f"r{i}", wait_for_lines=3)
         for i in range(3)
     ]
     for run_id in runs:
@@ -182,10 +143,10 @@ def test_a_failing_gate_is_recorded_failed_and_the_worker_runs_the_next(prefect_
     deployments, worker = warm_pool
     out = tmp_path / "runs"
     failed = wait_for_state(
-        prefect_server, _start(prefect_server, deployments["warm-failing"], out=str(out)), "FAILED", timeout_s=60
+        prefect_server, start_run(prefect_server, deployments["warm-failing"], out=str(out)), "FAILED", timeout_s=60
     )
     assert "this gate failed on purpose" in (failed.state.message or "")
-    after = _start(prefect_server, deployments["warm-probe"], out=str(out), marker="after")
+    after = start_run(prefect_server, deployments["warm-probe"], out=str(out), marker="after")
     wait_for_state(prefect_server, after, "COMPLETED", timeout_s=60)
     assert [m for m, _, _ in _records(out)] == ["failing", "after"]
     assert worker.poll() is None
@@ -200,10 +161,10 @@ def test_suspended_runs_hold_no_slot_and_resumed_reenter_from_the_top_in_the_sam
 
     deployments, worker = warm_pool
     out = tmp_path / "runs"
-    waiting = [_start(prefect_server, deployments["warm-suspending"], out=str(out)) for _ in range(3)]
+    waiting = [start_run(prefect_server, deployments["warm-suspending"], out=str(out)) for _ in range(3)]
     for run_id in waiting:
         assert wait_for_state(prefect_server, run_id, "PAUSED", timeout_s=60).state.name == "Suspended"
-    probe = _start(prefect_server, deployments["warm-probe"], out=str(out), marker="meanwhile")
+    probe = start_run(prefect_server, deployments["warm-probe"], out=str(out), marker="meanwhile")
     wait_for_state(prefect_server, probe, "COMPLETED", timeout_s=60)
     with client_env(prefect_server), get_client(sync_client=True) as client:
         for run_id in waiting:
@@ -219,7 +180,7 @@ def test_a_deployment_pointing_outside_the_flows_package_crashes_unrun_and_the_w
     prefect_server, warm_pool, tmp_path
 ):
     deployments, worker = warm_pool
-    crashed = wait_for_state(prefect_server, _start(prefect_server, deployments["warm-outside"]), "CRASHED", 60)
+    crashed = wait_for_state(prefect_server, start_run(prefect_server, deployments["warm-outside"]), "CRASHED", 60)
     assert "outside 'tests.support'" in (crashed.state.message or "")
     from prefect.client.orchestration import get_client
 
@@ -228,67 +189,9 @@ def test_a_deployment_pointing_outside_the_flows_package_crashes_unrun_and_the_w
     assert "RUNNING" not in states, states  # no flow was entered
     out = tmp_path / "runs"
     wait_for_state(
-        prefect_server, _start(prefect_server, deployments["warm-probe"], out=str(out), marker="next"), "COMPLETED", 60
+        prefect_server,
+        start_run(prefect_server, deployments["warm-probe"], out=str(out), marker="next"),
+        "COMPLETED",
+        60,
     )
     assert worker.poll() is None
-
-
-def _wait_for_a_heartbeat(server, flow_run_id, timeout_s: float = 60.0) -> None:
-    """Until the server has a heartbeat event of the flow run (bounded)."""
-    from prefect.client.orchestration import get_client
-    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
-
-    def wanted() -> EventFilter:  # a filter's window ends when it is made
-        return EventFilter(
-            event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
-            resource=EventResourceFilter(id=[f"prefect.flow-run.{flow_run_id}"]),
-        )
-
-    end = time.monotonic() + timeout_s
-    with client_env(server), get_client(sync_client=True) as client:
-        while not client.read_events(filter=wanted(), limit=1).events:
-            assert time.monotonic() < end, f"no heartbeat of flow run {flow_run_id} after {timeout_s:.0f} s"
-            time.sleep(0.5)
-
-
-def test_runs_of_a_killed_worker_are_crashed_and_a_suspended_sign_off_is_left_waiting(prefect_server, tmp_path):
-    """A warm worker killed with a run in a thread: the run stops beating and, ``within_s``
-    later, the automation (``infra/automations.py``, scoped to this test's deployments)
-    marks it Crashed -- it is no longer live, so the advance sweep starts its gate again. A
-    run suspended before the kill sent its Suspended event after its last heartbeat: left
-    PAUSED, however long it waits. Each run's first beat is waited for on the server: a beat
-    still in a killed process's queue never arrives, and one that arrives after the run's
-    Suspended event re-arms the trigger (README, "A worker that dies with its runs")."""
-    from prefect.automations import Automation
-
-    within_s = 40.0
-    pool, deployments = _deploy_probes(prefect_server)
-    out = tmp_path / "runs"
-    with client_env(prefect_server):
-        automation = ensure(
-            unresponsive_runs_automation(
-                within_s, deployment_ids=deployments.values(), name=f"crash unresponsive runs of {pool}"
-            )
-        )
-    worker = start_worker(prefect_server, pool, HEARTBEAT_ENV, cwd=ROOT, warm=True, flows_package="tests.support")
-    try:
-        waiting = _start(prefect_server, deployments["warm-suspending"], out=str(out), work_s=5.0)
-        wait_for_state(prefect_server, waiting, "RUNNING", timeout_s=120)
-        _wait_for_a_heartbeat(prefect_server, waiting)
-        wait_for_state(prefect_server, waiting, "PAUSED", timeout_s=60)
-        running = _start(
-            prefect_server, deployments["warm-probe"], out=str(out), marker="cut", wait_for_lines=99, deadline_s=600
-        )
-        wait_for_state(prefect_server, running, "RUNNING", timeout_s=60)
-        _wait_for_a_heartbeat(prefect_server, running)
-        os.killpg(worker.pid, signal.SIGKILL)  # as an evicted pod or an OOM kill: no goodbye
-        worker.wait(timeout=30)
-        killed_at = time.monotonic()
-        crashed = wait_for_state(prefect_server, running, "CRASHED", timeout_s=within_s + 90)
-        assert "no heartbeat" in (crashed.state.message or "")
-        assert time.monotonic() - killed_at > within_s - HEARTBEAT_S  # not before its window
-        assert wait_for_state(prefect_server, waiting, "PAUSED", timeout_s=1).state.name == "Suspended"
-    finally:
-        stop_process(worker)
-        with client_env(prefect_server):
-            Automation.read(id=automation).delete()

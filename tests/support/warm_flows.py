@@ -47,3 +47,11 @@ def warm_suspending(out: str, work_s: float = 0.0) -> None:
     time.sleep(work_s)
     suspend_flow_run(timeout=120, key="sign-off")
     _record(out, "resumed")
+
+
+@flow(name="warm-busy", persist_result=False)
+def warm_busy(out: str, seconds: float) -> None:
+    """Works (sleeps) for ``seconds``, sending nothing of its own: only its heartbeats say it
+    is alive."""
+    _record(out, "busy")
+    time.sleep(seconds)
