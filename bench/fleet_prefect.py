@@ -17,7 +17,8 @@ A round times, from the moment the run is created:
               copy (polled every 50 ms while the run goes; the switch verifies the golden
               completions on each before the pointer moves)
   completed   the flow run COMPLETED (the stage verified again, the event, the notice)
-  pickup      created -> the flow run started (worker poll, process start and imports)
+  pickup      created -> the flow run started (worker poll, process start and imports),
+              and the time of each state the run passed through (the claim is Pending)
   tasks       the flow's task runs: the code redeemed, the move and switch, the check
 
     .venv/bin/python bench/fleet_prefect.py [--rounds 3] [--smoke] [--warm-only] [--prefect-db sqlite|postgres|both]
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,8 @@ from tasks.fleet import promote_and_switch  # noqa: E402
 TARGET_S = 3.0
 RUN_DEADLINE_S = 180.0
 CLIENT_THREADS = 2
+# below the control plane's 0, not so low that the replicas stall while it idles
+REPLICA_NICENESS = 10
 
 
 def rollback_code(setup: Setup, person_token: str, version: str) -> str:
@@ -114,6 +118,7 @@ def one_rollback(server: PrefectServer, setup: Setup, urls: list[str], adapter_d
             time.sleep(0.05)
         completed = time.time()
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+        states = client.read_flow_run_states(run_id)
     if not run.state.is_completed():
         raise SystemExit(f"bench: rollback run {run_id} ended {run.state.name}: {run.state.message}")
     if setup.production() != previous:
@@ -124,6 +129,13 @@ def one_rollback(server: PrefectServer, setup: Setup, urls: list[str], adapter_d
         "serving_s": None if served_at is None else round(served_at - created, 3),
         "completed_s": round(completed - created, 3),
         "pickup_s": round(run.start_time.timestamp() - created, 3) if run.start_time else None,
+        # where the pickup went: each state the run passed through, from its creation
+        # (Scheduled; Pending: a worker claimed it; Running: the flow began)
+        "states_s": {
+            state.name: round(state.timestamp.timestamp() - created, 3)
+            for state in sorted(states, key=lambda state: state.timestamp)
+            if state.timestamp is not None
+        },
         # the flow's own steps, as its task runs recorded them
         "tasks_s": {
             t.name.rsplit("-", 1)[0]: round((t.end_time - t.start_time).total_seconds(), 3)
@@ -151,40 +163,75 @@ def summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def replicas_yielding(replicas: list[VllmReplica], niceness: int = REPLICA_NICENESS) -> Iterator[int]:
+    """Every thread of the replicas' processes (the API server, its engine core, their
+    compute threads) at a lower CPU priority for the block: on two cores shared with the
+    control plane, the nearest this machine comes to a Prefect server and workers on nodes
+    of their own. Yields how many threads it reniced; puts them back after."""
+    import psutil
+
+    threads: dict[int, int] = {}
+    for replica in replicas:
+        assert replica.process is not None
+        root = psutil.Process(replica.process.pid)
+        for process in (root, *root.children(recursive=True)):
+            for thread in process.threads():
+                with contextlib.suppress(OSError):
+                    threads[thread.id] = os.getpriority(os.PRIO_PROCESS, thread.id)
+                    os.setpriority(os.PRIO_PROCESS, thread.id, niceness)
+    try:
+        yield len(threads)
+    finally:
+        for tid, before in threads.items():
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, tid, before)
+
+
+def loaded_rounds(
+    server: PrefectServer, setup: Setup, urls: list[str], adapter_dir: Path, token: str, rounds: int
+) -> dict[str, Any]:
+    """``rounds`` rollbacks while a client on each replica keeps requests in flight."""
+    clients = [LoopingClient(url, setup.name, setup.prompt, setup.max_tokens, threads=CLIENT_THREADS) for url in urls]
+    with contextlib.ExitStack() as running:
+        for client in clients:
+            running.enter_context(client.running())
+        time.sleep(1.0)
+        samples = rounds_of(server, setup, urls, adapter_dir, token, rounds)
+    traffic = latency([r for c in clients for r in c.requests], set(setup.answers.values()))
+    return {**summary(samples), "traffic": traffic, "samples": samples}
+
+
 def bench_worker(
     server: PrefectServer,
     setup: Setup,
-    urls: list[str],
+    replicas: list[VllmReplica],
     adapter_dir: Path,
     warm: bool,
     rounds: int,
     secrets: Path,
     token: str,
+    renice: bool = False,
 ) -> dict[str, Any]:
     env = {**setup.env(), SECRETS_DIR_VARIABLE: str(secrets)}
     kind = "warm" if warm else "process"
+    urls = [r.url for r in replicas]
     worker = start_worker(server, "release", env, cwd=ROOT, log=server.home / f"worker-{kind}.log", warm=warm)
+    out: dict[str, Any] = {}
     try:
         time.sleep(5.0)  # registered and polling
         log(f"{kind} worker, replicas idle")
         idle = rounds_of(server, setup, urls, adapter_dir, token, rounds)
-        answers = set(setup.answers.values())
-        clients = [
-            LoopingClient(url, setup.name, setup.prompt, setup.max_tokens, threads=CLIENT_THREADS) for url in urls
-        ]
+        out["idle"] = {**summary(idle), "samples": idle}
         log(f"{kind} worker, {CLIENT_THREADS} requests in flight on each replica")
-        with contextlib.ExitStack() as running:
-            for client in clients:
-                running.enter_context(client.running())
-            time.sleep(1.0)
-            loaded = rounds_of(server, setup, urls, adapter_dir, token, rounds)
+        out["under_load"] = loaded_rounds(server, setup, urls, adapter_dir, token, rounds)
+        if renice:
+            with replicas_yielding(replicas) as reniced:
+                log(f"{kind} worker, the same load, the replicas' {reniced} threads at nice {REPLICA_NICENESS}")
+                out["under_load_replicas_reniced"] = loaded_rounds(server, setup, urls, adapter_dir, token, rounds)
     finally:
         stop_process(worker)
-    return {
-        "idle": summary(idle),
-        "under_load": {**summary(loaded), "traffic": latency([r for c in clients for r in c.requests], answers)},
-        "samples": {"idle": idle, "under_load": loaded},
-    }
+    return out
 
 
 def main() -> None:
@@ -197,6 +244,11 @@ def main() -> None:
         choices=("sqlite", "postgres", "both"),
         default="sqlite",
         help="the Prefect server's database; both: one server after the other, in the same run",
+    )
+    parser.add_argument(
+        "--renice-replicas",
+        action="store_true",
+        help=f"the loaded rounds again with the replicas at nice {REPLICA_NICENESS} (the control plane first)",
     )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
@@ -244,7 +296,9 @@ def main() -> None:
                 for warm in (False, True):
                     if warm or not args.warm_only:
                         key = "warm_worker" if warm else "process_worker"
-                        on_kind[key] = bench_worker(server, setup, urls, adapter_dir, warm, rounds, secrets, person)
+                        on_kind[key] = bench_worker(
+                            server, setup, replicas, adapter_dir, warm, rounds, secrets, person, args.renice_replicas
+                        )
                 stop(server)
                 server = None
                 if databases is not None:
