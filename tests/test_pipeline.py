@@ -1,5 +1,5 @@
 """The promotion pipeline end to end: a real ``prefect server start`` (its scheduler runs the
-canary evaluations), loragate deployed on it with ``prefect deploy --all``, a process worker
+canary evaluations), loragate deployed on it with ``prefect deploy --all``, a warm worker
 per pool, the Postgres registry, the session's real vLLM replicas, S3 over HTTP for a
 bundle, and a recording Slack endpoint.
 
@@ -7,7 +7,9 @@ One scenario walks a tenant adapter through every gate: a training-completed eve
 (one bundle rejected at the door), shadow validation, canary, scheduled evaluations, the
 promotion paused for a sign-off given from the CLI, a second version signed off in the
 Prefect UI in a real browser, and a rollback. Further tests cover the automatic rollback of
-a canary that drifts, and a flow run killed mid-switch and re-run from the top.
+a canary that drifts, a flow run killed mid-switch and re-run from the top, and the
+``advance`` sweep carrying on a version whose event was lost and whose run died. The stack
+they run against is ``tests/support/pipeline_stack.py``.
 """
 
 from __future__ import annotations
@@ -19,23 +21,15 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-import boto3
-import httpx
 import pytest
 
-from infra.modelkit import golden_cases
-from infra.pipeline import LocalPipeline, PipelineSecrets, start_pipeline
 from registry.errors import NotFound
-from registry.rules.access import Role, split_token
+from registry.rules.access import split_token
 from registry.rules.canary import ACTIVE, WindowStatus
 from registry.rules.fleet import version_path
 from registry.service import Registry
-from registry.settings import Settings
 from registry.storage.signing import key_id
 from tasks.fleet import switch_replica
 from tasks.naming import artifact_key
@@ -43,299 +37,21 @@ from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions
 from tests.support.browser import approve_in_ui
 from tests.support.faults import Fault, FaultProxy
-from tests.support.flow_processes import processes_running
+from tests.support.pipeline_stack import (  # noqa: F401  (a fixture)
+    ARTIFACTS,
+    ROOT,
+    UNRESPONSIVE_AFTER_S,
+    Stack,
+    golden_file,
+    stack_fixture,
+    through_canary,
+    upload_bundle,
+    wait_until,
+)
 from tests.support.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401
 from tests.support.registries import IN_PROCESS, SIGNING_KEY
-from tests.support.slack import RecordingSlack
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
-
-ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ROOT / "tests" / "artifacts"
-WINDOW_S = 6
-EVALUATE_EVERY_S = 15
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 240.0, every_s: float = 0.5) -> Any:
-    end = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > end:
-            raise AssertionError(f"gave up waiting for {what} after {timeout_s:.0f} s")
-        time.sleep(every_s)
-
-
-class Stack:
-    """What the scenario runs against, and how it looks at it."""
-
-    def __init__(
-        self,
-        pipeline: LocalPipeline,
-        settings: Settings,
-        slack: RecordingSlack,
-        replicas,
-        tmp: Path,
-        people: dict[str, str],
-        tokens: dict[Role, str],
-    ):
-        self.pipeline = pipeline
-        self.people = people  # activation tokens of the people who sign off
-        self.tokens = tokens  # the gates', one per pool's secrets directory
-        self.settings = settings
-        self.slack = slack
-        self.replicas = replicas
-        self.tmp = tmp
-        self.registry = Registry.open(settings, principal=IN_PROCESS)
-
-    def emit_training(self, bundle: str, name: str, golden: Path | None = None) -> None:
-        from flows.events import announce_training_completed
-
-        with client_env(self.pipeline.server):
-            announce_training_completed(bundle, name, {"job": "test"}, str(golden) if golden else None)
-
-    def version_from(self, name: str, weights_sha256_prefix: str) -> str | None:
-        try:
-            versions = self.registry.list_versions(name)
-        except NotFound:
-            return None
-        found = [v.version_id for v in versions if v.version_id.endswith(weights_sha256_prefix)]
-        return found[0] if found else None
-
-    def stage(self, version_id: str) -> str:
-        return self.registry.get_version(version_id).stage.value
-
-    def waiting_run(self, version_id: str) -> str | None:
-        try:
-            window = self.registry.latest_canary_window(version_id)
-        except NotFound:
-            return None
-        return window.approval_flow_run_id if window.status == WindowStatus.READY else None
-
-    def served(self, key: str) -> dict[str, str]:
-        with ReplicaClient(self.replicas[key].url) as client:
-            return client.served_adapters()
-
-    def loragate(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(Path(sys.executable).parent / "loragate"), *args],
-            capture_output=True,
-            text=True,
-            env={**os.environ, **self.pipeline.env, **({"LORAGATE_TOKEN": token} if token else {})},
-            timeout=120,
-        )
-
-    def events(self, prefix: str = "loragate.") -> list[dict[str, Any]]:
-        response = httpx.post(
-            f"{self.pipeline.server.api_url}/events/filter",
-            json={"filter": {"event": {"prefix": [prefix]}, "order": "ASC"}, "limit": 50},
-            headers=self.pipeline.server.auth_headers(),
-            timeout=30,
-        )
-        response.raise_for_status()
-        page = response.json()
-        found = page["events"]
-        while page.get("next_page"):
-            page = httpx.get(page["next_page"], headers=self.pipeline.server.auth_headers(), timeout=30)
-            page = page.raise_for_status().json()
-            found += page["events"]
-        return found
-
-    def everything_prefect_holds(self) -> str:
-        """Everything the Prefect API hands whoever holds its credential: block documents
-        with their secrets revealed, variables, deployments (parameters, job variables),
-        work pools (base job templates), flow-run parameters, artifacts and logs."""
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import LogFilter
-
-        with client_env(self.pipeline.server), get_client(sync_client=True) as client:
-            blocks = client.read_block_documents(include_secrets=True)
-            variables = client.read_variables()
-            deployments = client.read_deployments()
-            pools = client.read_work_pools()
-            runs = client.read_flow_runs(limit=200)
-            artifacts = client.read_artifacts(limit=200)
-            logs = []
-            offset = 0
-            while True:
-                page = client.read_logs(log_filter=LogFilter(), limit=200, offset=offset)
-                logs += page
-                if len(page) < 200:
-                    break
-                offset += 200
-        return "\n".join(
-            [b.model_dump_json(context={"include_secrets": True}) for b in blocks]
-            + [v.model_dump_json() for v in variables]
-            + [
-                d.model_dump_json(include={"parameters", "job_variables", "parameter_openapi_schema"})
-                for d in deployments
-            ]
-            + [p.model_dump_json(include={"base_job_template"}) for p in pools]
-            + [r.model_dump_json(include={"parameters", "job_variables"}) for r in runs]
-            + [a.model_dump_json(include={"data", "description"}) for a in artifacts]
-            + [entry.message for entry in logs]
-        )
-
-    def artifact_descriptions(self, key: str) -> list[str]:
-        """Every version of the artifact ``key``, oldest first: what each one said."""
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-        with client_env(self.pipeline.server), get_client(sync_client=True) as client:
-            found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-        return [a.description or "" for a in sorted(found, key=lambda a: a.created or 0)]
-
-    def artifact_keys(self) -> set[str]:
-        from prefect.client.orchestration import get_client
-
-        with client_env(self.pipeline.server), get_client(sync_client=True) as client:
-            return {a.key for a in client.read_artifacts() if a.key}
-
-    @contextmanager
-    def schedules_paused(self, *deployments: str) -> Iterator[None]:
-        """No scheduled runs of these deployments start inside the block, and none is in
-        flight when it begins: a test that sets up a fault step by step must not be judged
-        (or repaired) half way."""
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import (
-            DeploymentFilter,
-            DeploymentFilterId,
-            FlowRunFilter,
-            FlowRunFilterState,
-            FlowRunFilterStateType,
-        )
-        from prefect.client.schemas.objects import StateType
-
-        with client_env(self.pipeline.server), get_client(sync_client=True) as client:
-            ids = [client.read_deployment_by_name(name).id for name in deployments]
-            for deployment_id in ids:
-                client.pause_deployment(deployment_id)
-
-            def in_flight() -> bool:
-                runs = client.read_flow_runs(
-                    deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=ids)),
-                    flow_run_filter=FlowRunFilter(
-                        state=FlowRunFilterState(
-                            type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING])
-                        )
-                    ),
-                )
-                return bool(runs)
-
-            try:
-                wait_until(f"in-flight runs of {', '.join(deployments)}", lambda: not in_flight(), timeout_s=120)
-                yield
-            finally:
-                for deployment_id in ids:
-                    client.resume_deployment(deployment_id)
-
-    def flow_run_state(self, flow_run_id: str) -> str:
-        from prefect.client.orchestration import get_client
-
-        with client_env(self.pipeline.server), get_client(sync_client=True) as client:
-            state = client.read_flow_run(uuid.UUID(flow_run_id)).state
-            return state.type.value if state else "?"
-
-
-@pytest.fixture(scope="module")
-def stack(prefect_server, pg_template, replicas, replica_adapters, tiny_base, s3_endpoint, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pipeline")
-    slack = RecordingSlack()
-    env = {
-        "LORAGATE_DATABASE_URL": pg_template(),
-        "LORAGATE_ARTIFACTS": str(tmp / "artifacts"),
-        "LORAGATE_HOME": str(tmp / "home"),
-        "LORAGATE_ACTOR": "pipeline",
-        "LORAGATE_S3_ENDPOINT_URL": s3_endpoint,
-        "LORAGATE_CANARY_WINDOW_S": str(WINDOW_S),
-        # three replicas, five workers and a server share two cores: a p95 of a few requests
-        # swings by half a second and more -- the machine, not the adapter. A latency
-        # rollback here would be chance; drift and errors stay strict, and the latency rule
-        # is a row of tests/test_canary.py's verdict table
-        "LORAGATE_CANARY_P95_SLACK_MS": "5000",
-        "LORAGATE_APPROVAL_POLL_S": "1",
-        "LORAGATE_UI_URL": prefect_server.ui_url,
-        "LORAGATE_SLACK_CHANNEL": "#adapters",
-        "LORAGATE_SLACK_BASE_URL": slack.base_url,
-        "HF_HUB_OFFLINE": "1",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    settings = Settings(
-        database_url=env["LORAGATE_DATABASE_URL"], artifacts=env["LORAGATE_ARTIFACTS"], home=tmp / "home"
-    )
-    with Registry.open(settings, principal=IN_PROCESS) as registry:
-        registry.add_base(str(tiny_base), "tiny-llama")
-        for replica in replicas.values():
-            registry.add_replica(replica.url, "tiny-llama", replica.role, str(replica_adapters))
-        # each gate acts with its own role's token, from its pool's secrets directory; people sign off
-        # with their own activation tokens
-        tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}", pipeline=True)[1] for role in Role}
-        people = {who: registry.create_token("activation", who)[1] for who in ("alice", "bob")}
-        registry.add_signing_key(SIGNING_KEY.public_pem, "signing", "pipeline")
-    # the Slack token too comes from the pools' secrets directories: the workers' environment has none
-    secrets = PipelineSecrets(tokens, SIGNING_KEY.private_pem, "xoxb-test-token")
-    # each scheduled run is a process on two shared cores: evaluations every 5 s ran back to
-    # back, and a reconcile and a sweep every minute, slowed every gate under test 2-3x. Here
-    # reconcile and the sweep run only when a test starts them
-    pipeline = start_pipeline(
-        tmp / "prefect",
-        env,
-        secrets,
-        evaluate_every_s=EVALUATE_EVERY_S,
-        reconcile_every_s=None,
-        advance_every_s=None,
-        server=prefect_server,
-    )
-    made = Stack(pipeline, settings, slack, replicas, tmp, people, tokens)
-    try:
-        yield made
-    finally:
-        pipeline.stop()
-        made.registry.close()
-        slack.close()
-        for worker_log in prefect_server.home.glob("worker-*.log"):
-            ARTIFACTS.mkdir(exist_ok=True)
-            (ARTIFACTS / worker_log.name).write_text(worker_log.read_text(errors="replace"))
-
-
-def golden_file(tmp: Path) -> Path:
-    path = tmp / "golden-support.jsonl"
-    path.write_text("".join(json.dumps(c) + "\n" for c in golden_cases("support")))
-    return path
-
-
-def upload_bundle(s3_endpoint: str, bundle: Path) -> str:
-    bucket = f"training-{uuid.uuid4().hex[:8]}"
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
-    s3.create_bucket(Bucket=bucket)
-    for f in bundle.iterdir():
-        s3.upload_file(str(f), bucket, f"run-1/{f.name}")
-    return f"s3://{bucket}/run-1"
-
-
-def weights_prefix(bundle: Path) -> str:
-    from registry.intake.digests import sha256_file
-
-    return sha256_file(bundle / "adapter_model.safetensors")[:12]
-
-
-def through_canary(stack: Stack, name: str, bundle: Path, location: str, golden: Path) -> tuple[str, str]:
-    """Emit the training event and wait until the promotion waits for a sign-off:
-    (version, the paused promote run)."""
-    stack.emit_training(location, name, golden)
-    version = wait_until("the register flow", lambda: stack.version_from(name, weights_prefix(bundle)))
-    wait_until("shadow validation and the canary gate", lambda: stack.stage(version) == "canary")
-    assert stack.served("canary")[name] == version_path(stack.registry.list_replicas()[0].adapter_dir, name, version), (
-        "the canary replica serves the new version"
-    )
-    run_id = wait_until("a window in band and a paused promotion", lambda: stack.waiting_run(version))
-    wait_for_state(stack.pipeline.server, uuid.UUID(run_id), "PAUSED", timeout_s=60)
-    # waiting for a person costs the worker nothing: the suspended run's process has ended
-    wait_until("the waiting run's process to end", lambda: not processes_running({run_id}), timeout_s=60)
-    return version, run_id
 
 
 def test_a_training_event_goes_through_every_gate_to_production_and_back(
@@ -629,26 +345,40 @@ def test_a_canary_flow_killed_mid_switch_and_rerun_from_the_top_converges(stack,
         proxy.close()
 
 
-def test_a_version_whose_event_was_lost_is_carried_on_by_the_advance_sweep(stack, support_bundle):
+def test_a_version_whose_event_was_lost_and_whose_run_died_is_carried_on_by_the_advance_sweep(stack, support_bundle):
     """Validated in process, so no ``loragate.adapter.validated`` event was ever emitted and
-    no trigger will act: the sweep finds it waiting for the canary and starts that gate."""
+    no trigger will act; and a canary run for it is RUNNING with no process behind it (as
+    when a worker dies with its runs: created RUNNING here, so no worker ever held it). The
+    sweep crashes that run once it has been silent past the limit, finds the version waiting
+    for the canary with no live run, and starts that gate."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
     from prefect.deployments import run_deployment
+    from prefect.states import Running
 
     name = f"a{uuid.uuid4().hex[:6]}/tiny-llama/support"
     version = stack.registry.register_adapter(support_bundle, name).version.version_id
+    with client_env(stack.pipeline.server), get_client(sync_client=True) as client:
+        canary = client.read_deployment_by_name("canary/canary")
+        dead = client.create_flow_run_from_deployment(canary.id, parameters={"version_id": version}, state=Running())
     stack.registry.attach_golden_set(name, golden_file(stack.tmp))
     reports = validate_versions(stack.registry, [version], ValidationPolicy.from_settings(stack.settings))
     assert reports[0].status.value == "passed", reports[0].failures
     assert [w.gate.value for w in stack.registry.waiting() if w.version_id == version] == ["canary"]
+    # the dead run's last event (Running) older than the stack's LORAGATE_UNRESPONSIVE_AFTER_S
+    silent_until = dead.created.timestamp() + UNRESPONSIVE_AFTER_S + 3
+    time.sleep(max(0.0, silent_until - time.time()))
 
     # the sweep, as its schedule would start it (the test stack has none)
     with client_env(stack.pipeline.server):
         run = run_deployment("advance/advance", parameters={"after_s": 0}, timeout=120)
     assert run.state is not None and run.state.is_completed(), run.state
     with client_env(stack.pipeline.server), get_client(sync_client=True) as client:
+        crashed = client.read_flow_run(dead.id)
         started = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=["advance"])))
+    assert crashed.state.type.value == "CRASHED", crashed.state
+    assert f"no event for {UNRESPONSIVE_AFTER_S:g} s" in (crashed.state.message or "")
+    assert "unresponsive" in stack.artifact_keys()
     assert [r.parameters for r in started if r.parameters.get("version_id") == version] == [{"version_id": version}]
     wait_until("the canary run the sweep started", lambda: stack.stage(version) == "canary", timeout_s=180)
     assert "advance" in stack.artifact_keys()
