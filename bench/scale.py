@@ -50,12 +50,7 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 import httpx  # noqa: E402
 
-from bench.harness import (  # noqa: E402
-    Databases,  # noqa: E402
-    ServingReplica,
-    emit,
-    production_and_canary,
-)
+from bench.harness import Databases, ServingReplica, emit, production_and_canary  # noqa: E402
 from bench.scale_restart import bench_restart  # noqa: E402
 from bench.timing import ratio, spread  # noqa: E402
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402

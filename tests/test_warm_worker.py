@@ -117,7 +117,7 @@ def test_a_run_finds_the_modules_its_pool_preloads_already_imported(prefect_serv
         assert _records(out)[-1][:2] == (marker, worker.pid)
 
 
-def test_a_worker_whose_preload_does_not_import_stops_at_itsstart_run(prefect_server):
+def test_a_worker_whose_preload_does_not_import_stops_at_its_start(prefect_server):
     worker = start_worker(prefect_server, "unused", cwd=ROOT, warm=True, preload=("tests.support.no_such_module",))
     try:
         assert worker.wait(timeout=120) != 0

@@ -40,11 +40,9 @@ def warm_failing(out: str) -> None:
 
 
 @flow(name="warm-suspending", persist_result=False)
-def warm_suspending(out: str, work_s: float = 0.0) -> None:
-    """Suspends once, after ``work_s`` of work (a sign-off's reads, evidence and notice);
-    resumed, it re-enters from the top and the answered key returns."""
+def warm_suspending(out: str) -> None:
+    """Suspends once; resumed, it re-enters from the top and the answered key returns."""
     _record(out, "entered")
-    time.sleep(work_s)
     suspend_flow_run(timeout=120, key="sign-off")
     _record(out, "resumed")
 
