@@ -21,18 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import tasks.fleet
-from bench.fleet import (
-    LoopingClient,
-    Setup,
-    bench_cli_rollback,
-    check_verified,
-    latency,
-    log,
-    promote_back,
-    rollback,
-    seconds,
-    use_fleet,
-)
+from bench.fleet import bench_cli_rollback
+from bench.fleet_setup import Setup, check_verified, log, promote_back, rollback, seconds, use_fleet
+from bench.fleet_traffic import LoopingClient, latency
 
 # item 3 of issue 18: a rollback under traffic serves the previous version everywhere within this
 ROLLBACK_TARGET_S = 3.0

@@ -35,7 +35,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
-from bench.fleet import BASE_ID, LOGS, Setup, build_setup, log, use_fleet  # noqa: E402
+from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, log, use_fleet  # noqa: E402
 from bench.harness import emit  # noqa: E402
 from infra.modelkit import train_adapter  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
