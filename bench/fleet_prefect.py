@@ -11,7 +11,10 @@ same run: a process worker (a Python process per flow run, the peer) and the war
 already). For each, ``--rounds`` rollbacks with the replicas idle and as many with a
 client keeping 2 requests in flight on each replica (the incident case); after each,
 production is promoted back in-process, untimed.
-A round times, from the moment the run is created:
+``--renice-replicas`` and ``--split-cores`` run the loaded rounds again, the replicas at a
+lower priority, or on a core of their own with their clients while the control plane keeps
+the others (what separate nodes give a real fleet). A round times, from the moment the run
+is created:
 
   serving     every replica's model card for the name points at the previous version's
               copy (polled every 50 ms while the run goes; the switch verifies the golden
@@ -21,7 +24,8 @@ A round times, from the moment the run is created:
               and the time of each state the run passed through (the claim is Pending)
   tasks       the flow's task runs: the code redeemed, the move and switch, the check
 
-    .venv/bin/python bench/fleet_prefect.py [--rounds 3] [--smoke] [--warm-only] [--prefect-db sqlite|postgres|both]
+    .venv/bin/python bench/fleet_prefect.py [--rounds 3] [--smoke] [--warm-only]
+        [--prefect-db sqlite|postgres|both] [--renice-replicas] [--split-cores]
 
 Prints JSON on stdout; progress on stderr.
 """
@@ -41,21 +45,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 
-from bench.fleet import (  # noqa: E402
-    BASE_ID,
-    LoopingClient,
-    Setup,
-    build_setup,
-    latency,
-    log,
-    promote_back,
-    seconds,
-    use_fleet,
-)
+from bench.fleet_setup import BASE_ID, Setup, build_setup, log, promote_back, seconds, use_fleet  # noqa: E402
+from bench.fleet_traffic import LoopingClient, latency  # noqa: E402
 from bench.harness import Databases, emit, serving_path  # noqa: E402
 from infra.pipeline import ROOT, deploy  # noqa: E402
 from infra.prefect_local import PrefectServer, start_prefect_server, start_worker, stop, stop_process  # noqa: E402
@@ -163,42 +160,99 @@ def summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def threads_of(processes: list[subprocess.Popen]) -> list[int]:
+    """The thread ids of every process given and of all its descendants."""
+    tids = []
+    for process in processes:
+        root = psutil.Process(process.pid)
+        for member in (root, *root.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                tids += [thread.id for thread in member.threads()]
+    return tids
+
+
+def replica_processes(replicas: list[VllmReplica]) -> list[subprocess.Popen]:
+    processes = [replica.process for replica in replicas]
+    assert all(processes), "replicas not started"
+    return processes  # type: ignore[return-value]
+
+
 @contextlib.contextmanager
 def replicas_yielding(replicas: list[VllmReplica], niceness: int = REPLICA_NICENESS) -> Iterator[int]:
     """Every thread of the replicas' processes (the API server, its engine core, their
     compute threads) at a lower CPU priority for the block: on two cores shared with the
-    control plane, the nearest this machine comes to a Prefect server and workers on nodes
-    of their own. Yields how many threads it reniced; puts them back after."""
-    import psutil
-
-    threads: dict[int, int] = {}
-    for replica in replicas:
-        assert replica.process is not None
-        root = psutil.Process(replica.process.pid)
-        for process in (root, *root.children(recursive=True)):
-            for thread in process.threads():
-                with contextlib.suppress(OSError):
-                    threads[thread.id] = os.getpriority(os.PRIO_PROCESS, thread.id)
-                    os.setpriority(os.PRIO_PROCESS, thread.id, niceness)
+    control plane, one way to stand in for a Prefect server and workers on nodes of their
+    own. Yields how many threads it reniced; puts them back after."""
+    before: dict[int, int] = {}
+    for tid in threads_of(replica_processes(replicas)):
+        with contextlib.suppress(OSError):
+            before[tid] = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, niceness)
     try:
-        yield len(threads)
+        yield len(before)
     finally:
-        for tid, before in threads.items():
+        for tid, niceness_before in before.items():
             with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, tid, before)
+                os.setpriority(os.PRIO_PROCESS, tid, niceness_before)
+
+
+@contextlib.contextmanager
+def cores_split(replicas: list[VllmReplica], control_plane: list[subprocess.Popen]) -> Iterator[dict[str, list[int]]]:
+    """The other way: the last core to the replicas (every thread, their OpenMP compute
+    threads too) and to the clients that load them, the other cores to the control plane
+    (the Prefect server, the worker and this process, whose main thread times the run and
+    watches the replicas' model cards). What a fleet has -- replicas on nodes of their own,
+    their traffic from elsewhere -- shrunk onto this machine: the control plane keeps its
+    cores whatever the traffic does. Yields the split; puts back the affinity of each
+    thread it moved (threads started meanwhile keep their side's). Run it last."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("bench: --split-cores needs 2 CPUs or more")
+    split = {"replicas_and_clients": cpus[-1:], "control_plane": cpus[:-1]}
+    before: dict[int, set[int]] = {}
+    targets = [(tid, split["replicas_and_clients"]) for tid in threads_of(replica_processes(replicas))]
+    own = [thread.id for thread in psutil.Process().threads()]
+    targets += [(tid, split["control_plane"]) for tid in threads_of(control_plane) + own]
+    for tid, cores in targets:
+        with contextlib.suppress(OSError):
+            before[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, cores)
+    try:
+        yield split
+    finally:
+        for tid, cores_before in before.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, cores_before)
 
 
 def loaded_rounds(
-    server: PrefectServer, setup: Setup, urls: list[str], adapter_dir: Path, token: str, rounds: int
+    server: PrefectServer,
+    setup: Setup,
+    urls: list[str],
+    adapter_dir: Path,
+    token: str,
+    rounds: int,
+    client_cpus: list[int] | None = None,
 ) -> dict[str, Any]:
-    """``rounds`` rollbacks while a client on each replica keeps requests in flight."""
-    clients = [LoopingClient(url, setup.name, setup.prompt, setup.max_tokens, threads=CLIENT_THREADS) for url in urls]
+    """``rounds`` rollbacks while a client on each replica keeps requests in flight (its
+    threads on ``client_cpus`` when given)."""
+    clients = [
+        LoopingClient(url, setup.name, setup.prompt, setup.max_tokens, threads=CLIENT_THREADS, cpus=client_cpus)
+        for url in urls
+    ]
     with contextlib.ExitStack() as running:
         for client in clients:
             running.enter_context(client.running())
+        loaded_from = time.perf_counter()
         time.sleep(1.0)
         samples = rounds_of(server, setup, urls, adapter_dir, token, rounds)
-    traffic = latency([r for c in clients for r in c.requests], set(setup.answers.values()))
+        loaded_s = time.perf_counter() - loaded_from
+    requests = [r for c in clients for r in c.requests]
+    # what the replicas served meanwhile: the same clients on other cores must not serve less
+    traffic = {
+        **latency(requests, set(setup.answers.values())),
+        "answered_per_s": round(sum(r.ok for r in requests) / loaded_s, 1),
+    }
     return {**summary(samples), "traffic": traffic, "samples": samples}
 
 
@@ -212,6 +266,7 @@ def bench_worker(
     secrets: Path,
     token: str,
     renice: bool = False,
+    split: bool = False,
 ) -> dict[str, Any]:
     env = {**setup.env(), SECRETS_DIR_VARIABLE: str(secrets)}
     kind = "warm" if warm else "process"
@@ -229,6 +284,11 @@ def bench_worker(
             with replicas_yielding(replicas) as reniced:
                 log(f"{kind} worker, the same load, the replicas' {reniced} threads at nice {REPLICA_NICENESS}")
                 out["under_load_replicas_reniced"] = loaded_rounds(server, setup, urls, adapter_dir, token, rounds)
+        if split:
+            with cores_split(replicas, [server.process, worker]) as cores:
+                log(f"{kind} worker, the same load, cores split: {cores}")
+                loaded = loaded_rounds(server, setup, urls, adapter_dir, token, rounds, cores["replicas_and_clients"])
+                out["under_load_cores_split"] = {"cores": cores, **loaded}
     finally:
         stop_process(worker)
     return out
@@ -249,6 +309,11 @@ def main() -> None:
         "--renice-replicas",
         action="store_true",
         help=f"the loaded rounds again with the replicas at nice {REPLICA_NICENESS} (the control plane first)",
+    )
+    parser.add_argument(
+        "--split-cores",
+        action="store_true",
+        help="the loaded rounds again: the replicas and their clients on the last core, the rest on the others",
     )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
@@ -297,7 +362,16 @@ def main() -> None:
                     if warm or not args.warm_only:
                         key = "warm_worker" if warm else "process_worker"
                         on_kind[key] = bench_worker(
-                            server, setup, replicas, adapter_dir, warm, rounds, secrets, person, args.renice_replicas
+                            server,
+                            setup,
+                            replicas,
+                            adapter_dir,
+                            warm,
+                            rounds,
+                            secrets,
+                            person,
+                            args.renice_replicas,
+                            args.split_cores,
                         )
                 stop(server)
                 server = None
