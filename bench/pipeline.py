@@ -27,6 +27,7 @@ Prints JSON on stdout; progress on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -44,7 +45,7 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 from bench.harness import Databases, production_and_canary, serving_path  # noqa: E402
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
 from infra.pipeline import PipelineSecrets, start_pipeline  # noqa: E402
-from infra.prefect_local import PrefectServer, start_prefect_server  # noqa: E402
+from infra.prefect_local import PrefectServer, start_prefect_server, stop  # noqa: E402
 from infra.replica import start_replicas, stop_replicas  # noqa: E402
 from registry.rules.access import Principal, Role  # noqa: E402
 from registry.rules.fleet import version_path  # noqa: E402
@@ -244,18 +245,24 @@ def run_configuration(
     key = generate_key_pair()
     registry.add_signing_key(key.public_pem, "signing", "pipeline")
     log(f"{label}: starting a Prefect server, deploying, starting workers")
-    t0 = time.monotonic()
-    databases = Databases.create("pipeline", "prefect") if prefect_on_postgres else None
-    prefect_url = databases.prefect_url("prefect") if databases else None
-    server = start_prefect_server(home / "prefect", database_url=prefect_url)
-    secrets = PipelineSecrets(tokens, key.private_pem)
-    pipeline = start_pipeline(
-        home / "prefect", settings_env, secrets, evaluate_every_s=3600, server=server, warm_workers=warm_workers
-    )
-    pipeline.owns_server = True
-    setup_s = time.monotonic() - t0
     results = []
-    try:
+    # undone in reverse, whichever step fails: the workers, the server, its database, the registry
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(registry.close)
+        t0 = time.monotonic()
+        databases = Databases.create("pipeline", "prefect") if prefect_on_postgres else None
+        if databases is not None:
+            cleanup.callback(databases.drop)
+        server = start_prefect_server(
+            home / "prefect", database_url=databases.prefect_url("prefect") if databases else None
+        )
+        cleanup.callback(stop, server)
+        secrets = PipelineSecrets(tokens, key.private_pem)
+        pipeline = start_pipeline(
+            home / "prefect", settings_env, secrets, evaluate_every_s=3600, server=server, warm_workers=warm_workers
+        )
+        cleanup.callback(pipeline.stop)
+        setup_s = time.monotonic() - t0
         log(f"{label}: every pool's worker online after {pipeline.wait_for_workers():.1f} s")
         for i in range(trials):
             result = trial(pipeline, registry, canary.url, canary.adapter_dir, bundles[len(results)], golden)
@@ -264,11 +271,6 @@ def run_configuration(
                 f"({result['minus_forward_passes_s']:.1f}s minus forward passes) {result['split']}"
             )
             results.append(result)
-    finally:
-        pipeline.stop()
-        registry.close()
-        if databases is not None:
-            databases.drop()
     totals = [r["event_to_canary_serving_s"] for r in results]
     minus = [r["minus_forward_passes_s"] for r in results]
     return {
