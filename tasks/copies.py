@@ -33,6 +33,7 @@ from registry.rules.fleet import AdapterPointers, Placement, Replica, ReplicaRol
 from registry.rules.lifecycle import Pointer
 from registry.rules.names import AdapterName
 from registry.service import Registry
+from registry.storage.copies import stat_stamp
 
 
 def materialize_for(registry: Registry, replica: Replica, placement: Placement) -> None:
@@ -47,12 +48,11 @@ def materialize_for(registry: Registry, replica: Replica, placement: Placement) 
         registry.verify_signature(placement.version_id, bundle_dir=path)
 
 
-def _stamps(path: Path) -> tuple[tuple[int, int, int, int], ...] | None:
+def _stamps(path: Path) -> list[list[int]] | None:
     try:
-        stats = [os.stat(path / name, follow_symlinks=False) for name in BUNDLE_FILES]
+        return [stat_stamp(os.stat(path / name, follow_symlinks=False)) for name in BUNDLE_FILES]
     except OSError:
         return None
-    return tuple((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for st in stats)
 
 
 @dataclass
@@ -61,7 +61,7 @@ class ReadyCopies:
 
     registry: Registry
     # (copy path, signature verified on it) -> its files' stamps when it was checked
-    _checked: dict[tuple[str, bool], tuple[tuple[int, int, int, int], ...]] = field(default_factory=dict)
+    _checked: dict[tuple[str, bool], list[list[int]]] = field(default_factory=dict)
     _expected: dict[str, Any] = field(default_factory=dict)
     made_ready: int = 0  # copies materialized and checked (the work a prepared move avoids under its lock)
 

@@ -38,7 +38,9 @@ def cache_file(home: str | Path, adapter_dir: str | Path) -> Path:
     return Path(home) / CACHE_DIR / f"{key}.json"
 
 
-def _stamp(st: os.stat_result) -> list[int]:
+def stat_stamp(st: os.stat_result) -> list[int]:
+    """What says a file is the one seen before: a rewrite in place changes its size or
+    times, a replacement its inode."""
     return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
@@ -71,11 +73,11 @@ class VerifiedCache:
             return None
         key = str(path)
         known = self.entries.get(key)
-        if isinstance(known, dict) and known.get("stamp") == _stamp(st):
+        if isinstance(known, dict) and known.get("stamp") == stat_stamp(st):
             return str(known.get("sha256"))
         found = sha256_file(path)
         self.hashed += 1
-        self.entries[key] = {"stamp": _stamp(st), "sha256": found}
+        self.entries[key] = {"stamp": stat_stamp(st), "sha256": found}
         self.changed = True
         return found
 
