@@ -12,7 +12,9 @@ latency    a client looping on the logical name: p50/p99 in steady state and whi
            freshly loaded under a name of its own (requests interleaved).
 under_load a rollback while a client loops on the name on each of 2 replicas
            (``bench/fleet_load.py``): its wall time against the 3 s target, the switch
-           and golden completions per replica, ``loragate rollback`` as a process.
+           and golden completions per replica, ``loragate rollback`` as a process;
+           ``--split-cores``: again with the replicas and their clients on the last core
+           and this process (and the command it starts) on the others.
 protocols  the two ways of switching a name in place, on one replica under the same
            looping client: loragate's (unload, then load from the new path, the resolver
            answering in between) and vLLM's ``load_inplace``.
@@ -20,7 +22,7 @@ restart    time from a replica's restart to its first correct answer for the nam
            the loragate resolver, against reconcile alone (no resolver, one reconcile pass
            as soon as the replica answers), and the failed requests a client saw meanwhile.
 
-    .venv/bin/python bench/fleet.py [--rounds 5] [--smoke]
+    .venv/bin/python bench/fleet.py [--rounds 5] [--smoke] [--under-load-only] [--split-cores]
     .venv/bin/python bench/fleet.py --smoke --replica URL --replica URL --adapter-dir DIR --base DIR
 
 With ``--replica`` it drives replicas that are already running (production role, their
@@ -339,7 +341,7 @@ def main() -> None:
     # bench/fleet_load.py imports this module's pieces by name: it finds this run's, not a
     # second copy of the script
     sys.modules.setdefault("bench.fleet", sys.modules[__name__])
-    from bench.fleet_load import bench_under_load
+    from bench.fleet_load import under_load_sections
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="rollbacks (and promotions back) per fleet size")
@@ -351,10 +353,18 @@ def main() -> None:
         "--load-threads", type=int, default=2, help="requests a looping client keeps in flight per replica (under_load)"
     )
     parser.add_argument("--under-load-only", action="store_true", help="only the under_load section, on 2 replicas")
+    parser.add_argument(
+        "--split-cores",
+        action="store_true",
+        help="under_load again with the replicas and their clients on the last core, this process on the others",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     if args.replica and not (args.adapter_dir and args.base):
         parser.error("--replica needs --adapter-dir and --base")
+    if args.replica and args.split_cores:
+        parser.error("--split-cores needs replicas this run starts, not --replica")
+    split = args.split_cores
     rounds = 1 if args.smoke else args.rounds
     steady_s, switches, interleaved = (2.0, 2, 10) if args.smoke else (10.0, 8, 100)
     wall = time.perf_counter()
@@ -399,7 +409,7 @@ def main() -> None:
                 "replicas": len(urls),
             }
             if args.under_load_only:
-                result["under_load"] = bench_under_load(setup, urls[:2], adapter_dir, rounds, args.load_threads)
+                result |= under_load_sections(setup, started, urls, adapter_dir, rounds, args.load_threads, split=split)
             else:
                 result["rollback"] = bench_rollback(setup, urls, adapter_dir, rounds, counts)
                 use_fleet(setup, urls, adapter_dir)
@@ -407,8 +417,8 @@ def main() -> None:
                 result["cli_rollback_s"] = round(bench_cli_rollback(setup), 3)
                 log(f"loragate rollback, end to end: {result['cli_rollback_s']}s")
                 # the smoke leaves out the command under load: a process start on busy cores (~30 s)
-                result["under_load"] = bench_under_load(
-                    setup, urls[:2], adapter_dir, rounds, args.load_threads, cli=not args.smoke
+                result |= under_load_sections(
+                    setup, started, urls, adapter_dir, rounds, args.load_threads, cli=not args.smoke, split=split
                 )
                 result["latency"] = bench_latency(setup, urls[0], adapter_dir, steady_s, switches, interleaved)
                 result["protocols"] = bench_protocols(setup, urls[0], adapter_dir, switches, interleaved)

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import tasks.fleet
+from bench.cores import cores_split
 from bench.fleet import bench_cli_rollback
 from bench.fleet_setup import Setup, check_verified, log, promote_back, rollback, seconds, use_fleet
 from bench.fleet_traffic import LoopingClient, latency
+from infra.replica import VllmReplica
 
 # item 3 of issue 18: a rollback under traffic serves the previous version everywhere within this
 ROLLBACK_TARGET_S = 3.0
@@ -70,12 +72,23 @@ def timed_calls(taken: dict[str, list[float]]) -> Iterator[None]:
 
 
 def bench_under_load(
-    setup: Setup, urls: list[str], adapter_dir: Path, rounds: int, threads: int, *, cli: bool = True
+    setup: Setup,
+    urls: list[str],
+    adapter_dir: Path,
+    rounds: int,
+    threads: int,
+    *,
+    cli: bool = True,
+    client_cpus: list[int] | None = None,
 ) -> dict[str, Any]:
-    """``cli``: also ``loragate rollback`` as a process of its own, under the same load."""
+    """``cli``: also ``loragate rollback`` as a process of its own, under the same load;
+    ``client_cpus``: the cores the clients' threads run on."""
     use_fleet(setup, urls, adapter_dir)
     answers = set(setup.answers.values())
-    clients = [LoopingClient(url, setup.name, setup.prompt, setup.max_tokens, threads=threads) for url in urls]
+    clients = [
+        LoopingClient(url, setup.name, setup.prompt, setup.max_tokens, threads=threads, cpus=client_cpus)
+        for url in urls
+    ]
     back: list[float] = []
     forth: list[float] = []
     with contextlib.ExitStack() as running:
@@ -114,3 +127,27 @@ def bench_under_load(
         f"max {result['rollback']['max_s']}s; loragate rollback {result['cli_rollback_s']} s"
     )
     return result
+
+
+def under_load_sections(
+    setup: Setup,
+    replicas: list[VllmReplica],
+    urls: list[str],
+    adapter_dir: Path,
+    rounds: int,
+    threads: int,
+    *,
+    cli: bool = True,
+    split: bool = False,
+) -> dict[str, Any]:
+    """``under_load`` on the first 2 replicas; ``split``: then ``under_load_cores_split``,
+    the same with ``replicas`` and the clients on the last core, this process (and the
+    command it starts) on the others."""
+    out = {"under_load": bench_under_load(setup, urls[:2], adapter_dir, rounds, threads, cli=cli)}
+    if split:
+        with cores_split(replicas) as cores:
+            log(f"under load again, cores split: {cores}")
+            pinned = cores["replicas_and_clients"]
+            loaded = bench_under_load(setup, urls[:2], adapter_dir, rounds, threads, cli=cli, client_cpus=pinned)
+            out["under_load_cores_split"] = {"cores": cores, **loaded}
+    return out

@@ -41,16 +41,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 
+from bench.cores import REPLICA_NICENESS, cores_split, replicas_yielding  # noqa: E402
 from bench.fleet_setup import BASE_ID, Setup, build_setup, log, promote_back, seconds, use_fleet  # noqa: E402
 from bench.fleet_traffic import LoopingClient, latency  # noqa: E402
 from bench.harness import Databases, emit, serving_path  # noqa: E402
@@ -65,8 +63,6 @@ from tasks.fleet import promote_and_switch  # noqa: E402
 TARGET_S = 3.0
 RUN_DEADLINE_S = 180.0
 CLIENT_THREADS = 2
-# below the control plane's 0, not so low that the replicas stall while it idles
-REPLICA_NICENESS = 10
 
 
 def rollback_code(setup: Setup, person_token: str, version: str) -> str:
@@ -158,71 +154,6 @@ def summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
     out["target_met"] = all(s["serving_s"] is not None and s["serving_s"] <= TARGET_S for s in samples)
     return out
-
-
-def threads_of(processes: list[subprocess.Popen]) -> list[int]:
-    """The thread ids of every process given and of all its descendants."""
-    tids = []
-    for process in processes:
-        root = psutil.Process(process.pid)
-        for member in (root, *root.children(recursive=True)):
-            with contextlib.suppress(psutil.Error):
-                tids += [thread.id for thread in member.threads()]
-    return tids
-
-
-def replica_processes(replicas: list[VllmReplica]) -> list[subprocess.Popen]:
-    processes = [replica.process for replica in replicas]
-    assert all(processes), "replicas not started"
-    return processes  # type: ignore[return-value]
-
-
-@contextlib.contextmanager
-def replicas_yielding(replicas: list[VllmReplica], niceness: int = REPLICA_NICENESS) -> Iterator[int]:
-    """Every thread of the replicas' processes (the API server, its engine core, their
-    compute threads) at a lower CPU priority for the block: on two cores shared with the
-    control plane, one way to stand in for a Prefect server and workers on nodes of their
-    own. Yields how many threads it reniced; puts them back after."""
-    before: dict[int, int] = {}
-    for tid in threads_of(replica_processes(replicas)):
-        with contextlib.suppress(OSError):
-            before[tid] = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, niceness)
-    try:
-        yield len(before)
-    finally:
-        for tid, niceness_before in before.items():
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, tid, niceness_before)
-
-
-@contextlib.contextmanager
-def cores_split(replicas: list[VllmReplica], control_plane: list[subprocess.Popen]) -> Iterator[dict[str, list[int]]]:
-    """The other way: the last core to the replicas (every thread, their OpenMP compute
-    threads too) and to the clients that load them, the other cores to the control plane
-    (the Prefect server, the worker and this process, whose main thread times the run and
-    watches the replicas' model cards). What a fleet has -- replicas on nodes of their own,
-    their traffic from elsewhere -- shrunk onto this machine: the control plane keeps its
-    cores whatever the traffic does. Yields the split; puts back the affinity of each
-    thread it moved (threads started meanwhile keep their side's). Run it last."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        raise SystemExit("bench: --split-cores needs 2 CPUs or more")
-    split = {"replicas_and_clients": cpus[-1:], "control_plane": cpus[:-1]}
-    before: dict[int, set[int]] = {}
-    targets = [(tid, split["replicas_and_clients"]) for tid in threads_of(replica_processes(replicas))]
-    own = [thread.id for thread in psutil.Process().threads()]
-    targets += [(tid, split["control_plane"]) for tid in threads_of(control_plane) + own]
-    for tid, cores in targets:
-        with contextlib.suppress(OSError):
-            before[tid] = os.sched_getaffinity(tid)
-            os.sched_setaffinity(tid, cores)
-    try:
-        yield split
-    finally:
-        for tid, cores_before in before.items():
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(tid, cores_before)
 
 
 def loaded_rounds(
