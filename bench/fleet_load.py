@@ -94,6 +94,7 @@ def bench_under_load(
     with contextlib.ExitStack() as running:
         for client in clients:
             running.enter_context(client.running())
+        loaded_from = time.perf_counter()
         time.sleep(1.0)  # the clients are in full swing before the first rollback
         taken: dict[str, list[float]] = {phase: [] for phase in PHASES}
         for _ in range(rounds):
@@ -108,6 +109,7 @@ def bench_under_load(
             forth.append(time.perf_counter() - started)
             check_verified(report, len(urls))
         cli_s = bench_cli_rollback(setup) if cli else None
+        loaded_s = time.perf_counter() - loaded_from
     requests = [r for c in clients for r in c.requests]
     result = {
         "replicas": len(urls),
@@ -118,7 +120,8 @@ def bench_under_load(
         # every replica in parallel; the rest of its time is the registry's move and commit
         "phases": {phase: seconds(samples) for phase, samples in taken.items()},
         "cli_rollback_s": None if cli_s is None else round(cli_s, 3),
-        "traffic": latency(requests, answers),
+        # what the replicas served meanwhile, whatever else the block did
+        "traffic": {**latency(requests, answers), "answered_per_s": round(sum(r.ok for r in requests) / loaded_s, 1)},
         "target_s": ROLLBACK_TARGET_S,
         "target_met": max(back) <= ROLLBACK_TARGET_S,
     }
