@@ -120,8 +120,7 @@ def bench_under_load(
         # every replica in parallel; the rest of its time is the registry's move and commit
         "phases": {phase: seconds(samples) for phase, samples in taken.items()},
         "cli_rollback_s": None if cli_s is None else round(cli_s, 3),
-        # what the replicas served meanwhile, whatever else the block did
-        "traffic": {**latency(requests, answers), "answered_per_s": round(sum(r.ok for r in requests) / loaded_s, 1)},
+        "traffic": latency(requests, answers, over_s=loaded_s),
         "target_s": ROLLBACK_TARGET_S,
         "target_met": max(back) <= ROLLBACK_TARGET_S,
     }

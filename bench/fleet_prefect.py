@@ -178,12 +178,7 @@ def loaded_rounds(
         time.sleep(1.0)
         samples = rounds_of(server, setup, urls, adapter_dir, token, rounds)
         loaded_s = time.perf_counter() - loaded_from
-    requests = [r for c in clients for r in c.requests]
-    # what the replicas served meanwhile: the same clients on other cores must not serve less
-    traffic = {
-        **latency(requests, set(setup.answers.values())),
-        "answered_per_s": round(sum(r.ok for r in requests) / loaded_s, 1),
-    }
+    traffic = latency([r for c in clients for r in c.requests], set(setup.answers.values()), over_s=loaded_s)
     return {**summary(samples), "traffic": traffic, "samples": samples}
 
 

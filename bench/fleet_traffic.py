@@ -65,10 +65,14 @@ class LoopingClient:
         return [r for r in self.requests if any(r.started < end and r.ended > start for start, end in windows)]
 
 
-def latency(requests: list[Request], answers: set[str]) -> dict[str, Any]:
+def latency(requests: list[Request], answers: set[str], over_s: float | None = None) -> dict[str, Any]:
+    """What the requests saw; with ``over_s``, the seconds the clients ran, also how many
+    answers per second the replicas gave meanwhile (the load's throughput, so two ways of
+    placing it can be compared)."""
     done = [r for r in requests if r.ok]
     return {
         **(summarize([int((r.ended - r.started) * 1e9) for r in done]) if done else {"n": 0}),
         "failed": sum(not r.ok for r in requests),
         "neither_version": sum(r.ok and r.text not in answers for r in requests),
+        **({} if over_s is None else {"answered_per_s": round(len(done) / over_s, 1)}),
     }
