@@ -10,7 +10,6 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 
 from infra.pipeline import POOLS
 from tests.support.k8s import (
@@ -22,13 +21,15 @@ from tests.support.k8s import (
     arg_after,
     container,
     env_of,
+    load_documents,
     no_network,  # noqa: F401  (an autouse fixture: nothing here touches the network)
     objects,
     render_gpu_job,
 )
 
 WARM = K8S / "gpu-warm" / "prefect-worker-gpu.yaml"
-DOCUMENTS = [doc for doc in yaml.safe_load_all(WARM.read_text()) if doc is not None]
+LOADED = load_documents([WARM])
+DOCUMENTS = [doc for _, doc in LOADED]
 
 
 def warm(kind: str) -> dict[str, dict[str, Any]]:
@@ -45,7 +46,7 @@ def job_pod() -> tuple[dict[str, Any], dict[str, Any]]:
     return pod, next(c for c in pod["containers"] if c["name"] == "prefect-job")
 
 
-@pytest.mark.parametrize("doc", DOCUMENTS, ids=[f"{d['kind']}/{d['metadata']['name']}" for d in DOCUMENTS])
+@pytest.mark.parametrize("doc", DOCUMENTS, ids=[i for i, _ in LOADED])
 def test_every_object_is_valid_and_in_the_loragate_namespace(doc):
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(doc, version, strict=True)

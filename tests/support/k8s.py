@@ -40,9 +40,11 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
-def load_documents() -> list[tuple[str, dict[str, Any]]]:
+def load_documents(paths: list[Path] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(file:Kind/name, object) of every object in ``paths``, by default infra/k8s/*.yaml
+    (not its subdirectories: those hold alternatives to files here)."""
     docs = []
-    for path in sorted(K8S.glob("*.yaml")):
+    for path in paths if paths is not None else sorted(K8S.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
                 docs.append((f"{path.name}:{doc['kind']}/{doc['metadata']['name']}", doc))
