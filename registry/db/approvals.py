@@ -18,12 +18,12 @@ import dataclasses
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import insert, or_, select, text, update
 from sqlalchemy.engine import Connection
 
 from registry.db.canary import CanaryRepository, window_from_row
 from registry.db.database import Database, utc, utc_or_none
-from registry.db.schema import api_tokens, approval_codes
+from registry.db.schema import api_tokens, approval_codes, canary_windows
 from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition
 from registry.records.adapters import utcnow
 from registry.rules.access import TokenRecord
@@ -200,18 +200,34 @@ class ApprovalRepository:
         if not self.db.is_sqlite:
             return conn.execute(_APPLY, {"version_id": version_id, "code_id": code_id}).scalar()
         oldest = (
-            select(approval_codes.c.code_id)
+            select(
+                approval_codes.c.code_id,
+                approval_codes.c.used_at,
+                approval_codes.c.issued_at,
+                approval_codes.c.expires_at,
+            )
+            .join(api_tokens, api_tokens.c.token_id == approval_codes.c.token_id)
+            .outerjoin(canary_windows, canary_windows.c.id == approval_codes.c.window_id)
             .where(
                 approval_codes.c.version_id == version_id,
                 approval_codes.c.decision == Decision.APPROVE.value,
                 approval_codes.c.used_at.is_not(None),
                 approval_codes.c.applied_at.is_(None),
+                api_tokens.c.revoked_at.is_(None),
+                or_(approval_codes.c.window_id.is_(None), canary_windows.c.status == WindowStatus.READY.value),
                 *([approval_codes.c.code_id == code_id] if code_id else []),
             )
             .order_by(approval_codes.c.used_at, approval_codes.c.code_id)
-            .limit(1)
         )
-        code_id = conn.execute(oldest).scalar()
+        # within its lifetime counted from its redemption (SQLite has no interval arithmetic)
+        code_id = next(
+            (
+                row.code_id
+                for row in conn.execute(oldest)
+                if at < utc(row.used_at) + (utc(row.expires_at) - utc(row.issued_at))
+            ),
+            None,
+        )
         if code_id is None:
             return None
         applied = conn.execute(
