@@ -8,7 +8,9 @@ worker -- and re-enters from the top once answered, without publishing or notify
 again. The Prefect UI shows the form with the evidence as its description, and
 ``loragate approve`` answers the same wait from a shell. The form's approval code proves who decides: it is
 redeemed before anything is recorded or moved, and a forged, expired, used or someone
-else's code is refused -- as an artifact -- and the run waits again. The decision,
+else's code is refused -- as an artifact -- and the run waits again. A code presented is a
+code spent: refused or not, it redeems nothing afterwards, so the form Prefect stores as
+the run's input is worthless to whoever reads it back. The decision,
 reviewer, comment and the token that proved it go into the audit log. A version whose
 weight scan asked for review needs the approval to acknowledge it; one that does not is
 refused and the run waits for a new decision. An approval moves
@@ -36,7 +38,6 @@ from flows.waiting import WaitingRun
 from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition
 from registry.render.canary import canary_evidence_markdown
 from registry.rules.canary import WindowStatus
-from registry.rules.lifecycle import check_scan_acknowledged
 from tasks import notify
 from tasks.gates import (
     canary_window_of,
@@ -132,10 +133,17 @@ def promote_flow(version_id: str) -> dict[str, Any]:
             poll_s=settings.approval_poll_s,
         )
         try:
-            if decision.approve:
-                check_scan_acknowledged(version_id, review, acknowledged=decision.acknowledge_scan_review)
-            # the code proves who decides; it is used up here, before anything moves
-            record_approval(window.id, decision.approve, decision.reviewer, decision.comment, decision.code, me)
+            # the code proves who decides; it is used up here, before anything moves -- and
+            # spent when the decision is refused, so this input, read back and sent again, is void
+            record_approval(
+                window.id,
+                decision.approve,
+                decision.reviewer,
+                decision.comment,
+                decision.code,
+                me,
+                decision.acknowledge_scan_review,
+            )
             break
         except ApprovalRefused as refusal:
             refused = f"sign-off as {decision.reviewer} refused ({refusal.code.value}): {refusal.message}"
@@ -145,7 +153,7 @@ def promote_flow(version_id: str) -> dict[str, Any]:
             # the registry would refuse the move anyway: ask again rather than fail the sign-off
             refused = f"approval by {decision.reviewer} refused: {unacknowledged.message}"
         attempt += 1
-        refused += "; waiting for a new decision"
+        refused += "; the code is spent: waiting for a new decision with a new code"
         notice = f"**{refused}**\n\n"
         logger.warning(refused)
         create_markdown_artifact(

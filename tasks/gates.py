@@ -201,13 +201,26 @@ def claim_approval(window_id: int, flow_run_id: str, replacing: str | None) -> C
 
 @task(cache_policy=NO_CACHE, name="record-approval")
 def record_approval(
-    window_id: int, approve: bool, reviewer: str, comment: str, code: str, flow_run_id: str
+    window_id: int,
+    approve: bool,
+    reviewer: str,
+    comment: str,
+    code: str,
+    flow_run_id: str,
+    acknowledge_scan_review: bool = False,
 ) -> CanaryWindow:
-    """The decision, recorded only when ``code`` proves it (``ApprovalRefused`` otherwise:
-    the code is single-use, so a retry would be refused again)."""
+    """The decision, recorded only when ``code`` proves it (``ApprovalRefused`` otherwise, or
+    ``IllegalTransition`` for an unacknowledged scan review: the code is spent either way, so
+    a retry would be refused again)."""
     with registry_as(Role.ACTIVATION) as registry:
         return registry.record_approval(
-            window_id, approve=approve, reviewer=reviewer, comment=comment, code=code, flow_run_id=flow_run_id
+            window_id,
+            approve=approve,
+            reviewer=reviewer,
+            comment=comment,
+            code=code,
+            flow_run_id=flow_run_id,
+            acknowledge_scan_review=acknowledge_scan_review,
         )
 
 

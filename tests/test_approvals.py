@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import update
 
-from registry.db.schema import approval_codes
+from registry.db.schema import approval_codes, canary_windows
 from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition, InvalidInput, NotFound, PermissionDenied
 from registry.rules.approvals import Decision
 from registry.rules.canary import WindowStatus
@@ -154,9 +154,83 @@ def test_a_code_that_does_not_prove_the_decision_is_refused_and_records_nothing(
     window = signoff.owner.canary_window(offer.get("window_id", signoff.window_id))
     assert window.status == WindowStatus.READY
     assert signoff.events("approval") == []
-    assert signoff.owner.approval_codes(window.id) == codes_before  # no code was used up
+    # a code presented with its secret is spent, refused or not; no other code is touched
+    presented = code.split("_")[1] if refusal != ErrorCode.APPROVAL_CODE_INVALID else None
+    after = {c.code_id: c for w in {signoff.window_id, window.id} for c in signoff.owner.approval_codes(w)}
+    for before in codes_before:
+        if before.code_id != presented:
+            assert after[before.code_id] == before
+    if presented is not None:
+        assert after[presented].used_by == f"refused: {refusal.value}" and after[presented].used_at is not None
     (audited,) = signoff.events("approval_refused")
     assert audited.to_value == refusal.value and audited.details["window_id"] == window.id
+
+
+# (what was wrong with the first form) -- each read back and corrected by whoever reads the
+# orchestrator's stored input
+FIRST_FORMS = [
+    ("another-reviewer-typed", {"reviewer": "bob"}),
+    ("rejected-with-an-approve-code", {"approve": False}),
+    ("the-acting-tokens-own", {"acting": "alice"}),
+]
+
+
+@pytest.mark.parametrize("case, first", FIRST_FORMS, ids=[f[0] for f in FIRST_FORMS])
+def test_a_code_presented_and_refused_is_spent_so_the_corrected_form_proves_nothing(signoff, case, first):
+    code = signoff.code()
+    with pytest.raises(ApprovalRefused):
+        signoff.record(code, **first)
+    with pytest.raises(ApprovalRefused) as replayed:
+        signoff.record(code)
+    assert replayed.value.code == ErrorCode.APPROVAL_CODE_USED
+    assert signoff.events("approval") == []
+    with pytest.raises(PermissionDenied) as moved:  # and no production move can apply it
+        signoff.as_["pipeline"].promote(signoff.v1, "production")
+    assert moved.value.code == ErrorCode.APPROVAL_REQUIRED
+    assert signoff.owner.get_adapter(NAME).production is None
+    signoff.record(signoff.code())  # a fresh code from the person still works
+    signoff.as_["pipeline"].promote(signoff.v1, "production")
+    assert signoff.owner.get_adapter(NAME).production == signoff.v1
+
+
+def _revoke_reviewer(s: SignOff) -> None:
+    s.owner.revoke_token(s.token_ids["alice"])
+
+
+def _close_window(s: SignOff) -> None:
+    """The window stops waiting (written as the owner: a monitor's rollback would also
+    withdraw the canary, which refuses the move on its own)."""
+    with sql_engine(s.owner).begin() as conn:
+        conn.execute(update(canary_windows).where(canary_windows.c.id == s.window_id).values(status="rolled_back"))
+
+
+def _outlive(s: SignOff) -> None:
+    """The code redeemed longer ago than it lives (900 s by default)."""
+    with sql_engine(s.owner).begin() as conn:
+        conn.execute(update(approval_codes).values(used_at=datetime.now(UTC) - timedelta(days=60)))
+
+
+# what happens between a sign-off's redemption and the production move that would apply it
+STALE_SIGN_OFFS = [
+    ("reviewer-token-revoked", _revoke_reviewer),
+    ("window-superseded", _close_window),
+    ("redeemed-months-ago", _outlive),
+]
+
+
+@pytest.mark.parametrize("case, between", STALE_SIGN_OFFS, ids=[c[0] for c in STALE_SIGN_OFFS])
+def test_a_redeemed_sign_off_is_applied_only_while_it_lives_its_token_is_active_and_its_window_waits(
+    signoff, case, between
+):
+    signoff.record(signoff.code())
+    between(signoff)
+    before = signoff.owner.get_adapter(NAME).production
+    with pytest.raises(PermissionDenied) as refused:
+        signoff.as_["pipeline"].promote(signoff.v1, "production")
+    assert refused.value.code == ErrorCode.APPROVAL_REQUIRED
+    assert signoff.owner.get_adapter(NAME).production == before
+    with sql_engine(signoff.owner).connect() as conn:
+        assert conn.execute(approval_codes.select().where(approval_codes.c.applied_at.is_not(None))).all() == []
 
 
 def test_a_used_code_is_refused_the_second_time(signoff):

@@ -412,6 +412,7 @@ def test_the_promote_flow_asks_again_when_an_approval_does_not_acknowledge_a_sca
 ):
     from prefect.artifacts import Artifact
     from prefect.flow_runs import resume_flow_run
+    from prefect.input.actions import filter_flow_run_input
 
     from flows.promote import promote_flow
     from registry.rules.access import Role
@@ -447,13 +448,38 @@ def test_the_promote_flow_asks_again_when_an_approval_does_not_acknowledge_a_sca
         evidence = Artifact.get("approval-acme-deep-llama-support").data
     assert "#### Weight scan: **review**" in evidence and "INTRA_OUTLIER" in evidence
 
-    decision = {"approve": True, "reviewer": "alice", "comment": "looks fine", "acknowledge_scan_review": False}
+    # alice's real code, but the acknowledgement not ticked: refused, and the code spent
+    with Registry.open(registry.settings.model_copy(update={"token": alice})) as as_alice:
+        first_code = as_alice.issue_approval_code(vid)[1]
+    decision = {
+        "approve": True,
+        "reviewer": "alice",
+        "comment": "looks fine",
+        "acknowledge_scan_review": False,
+        "code": first_code,
+    }
     with client_env(prefect_server):
         resume_flow_run(uuid.UUID(run_id), run_input=decision)
     wait_for_state(prefect_server, run_id, "PAUSED")  # asked again
     with client_env(prefect_server):
         refused = Artifact.get("approval-acme-deep-llama-support")
     assert refused.description.startswith("approval by alice refused:") and "weight-scan review" in refused.description
+    assert registry.get_adapter(SUPPORT).production is None, "nothing moved"
+
+    # whoever holds the Prefect credential reads every input the run stored, ticks the
+    # acknowledgement alice never gave and resumes with her code: it is spent
+    with client_env(prefect_server):
+        stored = [
+            i
+            for i in filter_flow_run_input("", limit=200, flow_run_id=uuid.UUID(run_id))
+            if i.key.endswith("-response")
+        ]
+        assert stored and any(i.decoded_value.get("code") == first_code for i in stored)
+        for replayed in stored:
+            resume_flow_run(uuid.UUID(run_id), run_input={**replayed.decoded_value, "acknowledge_scan_review": True})
+            wait_for_state(prefect_server, run_id, "PAUSED")
+        refused = Artifact.get("approval-refused-acme-deep-llama-support")
+    assert refused.description.startswith("sign-off as alice refused (approval_code_used)")
     assert registry.get_adapter(SUPPORT).production is None, "nothing moved"
 
     # acknowledged, but with a forged approval code: refused as an artifact, asked again

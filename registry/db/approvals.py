@@ -26,7 +26,7 @@ from registry.db.database import Database, utc, utc_or_none
 from registry.db.schema import api_tokens, approval_codes, canary_windows
 from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition
 from registry.records.adapters import utcnow
-from registry.rules.access import TokenRecord
+from registry.rules.access import TokenRecord, hash_secret
 from registry.rules.approvals import (
     MIN_TTL_S,
     ApprovalCode,
@@ -46,6 +46,7 @@ _ISSUE = text(
 )
 _USE = text("SELECT loragate_use_approval_code(:code_id, :secret, :used_by)")
 _APPLY = text("SELECT loragate_apply_approval(:version_id, :code_id)")
+_SPEND = text("SELECT loragate_spend_approval_code(:code_id, :secret, :spent_by)")
 # who a code is issued to: (token id, the token's holder, the token's secret)
 Signer = tuple[str, str, str | None]
 
@@ -236,6 +237,30 @@ class ApprovalRepository:
             .values(applied_at=at)
         ).rowcount
         return code_id if applied == 1 else None
+
+    def spend(self, code_id: str, secret: str, spent_by: str) -> bool:
+        """A code presented with its secret and refused, still unused: used and applied by no
+        move, so the secret redeems nothing afterwards (whoever read it from the
+        orchestrator's stored input included). True when it was spent now. On Postgres
+        through ``loragate_spend_approval_code``, which checks the secret itself."""
+        with self.db.write() as conn:
+            if not self.db.is_sqlite:
+                return bool(
+                    conn.execute(_SPEND, {"code_id": code_id, "secret": secret, "spent_by": spent_by[:128]}).scalar()
+                )
+            at = utcnow()
+            return (
+                conn.execute(
+                    update(approval_codes)
+                    .where(
+                        approval_codes.c.code_id == code_id,
+                        approval_codes.c.used_at.is_(None),
+                        approval_codes.c.secret_sha256 == hash_secret(secret),
+                    )
+                    .values(used_at=at, used_by=spent_by[:128], applied_at=at)
+                ).rowcount
+                == 1
+            )
 
     def sign_off_in(self, conn: Connection, signer: Signer, name: str, version_id: str, at: datetime) -> str:
         """A person's own production move: an approve code issued to their token and used at

@@ -18,7 +18,7 @@ from registry.records.adapters import utcnow
 from registry.rules.access import Action, TokenKind, TokenRecord
 from registry.rules.approvals import ApprovalCode, Decision, PresentedCode, Redemption, check_ttl, issue_code
 from registry.rules.canary import CanaryWindow
-from registry.rules.lifecycle import Plan, Pointer
+from registry.rules.lifecycle import Plan, Pointer, check_scan_acknowledged
 from registry.rules.text import check_text
 from registry.service.base import RegistryBase
 
@@ -138,11 +138,15 @@ class ApprovalMixin(RegistryBase):
         code: str,
         comment: str = "",
         flow_run_id: str | None = None,
+        acknowledge_scan_review: bool = False,
     ) -> CanaryWindow:
         """The sign-off decision, recorded only when ``code`` proves it: issued for this
         window and decision to ``reviewer``'s still-active token (not the caller's own),
-        unexpired and unused -- it is used now. The audit event names the token. A
-        rejection closes the window. A refusal changes nothing but the audit log.
+        unexpired and unused -- it is used now. An approval of a version whose weight scan
+        asked for review must acknowledge it. The audit event names the token. A rejection
+        closes the window. A refusal records nothing but the audit log, and spends the code
+        when it was presented with its secret: a code presented is a code spent, so a form
+        read back from the orchestrator, corrected and sent again, proves nothing.
 
         Raises:
             InvalidInput: INVALID_NAME for an empty reviewer; INVALID_TEXT for a reviewer or
@@ -151,6 +155,8 @@ class ApprovalMixin(RegistryBase):
             IllegalTransition: the window is not waiting for a sign-off.
             PermissionDenied: the caller may not record sign-offs for the adapter.
             ApprovalRefused: the code does not prove the decision (its error code says why).
+            IllegalTransition: SCAN_REVIEW_UNACKNOWLEDGED, an approval that does not
+                acknowledge the weight scan's review (the code is spent).
         """
         if not reviewer.strip():
             raise InvalidInput("a decision needs a reviewer", code=ErrorCode.INVALID_NAME, field="reviewer")
@@ -160,6 +166,7 @@ class ApprovalMixin(RegistryBase):
         actor = self._authorize(Action.APPROVE, window.adapter_name)
         decision = Decision.of(approve)
         offer = Redemption(window_id, window.version_id, decision, reviewer.strip(), self.principal.token_id, utcnow())
+        scan = self.scan_under_review(window.version_id) if approve else None
         return self._redeeming(
             code,
             offer,
@@ -167,6 +174,9 @@ class ApprovalMixin(RegistryBase):
             actor,
             lambda presented: self._store.approvals.record_decision(
                 presented, offer, comment=comment, flow_run_id=flow_run_id, actor=actor
+            ),
+            before=lambda: check_scan_acknowledged(
+                window.version_id, scan.describe() if scan else None, acknowledged=acknowledge_scan_review
             ),
         )
 
@@ -210,13 +220,28 @@ class ApprovalMixin(RegistryBase):
         )
 
     def _redeeming(
-        self, code: str, offer: Redemption, name: str, actor: str, redeem: Callable[[PresentedCode], T]
+        self,
+        code: str,
+        offer: Redemption,
+        name: str,
+        actor: str,
+        redeem: Callable[[PresentedCode], T],
+        before: Callable[[], None] | None = None,
     ) -> T:
-        """``redeem(PresentedCode)``; a refusal is audited, then raised as it was."""
+        """``redeem(PresentedCode)`` once ``before()`` (a rule of the decision itself) holds;
+        a refusal of either is audited, the code presented is spent, and the refusal raised
+        as it was."""
         presented: PresentedCode | None = None
         try:
             presented = PresentedCode.parse(code)
+            if before is not None:
+                before()
             return redeem(presented)
-        except ApprovalRefused as refused:
-            self._store.approvals.record_refusal(refused, presented.code_id if presented else None, offer, name, actor)
+        except (ApprovalRefused, IllegalTransition) as refused:
+            if presented is not None:
+                self._store.approvals.spend(presented.code_id, presented.secret, f"refused: {refused.code.value}")
+            if isinstance(refused, ApprovalRefused):
+                self._store.approvals.record_refusal(
+                    refused, presented.code_id if presented else None, offer, name, actor
+                )
             raise

@@ -42,8 +42,11 @@ A_LORAGATE_ROLE = " OR ".join(f"pg_catalog.pg_has_role(current_user, 'loragate_{
 
 # what the fleet pool's workers write, beyond reading everything and auditing
 FLEET_GRANTS: tuple[str, ...] = (
-    "INSERT ON replicas",
-    "DELETE ON replicas",
+    "INSERT ON replicas",  # fleet add, replicas up
+    "DELETE ON replicas",  # fleet remove, replicas down
+    # reconcile holds an adapter's row while it acts on the replicas for it, the lock a pointer
+    # move keeps through its switch: the claim bumps the revision, rolled back when nothing moved
+    "UPDATE (revision) ON adapters",
 )
 # what a replica reads to decide what it may serve and what its bytes must hash to
 REPLICA_GRANTS: tuple[str, ...] = (
@@ -133,16 +136,16 @@ BEGIN
 END $$
 """
 
-# a code presented with its secret and refused: used and applied at once, by no move (no
-# transaction id), so no move can apply it afterwards. True when it was still unspent.
+# a code presented with its secret and refused, still unused: used and applied at once, by no
+# move (no transaction id), so nothing can redeem or apply it afterwards. A code already used
+# (a decision recorded with it) is left to the move that applies it. True when it was spent.
 SPEND = f"""
 CREATE FUNCTION public.loragate_spend_approval_code({SPEND_ARGS})
 RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER {PINNED} AS $$
 DECLARE spent text;
 BEGIN
-  UPDATE public.approval_codes c SET used_at = coalesce(c.used_at, now()),
-         used_by = coalesce(c.used_by, left(p_spent_by, 128)), applied_at = now()
-   WHERE c.code_id = p_code_id AND c.applied_at IS NULL AND c.secret_sha256 = {SHA256_HEX.format("p_secret")}
+  UPDATE public.approval_codes c SET used_at = now(), used_by = left(p_spent_by, 128), applied_at = now()
+   WHERE c.code_id = p_code_id AND c.used_at IS NULL AND c.secret_sha256 = {SHA256_HEX.format("p_secret")}
   RETURNING c.code_id INTO spent;
   RETURN spent IS NOT NULL;
 END $$
