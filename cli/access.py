@@ -12,7 +12,7 @@ from pathlib import Path
 
 from cli.output import EXIT_OK, emit, open_registry, write_secret_file
 from registry.intake.bundle import read_regular_file
-from registry.rules.access import Role
+from registry.rules.access import SIGNING_KEY_ROLES, Role
 from registry.storage.signing import generate_key_pair, key_id
 
 MAX_KEY_BYTES = 64 * 1024
@@ -121,7 +121,7 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.set_defaults(func=cmd_key_generate)
     p = key.add_parser("add", parents=[common], help="register a public key for a role (admin)")
     p.add_argument("public_key", help="PEM file")
-    p.add_argument("--role", required=True, choices=roles)
+    p.add_argument("--role", required=True, choices=[r.value for r in SIGNING_KEY_ROLES])
     p.add_argument("--holder", required=True)
     p.set_defaults(func=cmd_key_add)
     p = key.add_parser("list", parents=[common], help="registered keys")

@@ -168,6 +168,9 @@ def forged_sign_off_refused(pipeline, run_id: str, version: str) -> None:
     as_release = {**pipeline.env, "LORAGATE_TOKEN": POOL_TOKENS["activation"]}
     loragate("promote", version, "--to", "production", expect=3, env=as_release)
     loragate("approve-code", version, expect=3, env=as_release)
+    banner("code run on the fleet worker: its fleet token mints no token and signs nothing off")
+    for argv in (("token", "create", "--role", "activation", "--holder", "mallory"), ("approve-code", version)):
+        loragate(*argv, expect=3, env={**pipeline.env, "LORAGATE_TOKEN": POOL_TOKENS["fleet"]})
 
 
 def through_the_pipeline(pipeline, bundle: Path, golden: Path, ui_url: str, label: str, *, forge: bool = False) -> str:
@@ -220,7 +223,7 @@ def ask(urls: dict[str, str], prompt: str) -> None:
         say(f"{role:<10} {url} serves {SUPPORT} = {served}: {text!r}")
 
 
-def tampered_copy_repaired(urls: dict[str, str], version: str, prompt: str, as_admin: dict[str, str]) -> None:
+def tampered_copy_repaired(urls: dict[str, str], version: str, prompt: str, as_fleet: dict[str, str]) -> None:
     """One byte flipped in the copy the replicas serve: seen, refused, repaired."""
     from infra.tamper import flip_a_byte
     from registry.errors import ReplicaError
@@ -240,7 +243,7 @@ def tampered_copy_repaired(urls: dict[str, str], version: str, prompt: str, as_a
             raise SystemExit("the production replica served the tampered copy")
         except ReplicaError as e:
             say(f"production replica, asked again: {e.one_line()} (refused, not garbage)")
-    loragate("fleet", "reconcile", env=as_admin)
+    loragate("fleet", "reconcile", env=as_fleet)  # the fleet pool's role: no admin needed
     ask(urls, prompt)
 
 
@@ -272,7 +275,7 @@ def summary(pipeline) -> None:
 
 
 def main() -> None:
-    from infra.pipeline import PipelineSecrets, start_pipeline
+    from infra.pipeline import POOLS, PipelineSecrets, start_pipeline
     from infra.prefect_local import start_prefect_server
     from infra.replica import VllmReplica, start_replicas, stop_replicas
     from registry.rules.access import Role
@@ -305,7 +308,7 @@ def main() -> None:
 
     banner("who may do what: a token per gate role, one for the person who signs off, a signing key")
     tokens = {}
-    for role in Role:
+    for role in sorted({pool.role for pool in POOLS}):  # admin is the person here, on no worker
         made = loragate(
             "token",
             "create",
@@ -422,7 +425,7 @@ def main() -> None:
         ask(urls, prompt)
 
         banner("a replica copy tampered on disk: fleet status sees it, the resolver refuses it, reconcile repairs it")
-        tampered_copy_repaired(urls, v1, prompt, as_admin)
+        tampered_copy_repaired(urls, v1, prompt, {"LORAGATE_TOKEN": tokens[Role.FLEET]})
         loragate("history", SUPPORT)
         summary(pipeline)
     finally:

@@ -105,8 +105,8 @@ ALLOWED = {
     "withdraw the canary": {Role.SIGNING, Role.ACTIVATION},
     "open a canary window": {Role.SIGNING, Role.ACTIVATION},
     "pin a base": {Role.ADMIN},
-    "add a replica": {Role.ADMIN},
-    "remove a replica": {Role.ADMIN},
+    "add a replica": {Role.FLEET, Role.ADMIN},
+    "remove a replica": {Role.FLEET, Role.ADMIN},
     "create a token": {Role.ADMIN},
     "list tokens": {Role.ADMIN},
     "revoke a token": {Role.ADMIN},
@@ -329,7 +329,7 @@ def test_the_register_gate_acts_only_with_a_training_token_from_its_workers_secr
         assert registry_snapshot(world.registry.settings) == before
 
 
-@pytest.mark.parametrize("held", [Role.SIGNING, Role.ACTIVATION, Role.ADMIN], ids=lambda r: r.value)
+@pytest.mark.parametrize("held", [Role.SIGNING, Role.ACTIVATION, Role.FLEET], ids=lambda r: r.value)
 def test_a_worker_of_another_pool_cannot_act_as_training_even_with_a_token_in_its_environment(
     world, random_bundle, held, monkeypatch, worker_secrets
 ):
@@ -368,12 +368,17 @@ def _public_key() -> bytes:
             "role",
         ),
         (
+            lambda r: r.add_signing_key(generate_key_pair().public_pem, "fleet", "alice"),  # the fleet signs nothing
+            ErrorCode.INVALID_ROLE,
+            "role",
+        ),
+        (
             lambda r: r.add_signing_key(generate_key_pair().public_pem, "signing", ""),
             ErrorCode.INVALID_HOLDER,
             "holder",
         ),
     ],
-    ids=["role", "namespace", "blank-holder", "long-holder", "key-role", "key-holder"],
+    ids=["role", "namespace", "blank-holder", "long-holder", "key-role", "key-role-fleet", "key-holder"],
 )
 def test_bad_access_input_names_its_own_code_and_field_and_changes_nothing(world, call, code, field):
     registry = world.registry

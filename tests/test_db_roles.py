@@ -1,5 +1,5 @@
-"""The Postgres roles of migration 0006: a process holding one loragate role's database
-credentials can do that role's writes and nothing else.
+"""The Postgres roles of migration 0006 (and 0010's fleet): a process holding one loragate
+role's database credentials can do that role's writes and nothing else.
 
 The matrix runs one statement per case as each role's database user against a real
 populated registry, each in its own transaction that is rolled back: an allowed statement
@@ -26,7 +26,9 @@ from infra.modelkit import write_golden_set
 from registry.db import migrate
 from registry.db.schema import adapters, approval_codes, metadata
 from registry.db.store import make_engine
+from registry.db.users import role_database_url
 from registry.errors import PermissionDenied
+from registry.rules.access import Role
 from registry.rules.approvals import issue_code
 from registry.rules.canary import Observation, SideStats, Verdict, WindowStatus
 from registry.service import Registry
@@ -46,7 +48,9 @@ SIDE = SideStats(20, 0, 50.0, 100.0)
 
 def db_user_url(url: str, role: str) -> str:
     """``url`` with the database user of ``role`` (no password: the test server trusts local users)."""
-    return make_url(url).set(username=f"loragate_{role}").render_as_string(hide_password=False)
+    found = role_database_url(url, Role(role))
+    assert found is not None
+    return found
 
 
 @dataclass(frozen=True)
@@ -276,6 +280,27 @@ def test_admin_manages_bases_fleet_tokens_and_keys_but_cannot_promote(fresh, tin
         before = registry_snapshot(fresh.settings(), artifacts=False)
         with pytest.raises(PermissionDenied):
             admin.promote(fresh.v1, "production")
+    assert registry_snapshot(fresh.settings(), artifacts=False) == before
+
+
+def test_fleet_reconciles_and_manages_replicas_but_can_mint_no_token_and_move_no_pointer(fresh, tmp_path):
+    """What the fleet pool's worker connects as: replicas in and out, reconcile holding each
+    adapter's row; a token (which a person's activation token would be) or a pointer move is
+    refused by the database itself, whatever the application was told."""
+    from tasks.reconcile import reconcile_fleet
+
+    with fresh.open("fleet") as fleet:
+        fleet.add_replica("http://127.0.0.1:11", "tiny-llama", "production", str(tmp_path / "replica"))
+        fleet.remove_replica("http://127.0.0.1:9")
+        with fleet.holding_adapter(NAME) as held:
+            assert held is not None and held.canary == fresh.v1
+        states = reconcile_fleet(fleet)  # nothing listens at :11: unreachable, and nothing refused
+        assert [(s.replica.url, s.reachable) for s in states] == [("http://127.0.0.1:11", False)]
+        before = registry_snapshot(fresh.settings(), artifacts=False)
+        with pytest.raises(PermissionDenied, match="loragate_fleet"):
+            fleet.create_token("activation", "mallory")
+        with pytest.raises(PermissionDenied, match="loragate_fleet"):
+            fleet.rollback(NAME, "canary")
     assert registry_snapshot(fresh.settings(), artifacts=False) == before
 
 

@@ -236,7 +236,7 @@ api_tokens = Table(
     Column("revoked_at", Timestamp, nullable=True),
     Column("revoked_by", String(128), nullable=True),
     Column("kind", String(8), nullable=False, server_default="person"),
-    CheckConstraint("role IN ('training', 'signing', 'activation', 'admin')", name="ck_api_tokens_role"),
+    CheckConstraint("role IN ('training', 'signing', 'activation', 'admin', 'fleet')", name="ck_api_tokens_role"),
     Index("ix_api_tokens_holder", "holder", "role"),
 )
 

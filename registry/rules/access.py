@@ -1,16 +1,23 @@
 """Who may do what: roles, the actions they allow, API tokens and the principal behind a call.
 
-Four roles split the pipeline so that no single credential can take an adapter from a
+Five roles split the pipeline so that no single credential can take an adapter from a
 training job to traffic: ``training`` registers, ``signing`` validates, signs and moves
-staging→canary, ``activation`` promotes canary→production, rolls back and signs off, and
-``admin`` manages tokens, keys, the fleet and bases. A token is bound to one role and,
+staging→canary, ``activation`` promotes canary→production, rolls back and signs off,
+``fleet`` makes the replicas serve what the pointers say (reconcile, replicas in and out of
+the fleet), and ``admin`` manages tokens, keys, bases and the fleet.
+
+``admin`` is a person's role and lives on no worker: it can mint any token, a person's
+activation token included, so whoever holds it can sign off a production move. The
+machines' roles -- ``fleet`` above all, which runs on a schedule beside the replicas -- can
+mint nothing and approve nothing. A token is bound to one role and,
 optionally, to a pattern of adapter names (``acme/*``) that limits the adapters it may act
 on; a namespace-bound token cannot do fleet-wide work.
 
 A token reads ``lgt_<id>_<secret>``: the id finds its row, only the SHA-256 of the secret
 is stored (the secret has 256 bits of entropy, so a slow hash would add nothing), and the
-secret is compared in constant time. The same roles exist in Postgres (migration 0006), so
-a process holding one role's database credentials cannot do another role's writes either.
+secret is compared in constant time. The same roles exist in Postgres (migration 0006;
+``fleet`` since 0010), so a process holding one role's database credentials cannot do
+another role's writes either (``registry/db/users.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ class Role(StrEnum):
     TRAINING = "training"
     SIGNING = "signing"
     ACTIVATION = "activation"
+    FLEET = "fleet"
     ADMIN = "admin"
 
 
@@ -73,6 +81,8 @@ PERMISSIONS: dict[Role, frozenset[Action]] = {
             Action.WITHDRAW_CANARY,
         }
     ),
+    # the fleet pool's worker: drive the replicas, read the registry; never tokens, keys or a sign-off
+    Role.FLEET: frozenset({Action.MANAGE_FLEET}),
     Role.ADMIN: frozenset(
         {Action.MANAGE_TOKENS, Action.MANAGE_KEYS, Action.MANAGE_FLEET, Action.MANAGE_BASES, Action.COLLECT_GARBAGE}
     ),
@@ -87,18 +97,22 @@ def roles_allowed(action: Action) -> list[Role]:
     return [role for role, actions in PERMISSIONS.items() if action in actions]
 
 
-def parse_role(value: str, field: str = "role") -> Role:
+# the roles a signing key may be registered for: the fleet signs nothing (and its database
+# CHECK on signing_keys has no 'fleet')
+SIGNING_KEY_ROLES = (Role.TRAINING, Role.SIGNING, Role.ACTIVATION, Role.ADMIN)
+
+
+def parse_role(value: str, field: str = "role", allowed: tuple[Role, ...] = tuple(Role)) -> Role:
     """Raises:
-    InvalidInput: INVALID_ROLE, not one of the four roles.
+    InvalidInput: INVALID_ROLE, not one of the ``allowed`` roles.
     """
-    try:
-        return Role(value)
-    except ValueError as e:
+    if value not in {r.value for r in allowed}:
         raise InvalidInput(
-            f"role must be one of {', '.join(r.value for r in Role)}, not {value!r}",
+            f"role must be one of {', '.join(r.value for r in allowed)}, not {value!r}",
             code=ErrorCode.INVALID_ROLE,
             field=field,
-        ) from e
+        )
+    return Role(value)
 
 
 def check_namespace(pattern: str | None) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from registry.errors import ErrorCode, InvalidInput
 from registry.records.adapters import utcnow
 from registry.rules.access import (
+    SIGNING_KEY_ROLES,
     Action,
     SigningKey,
     TokenKind,
@@ -78,7 +79,7 @@ class AccessMixin(RegistryBase):
             AlreadyExists: the key is registered for another role or holder.
         """
         actor = self._authorize(Action.MANAGE_KEYS)
-        parsed = parse_role(role)
+        parsed = parse_role(role, allowed=SIGNING_KEY_ROLES)
         holder = _holder(holder, "the private key")
         key = SigningKey(
             key_id=key_id(public_pem),

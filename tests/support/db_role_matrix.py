@@ -7,7 +7,7 @@ Each names its values through ``:params`` that the test's populated registry fil
 
 from __future__ import annotations
 
-ROLES = ("training", "signing", "activation", "admin")
+ROLES = ("training", "signing", "activation", "admin", "fleet")
 EVERYONE = frozenset(ROLES)
 NOBODY: frozenset[str] = frozenset()
 LIFECYCLE = frozenset({"signing", "activation"})
@@ -77,15 +77,16 @@ MATRIX = [
         f"VALUES (:adapter_id, 'sha256:{ZEROS}', 5, now(), 'probe')",
         frozenset({"training"}),
     ),
+    # (fleet too: reconcile holds the adapter's row while it acts on its replicas)
     (
         "lock-an-adapter",
         "SELECT id FROM adapters WHERE id = :adapter_id FOR UPDATE",
-        frozenset({"training", "signing", "activation"}),
+        frozenset({"training", "signing", "activation", "fleet"}),
     ),
     (
         "bump-an-adapter-revision",
         "UPDATE adapters SET revision = revision + 1 WHERE id = :adapter_id",
-        frozenset({"training", "signing", "activation"}),
+        frozenset({"training", "signing", "activation", "fleet"}),
     ),
     # signing and activation: stages, pointers, canary windows
     # grants are per column: triggers keep production to activation and the canary to signing
@@ -184,7 +185,7 @@ MATRIX = [
         f"signed_at, signed_by) VALUES (:v, :spare_key, :run_id, '{ZEROS}', 'probe', now(), 'probe')",
         frozenset({"signing"}),
     ),
-    # admin: tokens, keys, bases, the fleet
+    # admin: tokens, keys, bases, the fleet; the fleet role: the fleet alone, never a token
     (
         "issue-a-token",
         "INSERT INTO api_tokens (token_id, secret_sha256, role, holder, created_at, created_by) "
@@ -218,7 +219,7 @@ MATRIX = [
         "INSERT INTO replicas (url, base_model_id, base_model_commit, role, adapter_dir, max_lora_rank, max_loras, "
         "served_model_name, created_at, created_by) VALUES ('http://127.0.0.1:10', 'tiny-llama', :base_commit, "
         "'production', '/srv/adapters', 16, 4, 'tiny-llama', now(), 'probe')",
-        frozenset({"admin"}),
+        frozenset({"admin", "fleet"}),
     ),
-    ("remove-a-replica", "DELETE FROM replicas", frozenset({"admin"})),
+    ("remove-a-replica", "DELETE FROM replicas", frozenset({"admin", "fleet"})),
 ]

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from infra.modelkit import golden_cases
-from infra.pipeline import LocalPipeline, PipelineSecrets, start_pipeline
+from infra.pipeline import POOLS, LocalPipeline, PipelineSecrets, start_pipeline
 from registry.errors import NotFound
 from registry.rules.access import Role
 from registry.rules.canary import WindowStatus
@@ -258,8 +258,11 @@ def stack_fixture(prefect_server, pg_template, replicas, replica_adapters, tiny_
         for replica in replicas.values():
             registry.add_replica(replica.url, "tiny-llama", replica.role, str(replica_adapters))
         # each gate acts with its own role's token, from its pool's secrets directory; people sign off
-        # with their own activation tokens
-        tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}", pipeline=True)[1] for role in Role}
+        # with their own activation tokens. No pool's role is admin: no worker can mint a token
+        tokens = {
+            role: registry.create_token(role.value, f"pipeline-{role.value}", pipeline=True)[1]
+            for role in sorted({pool.role for pool in POOLS})
+        }
         people = {who: registry.create_token("activation", who)[1] for who in ("alice", "bob")}
         registry.add_signing_key(SIGNING_KEY.public_pem, "signing", "pipeline")
     # the Slack token too comes from the pools' secrets directories: the workers' environment has none
