@@ -82,6 +82,27 @@ def test_a_temporary_table_shadows_nothing_the_production_rule_reads(world, shad
     assert world.production() is None
 
 
+def test_previous_cannot_be_pointed_elsewhere_through_a_temporary_stage_pointers(world):
+    """``previous`` names only what production serves; a temporary stage_pointers saying
+    production serves v1 would let the activation user aim ``previous`` at v1, and then
+    "roll back" production onto a version nobody approved."""
+
+    def aim_previous(conn: Connection) -> None:
+        conn.execute(text("CREATE TEMP TABLE stage_pointers (adapter_id integer, stage text, version_id text)"))
+        for stage in ("production", "previous"):
+            conn.execute(
+                text(f"INSERT INTO stage_pointers VALUES ({ADAPTER}, :stage, :v)"),
+                {"stage": stage, "v": world.v1, "name": NAME},
+            )
+        point = POINT.text.replace("INTO stage_pointers", "INTO public.stage_pointers")
+        conn.execute(text(point), {"stage": "previous", "v": world.v1, "name": NAME})
+        conn.execute(text(point), {"stage": "production", "v": world.v1, "name": NAME})
+
+    refused(world.activation, aim_previous)
+    after = world.owner.get_adapter(NAME)
+    assert (after.production, after.previous) == (None, None)
+
+
 def test_a_temporary_validation_runs_does_not_pass_a_version(world):
     """The lifecycle rule reads the latest validation run: a temporary one saying 'failed'
     does not let the signing user fail a version whose real latest run passed."""
