@@ -8,7 +8,16 @@ a demo canary window lasts seconds, not a day. The workers get the loragate sett
 environment variables, which every flow run they start inherits: settings never travel as
 flow parameters. Credentials travel as neither: each pool's worker holds one role's token
 (and the signing pool the signing key) in a secrets directory of its own, as a Kubernetes
-Secret mounted into that pool's pods would (``tasks/credentials.py``).
+Secret mounted into that pool's pods would (``tasks/credentials.py``) -- on Postgres with
+its role's database URL (``loragate_<role>``, never the owner's).
+
+A worker starts from an allowlisted environment (``worker_environment``), not its parent's:
+the system's basics, the Prefect client's settings, the loragate settings it was given and
+its own secrets directory's path -- no token, no other pool's directory, no owner's
+database URL. On one host under one OS user that is all that separates the pools: their
+secrets directories are 0700 but readable by that user, so code running on one worker can
+read another's files. Production runs one pod per pool (``infra/k8s/``), where a pool's
+Secret is mounted into its own pods only.
 """
 
 from __future__ import annotations
@@ -29,8 +38,10 @@ from infra.prefect_local import (
     stop,
     stop_process,
 )
+from infra.replica import replica_environment
+from registry.db.users import role_database_url
 from registry.rules.access import Role
-from tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets
+from tasks.credentials import DATABASE_URL_FILE, SECRETS_DIR_VARIABLE, write_pool_secrets
 
 ROOT = Path(__file__).resolve().parents[1]
 # the local pipeline's reconcile and advance sweep (prefect.yaml: every 5 min and every minute)
@@ -61,7 +72,8 @@ POOLS = (
     Pool("gpu", Role.SIGNING, holds_signing_key=True, preload=VALIDATION_IMPORTS),
     Pool("canary", Role.SIGNING),
     Pool("release", Role.ACTIVATION),
-    Pool("fleet", Role.ADMIN),
+    # reconcile and the advance sweep: the fleet role drives replicas and can mint no token
+    Pool("fleet", Role.FLEET),
 )
 
 
@@ -72,19 +84,62 @@ class PipelineSecrets:
     tokens: dict[Role, str] = field(repr=False)
     signing_key_pem: bytes | None = field(default=None, repr=False)
     slack_token: str | None = field(default=None, repr=False)
+    # each role's database URL (its loragate_<role> user, with its password); on Postgres a
+    # role missing here connects as its user without a password (a server trusting local users)
+    database_urls: dict[Role, str] = field(default_factory=dict, repr=False)
 
 
-def write_secrets(directory: Path, secrets: PipelineSecrets) -> dict[str, Path]:
+def write_secrets(directory: Path, secrets: PipelineSecrets, database_url: str | None = None) -> dict[str, Path]:
     """One secrets directory per pool under ``directory``: its role's token, the signing key
-    for the signing pool only, the Slack token for every pool (each one notifies)."""
+    for the signing pool only, the Slack token for every pool (each one notifies), and where
+    ``database_url`` (the owner's) is Postgres, the URL of the pool's role's database user."""
     return {
         pool.name: write_pool_secrets(
             directory / pool.name,
             {pool.role: secrets.tokens[pool.role]} if pool.role in secrets.tokens else {},
             secrets.signing_key_pem if pool.holds_signing_key else None,
             secrets.slack_token,
+            secrets.database_urls.get(pool.role)
+            or (role_database_url(database_url, pool.role) if database_url else None),
         )
         for pool in POOLS
+    }
+
+
+# the loragate settings a worker takes from the caller's; the database URL it takes from its
+# secrets directory where that holds one (Postgres), and a token never
+_NOT_PASSED = frozenset({"LORAGATE_TOKEN", "LORAGATE_SLACK_TOKEN", SECRETS_DIR_VARIABLE})
+# beyond a replica's allowlist: Great Expectations' analytics off (the intake pool) and the
+# tokenizers' threads (shadow validation), named: their prefixes would admit a token
+_WORKER_NAMES = ("GX_ANALYTICS_ENABLED", "TOKENIZERS_PARALLELISM")
+
+
+def worker_environment(
+    server: PrefectServer, loragate_env: dict[str, str], secrets_dir: Path, *, with_database_url: bool
+) -> dict[str, str]:
+    """All a pool's worker starts with: the system's basics and the ML libraries' knobs
+    (``replica_environment``'s allowlist, secrets dropped), the Prefect client's settings
+    (the API URL and its credential, which every worker needs), ``loragate_env`` without a
+    token or -- when the secrets directory holds the pool's own -- the database URL, and the
+    path of this pool's secrets directory."""
+    passed = {
+        name: value
+        for name, value in loragate_env.items()
+        if name not in _NOT_PASSED and (with_database_url or name != "LORAGATE_DATABASE_URL")
+    }
+    libraries = {name: os.environ[name] for name in _WORKER_NAMES if name in os.environ}
+    return {
+        **replica_environment(os.environ),
+        **libraries,
+        **server.env,
+        **passed,
+        # its flow runs beat every 30 s, so the advance sweep crashes one its death left
+        # RUNNING after LORAGATE_UNRESPONSIVE_AFTER_S (tasks/unresponsive.py); on SQLite
+        # (make demo) Prefect's default 180 s: a beat every 30 s of each run there took
+        # the server's one writer (287 "database is locked" with the automation of an
+        # earlier stop, a sign-off never started)
+        **(HEARTBEAT_ENV if server.on_postgres else {}),
+        SECRETS_DIR_VARIABLE: str(secrets_dir),
     }
 
 
@@ -207,27 +262,28 @@ def start_pipeline(
             reconcile_every_s=reconcile_every_s,
             advance_every_s=advance_every_s,
         )
-        pipeline.secret_dirs = write_secrets(server.home / "secrets", secrets)
+        pipeline.secret_dirs = write_secrets(
+            server.home / "secrets", secrets, loragate_env.get("LORAGATE_DATABASE_URL")
+        )
         for pool in POOLS:
-            worker_env = {
-                **loragate_env,
-                # its flow runs beat every 30 s, so the advance sweep crashes one its death left
-                # RUNNING after LORAGATE_UNRESPONSIVE_AFTER_S (tasks/unresponsive.py); on SQLite
-                # (make demo) Prefect's default 180 s: a beat every 30 s of each run there took
-                # the server's one writer (287 "database is locked" with the automation of an
-                # earlier stop, a sign-off never started)
-                **(HEARTBEAT_ENV if server.on_postgres else {}),
-                SECRETS_DIR_VARIABLE: str(pipeline.secret_dirs[pool.name]),
-            }
-            log = server.home / f"worker-{pool.name}.log"
-            worker = start_worker(
-                server, pool.name, worker_env, cwd=ROOT, log=log, warm=warm_workers, preload=pool.preload
+            pipeline.workers.append(
+                start_pool_worker(server, pool, loragate_env, pipeline.secret_dirs[pool.name], warm_workers)
             )
-            pipeline.workers.append(worker)
     except BaseException:
         pipeline.stop()
         raise
     return pipeline
+
+
+def start_pool_worker(
+    server: PrefectServer, pool: Pool, loragate_env: dict[str, str], secrets_dir: Path, warm: bool = True
+) -> subprocess.Popen:
+    """``pool``'s worker, started from ``worker_environment`` alone (nothing of this
+    process's own environment beyond its allowlist)."""
+    holds_url = (secrets_dir / DATABASE_URL_FILE).exists()
+    env = worker_environment(server, loragate_env, secrets_dir, with_database_url=not holds_url)
+    log = server.home / f"worker-{pool.name}.log"
+    return start_worker(server, pool.name, env, cwd=ROOT, log=log, warm=warm, preload=pool.preload, inherit=False)
 
 
 def reopen_ui(home: Path = Path(".loragate/prefect"), port: int = 4200) -> None:

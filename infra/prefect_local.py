@@ -245,13 +245,16 @@ def start_worker(
     warm: bool = False,
     flows_package: str = "flows",
     preload: tuple[str, ...] = (),
+    inherit: bool = True,
 ) -> subprocess.Popen:
     """A ``prefect worker start --type process`` on ``pool`` (created if missing), polling
     every second, running at most ``limit`` flow runs at once, in its own process group;
     ``env`` is merged over the server's client env. ``warm``: a ``WarmWorker`` instead
     (``infra/warm_worker.py``), whose runs are threads of its own process, running flows of
-    ``flows_package`` only, with the ``preload`` modules imported at its start. Stop it with
-    ``stop_process``."""
+    ``flows_package`` only, with the ``preload`` modules imported at its start.
+    ``inherit=False``: ``env`` and the server's client env are all it gets, nothing of this
+    process's environment (the pipeline's workers: ``infra/pipeline.worker_environment``).
+    Stop it with ``stop_process``."""
     if warm:
         cmd = [sys.executable, "-m", "infra.warm_worker", "--pool", pool, "--limit", str(limit)]
         cmd += ["--flows-package", flows_package, *(f"--preload={module}" for module in preload)]
@@ -259,7 +262,7 @@ def start_worker(
         cmd = [prefect_bin(), "worker", "start", "--pool", pool, "--type", "process", "--limit", str(limit)]
     if name:
         cmd += ["--name", name]
-    full_env = {**os.environ, **server.env, **(env or {})}
+    full_env = {**(os.environ if inherit else {}), **server.env, **(env or {})}
     # a worker acts with its pool's secrets directory, never with the caller's own token
     full_env.pop("LORAGATE_TOKEN", None)
     log = log or server.home / f"worker-{pool}.log"

@@ -1,5 +1,6 @@
 """What a flow run acts with: the API token of the one gate role its worker holds, the
-signing key (the signing worker only) and the Slack token, read from files in the
+signing key (the signing worker only), the Slack token and, on Postgres, the database URL of
+its role's database user (``loragate_<role>``, never the owner's), read from files in the
 worker's secrets directory (``LORAGATE_SECRETS_DIR``).
 
 Nothing of it lives on the Prefect server. A self-hosted server has no RBAC: whoever
@@ -9,7 +10,8 @@ directory (on Kubernetes one Secret per pool, mounted only into that pool's pods
 a 0700 directory per pool): a flow run can act only as the role of the pool it runs on,
 and asking for another role is ``missing_credential``. The directory's path travels in
 the environment; the secrets never do. Without a secrets directory (a developer's shell)
-the caller's own ``LORAGATE_TOKEN`` settings are used.
+the caller's own ``LORAGATE_TOKEN`` settings are used, and without a ``database-url`` file
+in it the environment's ``LORAGATE_DATABASE_URL`` (SQLite, which has no users).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from registry.settings import Settings
 SECRETS_DIR_VARIABLE = "LORAGATE_SECRETS_DIR"
 SIGNING_KEY_FILE = "signing-key.pem"
 SLACK_TOKEN_FILE = "slack-token"
+DATABASE_URL_FILE = "database-url"
 
 
 def token_file(role: Role) -> str:
@@ -67,7 +70,14 @@ def settings_for(role: Role) -> Settings:
             code=ErrorCode.MISSING_CREDENTIAL,
             field=SECRETS_DIR_VARIABLE,
         )
-    return Settings(token=token)
+    return _worker_settings(token=token)
+
+
+def _worker_settings(token: str | None) -> Settings:
+    """Settings with ``token`` and, where the secrets directory holds one, the pool's own
+    database URL: a flow run connects as its role's database user."""
+    url = read_secret(DATABASE_URL_FILE)
+    return Settings(token=token, database_url=url) if url else Settings(token=token)
 
 
 def registry_as(role: Role) -> Registry:
@@ -77,7 +87,7 @@ def registry_as(role: Role) -> Registry:
 
 def registry_reader() -> Registry:
     """The registry for reading only: reads need no token, so none is looked up."""
-    return Registry.open(Settings(token=None))
+    return Registry.open(_worker_settings(token=None))
 
 
 def slack_settings() -> Settings:
@@ -95,6 +105,7 @@ def write_pool_secrets(
     tokens: dict[Role, str],
     signing_key_pem: bytes | None = None,
     slack_token: str | None = None,
+    database_url: str | None = None,
 ) -> Path:
     """A worker's secrets directory (0700, files 0600), as a Kubernetes Secret volume lays
     it out: one file per key. For ``make demo``, the tests and an operator's bootstrap on
@@ -106,6 +117,8 @@ def write_pool_secrets(
         files[SIGNING_KEY_FILE] = signing_key_pem.decode()
     if slack_token is not None:
         files[SLACK_TOKEN_FILE] = slack_token
+    if database_url is not None:
+        files[DATABASE_URL_FILE] = database_url
     for stale in directory.iterdir():
         if stale.name not in files:
             stale.unlink()

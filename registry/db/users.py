@@ -8,7 +8,7 @@ SQLite the roles hold in the application alone.
 
 from __future__ import annotations
 
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from registry.rules.access import Role
 
@@ -23,4 +23,8 @@ def role_database_url(url: str, role: Role, password: str | None = None) -> str 
     parsed = make_url(url)
     if parsed.get_backend_name() != "postgresql":
         return None
-    return parsed.set(username=database_user(role), password=password).render_as_string(hide_password=False)
+    # built anew: URL.set(password=None) would keep the owner's password
+    own = URL.create(
+        parsed.drivername, database_user(role), password, parsed.host, parsed.port, parsed.database, parsed.query
+    )
+    return own.render_as_string(hide_password=False)
