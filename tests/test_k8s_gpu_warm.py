@@ -113,11 +113,12 @@ def test_its_pod_mounts_what_the_job_mounts_and_only_the_gpu_pools_secret():
     assert {"configMapRef": {"name": "loragate-config"}} in worker["envFrom"]  # heartbeats, settings
 
 
-def test_secrets_reach_it_only_by_reference():
+def test_secrets_reach_it_only_by_reference_and_only_from_the_gpu_pools_secrets():
     _, worker = worker_pod()
     env = env_of(worker)
-    for name in ("PREFECT_API_AUTH_STRING", "LORAGATE_DATABASE_URL"):
-        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "loragate-secrets", "key": name}
+    auth = env["PREFECT_API_AUTH_STRING"]["valueFrom"]["secretKeyRef"]
+    assert auth == {"name": "loragate-gpu-env", "key": "PREFECT_API_AUTH_STRING"}
+    assert "LORAGATE_DATABASE_URL" not in env  # the signing role's user: a file of loragate-gpu
     literal = [n for n, e in env.items() if "value" in e and n != "LORAGATE_SECRETS_DIR"]
     assert not [n for n in literal if any(w in n for w in ("TOKEN", "PASSWORD", "SECRET", "KEY", "DATABASE_URL"))]
     assert not {e["name"] for e in worker.get("env", [])} & {"LORAGATE_TOKEN", "LORAGATE_SIGNING_KEY"}

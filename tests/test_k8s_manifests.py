@@ -71,7 +71,8 @@ def test_every_config_map_secret_and_claim_a_pod_names_is_here_or_documented():
     """The Secret is created by hand (never checked in): README.md says how, with its keys."""
     config_maps, claims = set(objects("ConfigMap")), set(objects("PersistentVolumeClaim"))
     template_pod = json.loads(TEMPLATE.read_text())["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
-    pods = [w["spec"]["template"]["spec"] for w in [*objects("Deployment").values(), *objects("StatefulSet").values()]]
+    workloads = [*objects("Deployment").values(), *objects("StatefulSet").values(), *objects("Job").values()]
+    pods = [w["spec"]["template"]["spec"] for w in workloads]
     named_maps, named_secrets, named_claims = set(), set(), set()
     for pod in [*pods, template_pod]:
         named_claims |= {
@@ -89,7 +90,9 @@ def test_every_config_map_secret_and_claim_a_pod_names_is_here_or_documented():
     assert named_maps <= config_maps
     assert named_claims <= claims
     readme = (K8S / "README.md").read_text()
-    assert named_secrets == {"loragate-secrets", *(f"loragate-{pool}" for pool in POOL_ROLES)}
+    # each pool's files and env Secrets; the database owner's, for the migrations Job
+    pools = [*(f"loragate-{pool}" for pool in POOL_ROLES), *(f"loragate-{pool}-env" for pool in POOL_ROLES)]
+    assert named_secrets == {"loragate-migrations", *pools}
     for secret in named_secrets:
         assert f"kubectl -n loragate create secret generic {secret}" in readme, secret
 
@@ -157,7 +160,7 @@ def test_a_gpu_flow_run_is_a_valid_job_on_a_gpu_node_with_its_gpu(where, job_var
     assert flow["resources"]["limits"][GPU] == job_variables.get("gpu_limit", 1)
     assert job["metadata"]["namespace"] == NAMESPACE
     assert {"name": "LORAGATE_VALIDATION_DEVICE", "value": "cuda"} in flow["env"]
-    assert {"secretRef": {"name": "loragate-secrets"}} in flow["envFrom"]
+    assert {"secretRef": {"name": "loragate-gpu-env"}} in flow["envFrom"]  # the API credential alone
 
 
 def test_the_gpu_pools_env_image_and_namespace_variables_still_reach_the_job():

@@ -4,7 +4,10 @@ gpu pool (the key) and the canary pool (the token alone), and flow runs that bea
 
 from __future__ import annotations
 
+import copy
 from typing import Any
+
+import pytest
 
 from infra.pipeline import POOLS
 from infra.prefect_local import HEARTBEAT_ENV
@@ -17,10 +20,12 @@ from tests.support.k8s import (
     arg_after,
     container,
     env_of,
+    load_documents,
     no_network,  # noqa: F401  (an autouse fixture: nothing here touches the network)
     objects,
     prefect_yaml,
     render_gpu_job,
+    secrets_read_by,
     vllm_statefulsets,
 )
 
@@ -54,7 +59,7 @@ def test_each_prefect_yaml_pool_has_a_worker_of_the_right_kind_with_a_health_che
         assert ports.get(probe["port"], probe["port"]) == 8080
 
 
-def test_workers_take_the_api_url_from_the_config_map_and_secrets_only_from_the_secret():
+def test_workers_take_the_api_url_from_the_config_map_and_the_api_credential_from_their_pools_env_secret():
     for name, deployment in objects("Deployment").items():
         if not name.startswith("prefect-worker-"):
             continue
@@ -65,16 +70,13 @@ def test_workers_take_the_api_url_from_the_config_map_and_secrets_only_from_the_
         assert api_url.get("name") == "loragate-config" or "loragate-config" in from_config_map, name
         assert "PREFECT_API_URL" in objects("ConfigMap")["loragate-config"]["data"]
         # the Prefect server has API authentication on: every worker carries its credential
+        pool = arg_after(c["command"], "--pool")
         assert env["PREFECT_API_AUTH_STRING"]["valueFrom"]["secretKeyRef"] == {
-            "name": "loragate-secrets",
+            "name": f"loragate-{pool}-env",
             "key": "PREFECT_API_AUTH_STRING",
         }, name
-        for var in ("LORAGATE_DATABASE_URL",):
-            if var in env:
-                assert "value" not in env[var], f"{name}: {var} is a literal"
-                assert env[var]["valueFrom"]["secretKeyRef"] == {"name": "loragate-secrets", "key": var} | (
-                    {"optional": True} if "optional" in env[var]["valueFrom"]["secretKeyRef"] else {}
-                )
+        # its role's database URL is a file of its pool's Secret: none in the environment
+        assert "LORAGATE_DATABASE_URL" not in env, name
         literal_secrets = [
             n
             for n, e in env.items()
@@ -84,8 +86,6 @@ def test_workers_take_the_api_url_from_the_config_map_and_secrets_only_from_the_
         ]
         assert literal_secrets == [], name
         assert "requests" in c["resources"] and "limits" in c["resources"], name
-    release_env = env_of(container(objects("Deployment")["prefect-worker-release"], "worker"))
-    assert "secretKeyRef" in release_env["LORAGATE_DATABASE_URL"]["valueFrom"]
 
 
 def pool_pods() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
@@ -171,17 +171,13 @@ def test_the_gpu_worker_may_run_and_watch_jobs_and_read_their_pods_in_its_namesp
 
 def writer_pods() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     """(pod spec, flow container) of each pool whose flows write to the adapter volume:
-    canary, release (promote, rollback), fleet (reconcile), and gpu (its Jobs)."""
+    canary, release (promote, rollback) and fleet (reconcile). Not gpu: validation writes to
+    scratch space, and the pod with the signing key writes nothing the replicas load."""
     pods = {
         pool: (objects("Deployment")[f"prefect-worker-{pool}"]["spec"]["template"]["spec"], None)
         for pool in ("canary", "release", "fleet")
     }
-    found = {
-        pool: (pod, next(c for c in pod["containers"] if c["name"] == "worker")) for pool, (pod, _) in pods.items()
-    }
-    gpu_pod = render_gpu_job({})["spec"]["template"]["spec"]
-    found["gpu"] = (gpu_pod, next(c for c in gpu_pod["containers"] if c["name"] == "prefect-job"))
-    return found
+    return {pool: (pod, next(c for c in pod["containers"] if c["name"] == "worker")) for pool, (pod, _) in pods.items()}
 
 
 def test_loragate_writes_bundles_where_the_replicas_read_them():
@@ -201,3 +197,130 @@ def test_loragate_writes_bundles_where_the_replicas_read_them():
             }
             writer = next(m for m in flow_container["volumeMounts"] if claims.get(m["name"]) == claim)
             assert writer["mountPath"] == adapter_dir and not writer.get("readOnly", False), (name, pool)
+
+
+# -- one database user per pool, the owner for migrations only -------------------------------
+
+OWNER_SECRET = "loragate-migrations"  # the database owner's URL
+MIGRATIONS = "Job/loragate-migrate"
+
+
+def own_secrets(pool: str) -> set[str]:
+    """A pool's Secrets: its files (token, database URL, key) and its env (the API credential)."""
+    return {f"loragate-{pool}", f"loragate-{pool}-env"}
+
+
+def every_pod() -> dict[str, dict[str, Any]]:
+    """Kind/name -> pod spec of every pod infra/k8s/ makes, the gpu pool's flow-run Job and
+    the gpu-warm alternative included."""
+    pods = {
+        f"{kind}/{name}": w["spec"]["template"]["spec"]
+        for kind in ("Deployment", "StatefulSet", "Job")
+        for name, w in objects(kind).items()
+    }
+    for _, doc in load_documents([K8S / "gpu-warm" / "prefect-worker-gpu.yaml"]):
+        if doc["kind"] == "Deployment":
+            pods[f"Deployment/{doc['metadata']['name']}@gpu-warm"] = doc["spec"]["template"]["spec"]
+    pods["Job/gpu-flow-run"] = render_gpu_job({})["spec"]["template"]["spec"]
+    return pods
+
+
+def pool_of(pod_name: str) -> str | None:
+    name = pod_name.split("/", 1)[1].split("@")[0]
+    if name == "gpu-flow-run":
+        return "gpu"
+    return name.removeprefix("prefect-worker-") if name.startswith("prefect-worker-") else None
+
+
+def separation_breaches(pods: dict[str, dict[str, Any]]) -> list[str]:
+    """What breaks one database user per pool: a pool's pod reading a Secret not its pool's,
+    any pod but the migrations Job reading the owner's, a Secret of files taken with envFrom
+    (each key an environment variable), a database URL in the environment of a pod that is
+    not the migrations Job."""
+    breaches = []
+    all_pools = {s for pool in POOL_ROLES for s in own_secrets(pool)}
+    for name, pod in pods.items():
+        read, pool = secrets_read_by(pod), pool_of(name)
+        if name == MIGRATIONS:
+            breaches += [f"{name} reads {sorted(read)}"] if read != {OWNER_SECRET} else []
+        elif pool is not None:
+            breaches += [f"{name} reads {sorted(read - own_secrets(pool))}"] if read - own_secrets(pool) else []
+        elif read & (all_pools | {OWNER_SECRET}):
+            breaches.append(f"{name} reads {sorted(read & (all_pools | {OWNER_SECRET}))}")
+        for c in pod["containers"]:
+            files = [s["secretRef"]["name"] for s in c.get("envFrom", []) if "secretRef" in s]
+            breaches += [f"{name} envFrom {s}" for s in files if not s.endswith("-env")]
+            env = c.get("env") if isinstance(c.get("env"), list) else []
+            if name != MIGRATIONS and any(e["name"] == "LORAGATE_DATABASE_URL" for e in env):
+                breaches.append(f"{name} has LORAGATE_DATABASE_URL in its environment")
+    return breaches
+
+
+def test_every_pod_reads_only_its_pools_secrets_and_only_the_migrations_job_the_owners_url():
+    pods = every_pod()
+    assert separation_breaches(pods) == []
+    assert {pool_of(name) for name in pods} >= set(POOL_ROLES)  # every pool's pods were checked
+    assert [n for n, pod in pods.items() if OWNER_SECRET in secrets_read_by(pod)] == [MIGRATIONS]
+    job = objects("Job")["loragate-migrate"]
+    assert container(job, "migrate")["command"] == ["loragate", "init"]
+    assert job["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def _add_env_from(pod_name: str, secret: str):
+    return lambda pods: (
+        pods[pod_name]["containers"][0].setdefault("envFrom", []).append({"secretRef": {"name": secret}})
+    )
+
+
+def _add_volume(pod_name: str, secret: str):
+    return lambda pods: pods[pod_name]["volumes"].append({"name": "x", "secret": {"secretName": secret}})
+
+
+def _add_env(pod_name: str, secret: str, var: str = "LORAGATE_DATABASE_URL"):
+    ref = {"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": var}}}
+    return lambda pods: pods[pod_name]["containers"][0].setdefault("env", []).append(ref)
+
+
+MUTATIONS = {
+    "a worker envFrom the owner's Secret": _add_env_from("Deployment/prefect-worker-fleet", OWNER_SECRET),
+    "a worker given the owner's URL as a variable": _add_env("Deployment/prefect-worker-release", OWNER_SECRET),
+    "a worker mounting another pool's Secret": _add_volume("Deployment/prefect-worker-fleet", "loragate-release"),
+    "the gpu Job envFrom its Secret of files": _add_env_from("Job/gpu-flow-run", "loragate-gpu"),
+    "the warm gpu worker reading the canary's": _add_env(
+        "Deployment/prefect-worker-gpu@gpu-warm", "loragate-canary-env", "PREFECT_API_AUTH_STRING"
+    ),
+    "a replica reading a pool's Secret": _add_volume("StatefulSet/vllm-production", "loragate-fleet"),
+    "the migrations Job reading a pool's Secret": _add_volume(MIGRATIONS, "loragate-fleet"),
+    "a database URL in a worker's environment": _add_env("Deployment/prefect-worker-intake", "loragate-intake-env"),
+}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_a_manifest_that_breaks_pool_separation_is_caught(mutation):
+    pods = copy.deepcopy(every_pod())
+    MUTATIONS[mutation](pods)
+    assert separation_breaches(pods) != [], mutation
+
+
+def test_the_readme_gives_each_pool_its_roles_database_user_and_no_pool_an_admin_token():
+    readme = (K8S / "README.md").read_text()
+    for pool, role in POOL_ROLES.items():
+        after = readme[readme.index(f"create secret generic loragate-{pool} ") :]
+        created = after[: after.index("kubectl", 1)]
+        assert f"--from-file=token-{role}=" in created, pool
+        assert f"--from-literal=database-url='postgresql://loragate_{role}:" in created, pool
+        assert "token-admin" not in created and "loragate_admin" not in created, pool
+        env = readme[readme.index(f"create secret generic loragate-{pool}-env ") :].splitlines()[0]
+        assert "--from-literal=PREFECT_API_AUTH_STRING=" in env and env.count("--from-") == 1, pool
+    assert "token-admin" not in readme
+
+
+def test_the_gpu_pools_pods_mount_no_adapter_volume():
+    """They hold the signing key, and a Job's image and command are job variables: nothing
+    they could write may be what the replicas load."""
+    for name, pod in every_pod().items():
+        if pool_of(name) == "gpu":
+            claims = {
+                v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v
+            }
+            assert "loragate-adapters" not in claims, name

@@ -9,15 +9,15 @@ prefect-kubernetes' default template, plus what loragate's GPU flow runs need:
 - Defaults for this namespace and image: ``namespace`` ``loragate``, ``image`` the loragate
   image (a placeholder tag: set your build with ``prefect work-pool update`` or a
   deployment's ``image`` job variable), ``env`` ``LORAGATE_VALIDATION_DEVICE=cuda``.
-- Settings from the namespace (``envFrom`` the ``loragate-config`` ConfigMap and the
-  ``loragate-secrets`` Secret: the database URL and the Prefect API credential), never from
-  job variables the Prefect API would store. The signing role's token, the signing key and
-  the Slack token come from the pool's own Secret ``loragate-gpu``, mounted read-only at
-  ``/var/run/secrets/loragate`` (``LORAGATE_SECRETS_DIR``): no other pod mounts it.
-- The replicas' adapter volume at ``/adapters`` (the ``loragate-adapters`` claim). The
-  ``canary`` deployment, which materializes there, ran on this pool until it got a pool of
-  its own (``canary``: the signing token without the key, a warm worker); a Job that
-  passes ``gpu_limit: 0`` and no node selector still takes no GPU.
+- Settings from the namespace (``envFrom`` the ``loragate-config`` ConfigMap) and the
+  Prefect API credential from the pool's ``loragate-gpu-env`` Secret (``envFrom``: it holds
+  that key alone), never from job variables the Prefect API would store. The signing role's
+  token, the signing key, the signing role's database URL (``loragate_signing``, never the
+  owner's) and the Slack token come from the pool's own Secret ``loragate-gpu``, mounted
+  read-only at ``/var/run/secrets/loragate`` (``LORAGATE_SECRETS_DIR``): no other pod mounts it.
+- No adapter volume: validation materializes into scratch space, and the pod that holds the
+  signing key -- whose image and command job variables choose -- writes nothing the
+  replicas load (the ``canary`` deployment, which materializes there, has a pool of its own).
 - The base models read-only at ``/models`` (the ``loragate-models`` claim), where shadow
   validation finds the base the catalog pinned, and a toleration for GPU-tainted nodes.
 - ``parallelism`` / ``completions`` moved from the pod spec, where prefect-kubernetes puts
@@ -39,11 +39,9 @@ NAMESPACE = "loragate"
 # a placeholder tag: an operator replaces it with the image built for the GPU nodes
 IMAGE = "ghcr.io/example/loragate:0.1.0"
 CONFIG_MAP = "loragate-config"
-SECRET = "loragate-secrets"
+ENV_SECRET = "loragate-gpu-env"
 POOL_SECRET = "loragate-gpu"
 SECRETS_PATH = "/var/run/secrets/loragate"
-ADAPTERS_CLAIM = "loragate-adapters"
-ADAPTERS_PATH = "/adapters"
 MODELS_CLAIM = "loragate-models"
 MODELS_PATH = "/models"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -88,16 +86,14 @@ def gpu_pool_template(base: dict[str, Any] | None = None) -> dict[str, Any]:
     pod["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     pod["volumes"] = [
         {"name": "models", "persistentVolumeClaim": {"claimName": MODELS_CLAIM, "readOnly": True}},
-        {"name": "adapters", "persistentVolumeClaim": {"claimName": ADAPTERS_CLAIM}},
         {"name": "pool-secrets", "secret": {"secretName": POOL_SECRET, "defaultMode": 0o400}},
     ]
 
     container = next(c for c in pod["containers"] if c["name"] == FLOW_CONTAINER)
     container["resources"]["limits"][GPU_RESOURCE] = "{{ gpu_limit }}"
-    container["envFrom"] = [{"configMapRef": {"name": CONFIG_MAP}}, {"secretRef": {"name": SECRET}}]
+    container["envFrom"] = [{"configMapRef": {"name": CONFIG_MAP}}, {"secretRef": {"name": ENV_SECRET}}]
     container["volumeMounts"] = [
         {"name": "models", "mountPath": MODELS_PATH, "readOnly": True},
-        {"name": "adapters", "mountPath": ADAPTERS_PATH},
         {"name": "pool-secrets", "mountPath": SECRETS_PATH, "readOnly": True},
     ]
     return template

@@ -71,6 +71,23 @@ def arg_after(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
+def secrets_read_by(pod: dict[str, Any]) -> set[str]:
+    """Every Secret a pod spec reads: mounted (also through a projected volume), envFrom'd,
+    or one key of it as a variable, in any of its containers."""
+    found = set()
+    for volume in pod.get("volumes", []):
+        found |= {volume["secret"]["secretName"]} if "secret" in volume else set()
+        for source in volume.get("projected", {}).get("sources", []):
+            found |= {source["secret"]["name"]} if "secret" in source else set()
+    for c in [*pod.get("initContainers", []), *pod["containers"]]:
+        found |= {s["secretRef"]["name"] for s in c.get("envFrom", []) if "secretRef" in s}
+        env = c.get("env", [])
+        for e in env if isinstance(env, list) else []:
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            found |= {ref["name"]} if ref else set()
+    return found
+
+
 def vllm_statefulsets() -> dict[str, dict[str, Any]]:
     return {
         n: s
