@@ -54,7 +54,7 @@ class FleetMixin(RegistryBase):
             InvalidInput: INVALID_SETTING for a bad URL, role or limit; UNKNOWN_BASE for a base
                 or commit that is not pinned.
             AlreadyExists: the URL is in the fleet with another configuration.
-            PermissionDenied: not an admin.
+            PermissionDenied: neither the fleet role nor admin.
         """
         actor = self._authorize(Action.MANAGE_FLEET)
         try:
