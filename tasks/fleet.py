@@ -42,7 +42,7 @@ from registry.rules.names import AdapterName
 from registry.service import PointerMove, Registry
 from registry.storage.resolver_index import Entries, adapter_entries, replace_entries
 from tasks.copies import ReadyCopies
-from tasks.replicas import ReplicaClient
+from tasks.replicas import ReplicaClient, replica_admin_key
 
 Progress = Callable[[str], None]
 # a move retried after a lost compare-and-set, as the store retries its own writes
@@ -172,12 +172,15 @@ def _after(pointers: AdapterPointers, plan: Plan) -> AdapterPointers:
 
 
 def replica_client(registry: Registry, url: str, retries: int = 2) -> ReplicaClient:
-    """A client with the timeouts the settings give."""
+    """A client with the timeouts the settings give and the fleet's admin key, when this
+    process holds one (without it a replica refuses loads and unloads)."""
     s = registry.settings
     timeout = httpx.Timeout(
         connect=s.replica_connect_timeout_s, read=s.replica_read_timeout_s, write=s.replica_read_timeout_s, pool=5.0
     )
-    return ReplicaClient(url, timeout=timeout, retries=retries, deadline_s=s.replica_request_deadline_s)
+    return ReplicaClient(
+        url, timeout=timeout, retries=retries, deadline_s=s.replica_request_deadline_s, admin_key=replica_admin_key(s)
+    )
 
 
 @dataclass

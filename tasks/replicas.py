@@ -10,6 +10,11 @@ replica), 404 ``NotFoundError`` is ``replica_unknown_adapter``, anything else re
 An idempotent request that fails with ``replica_unavailable`` is tried again, ``retries``
 times, after 0.2 s, 0.4 s, ... (``registry.retrying``); the last failure is raised as it was.
 
+The replica's admin API (load, unload) obeys only the fleet: those two calls, and only
+they, carry the fleet's admin key (``admin_key``) in ``X-Loragate-Admin-Key``, the header
+loragate's plugin checks (``infra/vllm_plugin/loragate_resolver/admin_guard.py``); a
+replica refuses them without it (401, ``replica_refused``). Inference never sends it.
+
 Each attempt also has a total deadline, from connecting to its last byte: httpx's timeouts
 count per read, so a replica that drips a byte a second would hold the caller (and the
 adapter's lock, during a switch) for as long as it likes. The body is read in chunks and
@@ -21,17 +26,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from registry.errors import ErrorCode, ReplicaError
+from registry.errors import ErrorCode, PermissionDenied, ReplicaError
 from registry.retrying import call_with_retries
+from registry.settings import Settings, env_var
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=3.0, read=60.0, write=10.0, pool=5.0)
 DEFAULT_DEADLINE_S = 120.0
 # linear back-off between attempts: 0.2 s, 0.4 s, ...
 RETRY_STEP_S = 0.2
+ADMIN_KEY_HEADER = "X-Loragate-Admin-Key"
+# in a pool worker's secrets directory (tasks.credentials)
+REPLICA_ADMIN_KEY_FILE = "replica-admin-key"
 
 
 def _capped(timeout: httpx.Timeout, seconds: float) -> httpx.Timeout:
@@ -48,6 +58,42 @@ def _worth_retrying(error: BaseException) -> bool:
     """A transport failure or a 5xx: another try may find the replica up again. A 4xx would
     only be refused again."""
     return isinstance(error, ReplicaError) and error.code == ErrorCode.REPLICA_UNAVAILABLE
+
+
+def replica_admin_key(settings: Settings) -> str | None:
+    """The fleet's replica admin key. A pool's worker: the one in its secrets directory
+    (``replica-admin-key``: only the pools that switch replicas hold one), or none. A
+    developer's shell: the file ``replica_admin_key_file`` names, else the one ``loragate
+    replicas up`` made under ``home``; None when neither.
+
+    Raises:
+        PermissionDenied: MISSING_CREDENTIAL, the file is set but cannot be read or is empty.
+    """
+    from tasks.credentials import read_secret, secrets_dir
+
+    if secrets_dir() is not None:  # a pool's worker: its own directory's key or none
+        return read_secret(REPLICA_ADMIN_KEY_FILE)
+    path = settings.replica_admin_key_file
+    if path is None:
+        made = Path(settings.home) / "replica-secrets" / "admin-key"
+        if not made.is_file():
+            return None
+        path = made
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as e:
+        raise PermissionDenied(
+            f"the replica admin key file cannot be read: {type(e).__name__}",
+            code=ErrorCode.MISSING_CREDENTIAL,
+            field=env_var("replica_admin_key_file"),
+        ) from e
+    if not key:
+        raise PermissionDenied(
+            "the replica admin key file is empty",
+            code=ErrorCode.MISSING_CREDENTIAL,
+            field=env_var("replica_admin_key_file"),
+        )
+    return key
 
 
 @dataclass(frozen=True)
@@ -73,8 +119,11 @@ class ReplicaClient:
         retries: int = 2,
         transport: httpx.BaseTransport | None = None,
         deadline_s: float = DEFAULT_DEADLINE_S,
+        admin_key: str | None = None,
     ):
         self.url = url.rstrip("/")
+        # sent on load and unload only; never printed (not in repr, not in errors)
+        self._admin_headers = {ADMIN_KEY_HEADER: admin_key} if admin_key else {}
         self.retries = retries
         self.deadline_s = deadline_s
         # ``transport``: tests answer from a function instead of a server
@@ -91,17 +140,32 @@ class ReplicaClient:
 
     # -- transport ------------------------------------------------------------
 
-    def _send(self, method: str, path: str, body: dict[str, Any] | None = None, *, idempotent: bool) -> httpx.Response:
-        """One request, tried again on ``replica_unavailable`` when it is idempotent."""
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        idempotent: bool,
+        admin: bool = False,
+    ) -> httpx.Response:
+        """One request, tried again on ``replica_unavailable`` when it is idempotent; with
+        the admin key when ``admin``."""
         attempts = 1 + (self.retries if idempotent else 0)
+        headers = self._admin_headers if admin else None
         return call_with_retries(
-            lambda: self._send_once(method, path, body), attempts, step_s=RETRY_STEP_S, retry_if=_worth_retrying
+            lambda: self._send_once(method, path, body, headers),
+            attempts,
+            step_s=RETRY_STEP_S,
+            retry_if=_worth_retrying,
         )
 
-    def _send_once(self, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
+    def _send_once(
+        self, method: str, path: str, body: dict[str, Any] | None, extra_headers: dict[str, str] | None = None
+    ) -> httpx.Response:
         ends_at = time.monotonic() + self.deadline_s
         try:
-            with self._http.stream(method, path, json=body) as streamed:
+            with self._http.stream(method, path, json=body, headers=extra_headers) as streamed:
                 chunks = []
                 for chunk in streamed.iter_bytes():
                     chunks.append(chunk)
@@ -169,12 +233,12 @@ class ReplicaClient:
         body: dict[str, Any] = {"lora_name": name, "lora_path": path}
         if inplace:
             body["load_inplace"] = True
-        self._send("POST", "/v1/load_lora_adapter", body, idempotent=False)
+        self._send("POST", "/v1/load_lora_adapter", body, idempotent=False, admin=True)
 
     def unload(self, name: str) -> bool:
         """True when it was served; an adapter the replica does not know is not an error."""
         try:
-            self._send("POST", "/v1/unload_lora_adapter", {"lora_name": name}, idempotent=False)
+            self._send("POST", "/v1/unload_lora_adapter", {"lora_name": name}, idempotent=False, admin=True)
         except ReplicaError as e:
             if e.code == ErrorCode.REPLICA_UNKNOWN_ADAPTER:
                 return False

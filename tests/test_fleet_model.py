@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,8 @@ def test_the_index_holds_each_role_of_each_adapter_directory(tmp_path):
 @pytest.fixture(scope="module")
 def resolver():
     """The plugin module as vLLM imports it (it needs vLLM only inside ``register``)."""
+    if str(PLUGIN.parents[1]) not in sys.path:  # its sibling modules import as installed
+        sys.path.insert(0, str(PLUGIN.parents[1]))
     spec = importlib.util.spec_from_file_location("loragate_resolver_under_test", PLUGIN)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -244,12 +247,18 @@ RESOLVER_CASES = [
         ),
         False,
     ),
-    ("an entry without digests", lambda d, entry: _rewrite(d, lambda i: _set_entry(i, {**entry, "files": {}})), False),
+    # the index's own digests are not consulted: the registry's decide
+    ("an entry without digests", lambda d, entry: _rewrite(d, lambda i: _set_entry(i, {**entry, "files": {}})), True),
     (
         "a digest naming a path",
         lambda d, entry: _rewrite(
             d, lambda i: _set_entry(i, {**entry, "files": {**entry["files"], "../../elsewhere/x": "0" * 64}})
         ),
+        True,
+    ),
+    (
+        "the weights and their index digest both rewritten",
+        lambda d, entry: _rewrite_weights_and_digest(d, entry),
         False,
     ),
     ("entry not an object", lambda d, entry: _rewrite(d, lambda i: _set_entry(i, "v1")), False),
@@ -273,6 +282,12 @@ RESOLVER_CASES = [
 ]
 
 
+def _rewrite_weights_and_digest(directory: Path, entry: dict) -> None:
+    weights = Path(entry["path"]) / BUNDLE_FILES[0]
+    weights.write_bytes(b"forged" + weights.read_bytes())
+    _rewrite(directory, lambda i: _set_entry(i, {**entry, "files": _files(entry["path"])}))
+
+
 def _rewrite(directory: Path, change) -> None:
     index = json.loads((directory / INDEX_FILE).read_text())
     (directory / INDEX_FILE).write_text(json.dumps(change(index)))
@@ -293,12 +308,20 @@ def test_the_resolver_answers_only_with_the_version_the_index_names_and_the_bund
     write_index(str(adapter_dir), {"format": INDEX_FORMAT, "roles": {"production": {NAME: entry}}})
     (tmp_path / "elsewhere").mkdir()
     _bundle(tmp_path / "elsewhere", "v1")
+    recorded = dict(entry["files"])
+
+    def registry(name: str, version: str) -> dict[str, str]:
+        """What the registry's database answers (tests/test_replica_expectations.py asks a real one)."""
+        if (name, version) != (NAME, "v1"):
+            raise resolver.registry_reader.NotServable(f"{name} = {version}", "unknown_version")
+        return recorded
+
     # hashed once while good: what is remembered must not hide a later change
-    assert resolver.lookup(str(adapter_dir), "production", NAME) == ("v1", path)
+    assert resolver.lookup(str(adapter_dir), "production", NAME, registry) == ("v1", path)
     change(adapter_dir, entry)
-    found = resolver.lookup(str(adapter_dir), "production", NAME)
+    found = resolver.lookup(str(adapter_dir), "production", NAME, registry)
     assert found == (("v1", path) if resolves else None)
-    assert resolver.lookup(str(adapter_dir), "production", "other/tiny-llama/name") is None
+    assert resolver.lookup(str(adapter_dir), "production", "other/tiny-llama/name", registry) is None
 
 
 WINDOW_PROBE = """

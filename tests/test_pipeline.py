@@ -33,10 +33,10 @@ from registry.service import Registry
 from registry.storage.signing import key_id
 from tasks.fleet import switch_replica
 from tasks.naming import artifact_key
-from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions
 from tests.support.browser import approve_in_ui
 from tests.support.faults import Fault, FaultProxy
+from tests.support.fleet import admin_client
 from tests.support.pipeline_stack import (  # noqa: F401  (a fixture)
     ARTIFACTS,
     ROOT,
@@ -49,7 +49,7 @@ from tests.support.pipeline_stack import (  # noqa: F401  (a fixture)
     wait_until,
 )
 from tests.support.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401
-from tests.support.registries import IN_PROCESS, SIGNING_KEY
+from tests.support.registries import IN_PROCESS, SIGNING_KEY, mark_validated
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -253,7 +253,7 @@ def run_canary_deployment(stack: Stack, version: str):
 
 def test_a_canary_whose_answers_drift_is_rolled_back_automatically(stack, support_bundle, tickets_bundle):
     name = f"d{uuid.uuid4().hex[:6]}/tiny-llama/support"
-    version, other = validated_canary(stack, name, support_bundle, tickets_bundle)
+    version, _ = validated_canary(stack, name, support_bundle, tickets_bundle)
     stack.slack.clear()
     # a scheduled reconcile would repair the drift below before the evaluation sees it
     with stack.schedules_paused("reconcile/reconcile"):
@@ -266,11 +266,16 @@ def test_a_canary_whose_answers_drift_is_rolled_back_automatically(stack, suppor
             assert window.status == WindowStatus.OPEN
 
             # the canary replica starts answering with other weights under the adapter's
-            # name (a bad disk, a wrong path): its golden answers drift from validation's
+            # name: its golden answers drift from validation's. The replica loads only what
+            # the registry lets it serve, so the other weights are a validated version of
+            # this adapter (what a stale switch would leave), loaded with the fleet's key
             canary = stack.replicas["canary"]
-            wrong = stack.registry.materialize(other, stack.tmp / f"wrong-{other}")
-            with ReplicaClient(canary.url) as client:
-                switch_replica(client, name, str(wrong))
+            drifted = stack.registry.register_adapter(tickets_bundle, name).version.version_id
+            mark_validated(stack.registry, drifted, signed=False)
+            wrong = version_path(stack.registry.list_replicas()[0].adapter_dir, name, drifted)
+            stack.registry.materialize(drifted, Path(wrong))
+            with admin_client(stack.registry, canary.url) as client:
+                switch_replica(client, name, wrong)
 
         closed = wait_until(
             "the automatic rollback",

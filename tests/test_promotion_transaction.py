@@ -66,7 +66,9 @@ def test_a_failure_after_the_production_move_rolls_it_back_in_place(
         # and act with the activation role's token from the release pool's secrets directory,
         # on alice's sign-off (a pipeline token moves production only on a person's)
         pipeline = registry.create_token("activation", "pipeline", pipeline=True)[1]
-        worker_secrets({Role.ACTIVATION: pipeline})
+        # the release pool switches replicas: it holds their admin key
+        admin_key = (replicas["prod-a"].secrets_dir / "admin-key").read_text()
+        worker_secrets({Role.ACTIVATION: pipeline}, replica_admin_key=admin_key)
         alice = registry.settings.model_copy(update={"token": registry.create_token("activation", "alice")[1]})
         with Registry.open(alice) as as_alice:
             code = as_alice.issue_approval_code(fleet.v2)[1]

@@ -40,6 +40,7 @@ from registry.settings import Settings
 from registry.storage.resolver_index import index_entry, read_index
 from tasks.fleet import promote_and_switch
 from tasks.replicas import ReplicaClient
+from tests.support.fleet import point_replicas
 from tests.support.registries import IN_PROCESS, mark_validated
 
 CALLS = 32
@@ -232,6 +233,7 @@ def test_32_concurrent_promotes_and_rollbacks_tell_one_story(
     try:
         registry.init()
         registry.add_base(str(tiny_base), "tiny-llama")
+        point_replicas(replicas.values(), settings.database_url)
         for replica in replicas.values():
             registry.add_replica(replica.url, "tiny-llama", replica.role, str(replica_adapters))
         name = f"race{uuid.uuid4().hex[:8]}/tiny-llama/support"
@@ -257,6 +259,8 @@ def test_32_concurrent_promotes_and_rollbacks_tell_one_story(
             "LORAGATE_DATABASE_URL": settings.database_url,
             "LORAGATE_ARTIFACTS": settings.artifacts,
             "LORAGATE_HOME": str(settings.home),
+            # each call switches replicas: the fleet's admin key, by its file's path
+            "LORAGATE_REPLICA_ADMIN_KEY_FILE": os.environ["LORAGATE_REPLICA_ADMIN_KEY_FILE"],
         }
         calls = the_mix(name, v1, v2, v3)
         # one call alone first, a no-op: what a call costs without 31 others beside it

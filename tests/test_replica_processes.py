@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from infra.processes import ProcessIdentity, Stopped, stop_process_tree
-from infra.replica import VllmReplica
+from infra.replica import VllmReplica, write_replica_secrets
 from infra.replica_processes import LEGACY_MARKER, recorded_replicas
 from registry.errors import ErrorCode, ReplicaError
 
@@ -127,6 +127,10 @@ def test_a_replica_process_inherits_no_credential_of_the_shell_that_starts_it(tm
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    # the replica's own secrets: the fleet's admin key and the registry's read-only URL, as files
+    admin_key, registry_url = "replica-admin-key-value", "postgresql://loragate_replica:pw@db/loragate"
+    secrets["(admin key)"], secrets["(registry url)"] = admin_key, registry_url
+    replica_secrets = write_replica_secrets(tmp_path / "replica-secrets", admin_key, registry_url)
     replica = VllmReplica(
         tmp_path / "model",
         "tiny-llama",
@@ -134,6 +138,7 @@ def test_a_replica_process_inherits_no_credential_of_the_shell_that_starts_it(tm
         log_path=tmp_path / "r.log",
         adapter_dir=tmp_path / "adapters",
         role="canary",
+        secrets_dir=replica_secrets,
     )
     replica.launch()
     try:
@@ -144,13 +149,17 @@ def test_a_replica_process_inherits_no_credential_of_the_shell_that_starts_it(tm
         while str(replica.python) not in " ".join(child.cmdline()) and time.monotonic() < deadline:
             time.sleep(0.05)
         environ = child.environ()
+        cmdline = child.cmdline()
     finally:
         replica.stop()
+    assert not [arg for arg in cmdline if admin_key in arg or registry_url in arg]
+    assert cmdline[cmdline.index("--middleware") + 1] == "loragate_resolver.admin_guard.AdminGuard"
     assert not set(secrets) & set(environ), sorted(set(secrets) & set(environ))
     assert not [name for name, value in environ.items() if value in secrets.values()]
     # what vLLM and the resolver plugin need is there
     assert environ["LORAGATE_ADAPTER_DIR"] == str(tmp_path / "adapters")
     assert environ["LORAGATE_REPLICA_ROLE"] == "canary"
+    assert environ["LORAGATE_REPLICA_SECRETS_DIR"] == str(replica_secrets)  # where, never what
     assert environ["VLLM_LOGGING_LEVEL"] == "INFO" and environ["PATH"] == os.environ["PATH"]
 
 

@@ -8,13 +8,18 @@ loragate uses.
 
 from __future__ import annotations
 
+import uuid
+from pathlib import Path
+
 import pytest
 
 from infra.modelkit import golden_set
 from registry.intake.catalog import inspect_base
+from registry.rules.fleet import version_path
 from registry.settings import Settings
 from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_bundle
+from tests.support.fleet import admin_client, record_passed, registry_behind
 
 pytestmark = pytest.mark.slow
 
@@ -28,21 +33,30 @@ def replica(replicas):
 
 
 @pytest.mark.parametrize("task", ["support", "tickets"])
-def test_replica_serves_exactly_the_validated_golden_outputs(replica, tiny_base, support_bundle, tickets_bundle, task):
+def test_replica_serves_exactly_the_validated_golden_outputs(
+    tmp_path, replicas, replica, replica_adapters, tiny_base, support_bundle, tickets_bundle, task
+):
     bundle = {"support": support_bundle, "tickets": tickets_bundle}[task]
     golden = golden_set(task)
     report = validate_bundle(inspect_base(str(tiny_base), "tiny-llama"), bundle, golden, POLICY)
     assert report.status == "passed", report.failures
 
-    name = f"serving/tiny-llama/{task}"
-    replica.unload(name)
-    replica.load(name, str(bundle))
+    # a replica loads only what a registry recorded: the bundle registered, its validation
+    # recorded, its copy where the fleet puts it
+    registry = registry_behind(tmp_path, tiny_base, replicas)
+    name = f"serving{uuid.uuid4().hex[:6]}/tiny-llama/{task}"
+    version = registry.register_adapter(bundle, name).version.version_id
+    record_passed(registry, version, report)
+    path = str(registry.materialize(version, Path(version_path(str(replica_adapters), name, version))))
+    with admin_client(registry, replica.url) as admin:
+        admin.load(name, path)
+    registry.close()
     served = {c.id: replica.complete(name, c.prompt, c.max_tokens).text for c in golden.cases}
     assert report.outputs is not None
     assert {k: v.strip() for k, v in served.items()} == {k: v.strip() for k, v in report.outputs.items()}
 
     card = next(m for m in replica.models() if m.id == name)
-    assert (card.root, card.parent) == (str(bundle), "tiny-llama")
+    assert (card.root, card.parent) == (path, "tiny-llama")
 
 
 def test_the_bare_base_serves_the_tokens_validation_saw_as_the_base(replica, tiny_base):

@@ -17,8 +17,7 @@ from registry.errors import ReplicaError
 from registry.rules.fleet import ActionKind
 from registry.storage.copies import QUARANTINE_DIR, cache_file
 from tasks.reconcile import CopyChecker, fleet_status, reconcile_fleet
-from tasks.replicas import ReplicaClient
-from tests.support.fleet import answer, served
+from tests.support.fleet import admin_client, answer, served
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +48,7 @@ def test_a_tampered_copy_is_reported_refused_by_the_resolver_and_repaired_by_rec
         assert WEIGHTS in action.describe() and str(copy) in action.describe()
 
     # the resolver: a replica that asks for the name again (as after a restart) is refused
-    with ReplicaClient(prod_a.url) as client:
+    with admin_client(fleet.registry, prod_a.url) as client:
         client.unload(fleet.name)
     with pytest.raises(ReplicaError):
         answer(prod_a.url, fleet.name)

@@ -113,7 +113,11 @@ class FaultProxy:
                         method,
                         proxy.target + self.path,
                         content=body,
-                        headers={"content-type": self.headers.get("content-type", "application/json")},
+                        headers={
+                            "content-type": self.headers.get("content-type", "application/json"),
+                            # the fleet's admin key on loads and unloads: a proxy passes it on
+                            **{k: v for k, v in self.headers.items() if k.lower() == "x-loragate-admin-key"},
+                        },
                     )
                 self._answer(upstream.status_code, upstream.content, upstream.headers.get("content-type", "text/plain"))
 

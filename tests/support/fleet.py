@@ -22,7 +22,7 @@ from registry.records.reports import ValidationReport
 from registry.rules.fleet import version_path
 from registry.service import Registry
 from registry.settings import Settings
-from tasks.fleet import promote_and_switch, rollback_and_switch
+from tasks.fleet import promote_and_switch, replica_client, rollback_and_switch
 from tasks.replicas import ReplicaClient
 from tasks.validation import ValidationPolicy, validate_versions
 from tests.support.registries import IN_PROCESS, sign
@@ -62,6 +62,22 @@ class Fleet:
         return version_path(self.registry.list_replicas()[0].adapter_dir, self.name, version)
 
 
+def point_replicas(replicas, database_url: str) -> None:
+    """Put the registry at ``database_url`` behind the session's replicas: what their plugin
+    asks before it serves or loads a version (re-read on every question)."""
+    from infra.replica import replica_registry_url, write_replica_secrets
+
+    for directory in {r.secrets_dir for r in replicas if getattr(r, "secrets_dir", None) is not None}:
+        key = (directory / "admin-key").read_text()
+        owner_moves = (directory / "owner-moves").exists()
+        write_replica_secrets(directory, key, replica_registry_url(database_url), owner_moves=owner_moves)
+
+
+def admin_client(registry: Registry, url: str, retries: int = 2) -> ReplicaClient:
+    """A client of the fleet control: it sends the replicas' admin key on loads and unloads."""
+    return replica_client(registry, url, retries=retries)
+
+
 def served(replica) -> dict[str, str]:
     with ReplicaClient(replica.url) as client:
         return client.served_adapters()
@@ -92,6 +108,13 @@ def _open_registry(tmp_path: Path, base: Path, **overrides) -> Registry:
     registry = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
     registry.init()
     registry.add_base(str(base), "tiny-llama")
+    return registry
+
+
+def registry_behind(tmp_path: Path, base: Path, replicas: dict) -> Registry:
+    """A registry of the test's own with ``base`` pinned, behind the session's replicas."""
+    registry = _open_registry(tmp_path, base)
+    point_replicas(replicas.values(), registry.settings.database_url)
     return registry
 
 
@@ -131,6 +154,7 @@ def attach_mixed_golden_set(registry: Registry, name: str, path: Path, validated
 
 def make_fleet(tmp_path, replicas, replica_adapters, validated: ValidatedAdapters, **overrides) -> Fleet:
     registry = _open_registry(tmp_path, validated.base, **overrides)
+    point_replicas(replicas.values(), registry.settings.database_url)
     for replica in replicas.values():
         registry.add_replica(replica.url, "tiny-llama", replica.role, str(replica_adapters))
     name = f"t{uuid.uuid4().hex[:8]}/tiny-llama/support"

@@ -22,6 +22,7 @@ import pytest
 
 from infra.modelkit import golden_cases
 from infra.pipeline import POOLS, LocalPipeline, PipelineSecrets, start_pipeline
+from infra.replica import ADMIN_KEY_FILE, hand_admin_key
 from registry.errors import NotFound
 from registry.rules.access import Role
 from registry.rules.canary import WindowStatus
@@ -29,6 +30,7 @@ from registry.rules.fleet import version_path
 from registry.service import Registry
 from registry.settings import Settings
 from tasks.replicas import ReplicaClient
+from tests.support.fleet import point_replicas
 from tests.support.flow_processes import processes_running
 from tests.support.prefect_env import client_env, wait_for_state
 from tests.support.registries import IN_PROCESS, SIGNING_KEY
@@ -255,6 +257,7 @@ def stack_fixture(prefect_server, pg_template, replicas, replica_adapters, tiny_
     )
     with Registry.open(settings, principal=IN_PROCESS) as registry:
         registry.add_base(str(tiny_base), "tiny-llama")
+        point_replicas(replicas.values(), settings.database_url)  # as loragate_replica
         for replica in replicas.values():
             registry.add_replica(replica.url, "tiny-llama", replica.role, str(replica_adapters))
         # each gate acts with its own role's token, from its pool's secrets directory; people sign off
@@ -279,6 +282,9 @@ def stack_fixture(prefect_server, pg_template, replicas, replica_adapters, tiny_
         advance_every_s=None,
         server=prefect_server,
     )
+    # the pools that switch replicas hold the replicas' admin key; no other does
+    [secrets_dir] = {r.secrets_dir for r in replicas.values()}
+    hand_admin_key(pipeline.secret_dirs, (secrets_dir / ADMIN_KEY_FILE).read_text())
     made = Stack(pipeline, settings, slack, replicas, tmp, people, tokens)
     try:
         yield made

@@ -9,11 +9,14 @@ the replica's role (``LORAGATE_REPLICA_ROLE``). It needs no database driver and 
 Prefect -- only the index file -- and never raises: an exception inside a resolver becomes
 a 500 and skips later resolvers, so anything unexpected is "no adapter" instead.
 
-It hands vLLM only bytes that verify: each index entry carries the SHA-256 the registry
-recorded for every file of the bundle, and a copy whose files do not match (a flipped byte
-on disk, a file swapped) is refused and logged -- a 404 is better than garbage. What was
-hashed is remembered by inode, size, mtime and ctime, so a name resolved again after an
-unload costs a few ``stat`` calls.
+It hands vLLM only bytes that verify, and only versions the registry lets this role serve:
+the index on the (writable) volume says only *where* a version lies; the digests and the
+permission come from the registry's database, read with a read-only credential
+(``registry_reader``). A copy whose files do not match (a flipped byte on disk, a file and
+its index digest both rewritten) is refused and logged -- a 404 is better than garbage.
+What was hashed is remembered by inode, size, mtime and ctime, so a name resolved again
+after an unload costs a few ``stat`` calls and one query. The replica's admin API is
+guarded by ``admin_guard``, which checks a load with ``verified`` as well.
 
 It also mends two faults of vLLM 0.32 that a switch in place meets under load (README,
 "Fleet control"): a request admitted just before its name was unloaded (served from the
@@ -23,10 +26,14 @@ instead of the engine dying).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
+
+from loragate_resolver import registry_reader
 
 INDEX_FILE = ".loragate-index.json"
 # 2: entries carry the bundle's file digests (format 1 had none: its entries are not served)
@@ -50,17 +57,42 @@ def read_index(adapter_dir: str) -> dict:
     return index
 
 
-def lookup(adapter_dir: str, role: str, lora_name: str) -> tuple[str, str] | None:
+# (adapter name, version id) -> file name -> hex SHA-256 the registry expects; raises
+# registry_reader.NotServable when the version may not be served here
+Expectations = Callable[[str, str], dict]
+
+
+def registry_expectations(role: str, secrets_dir: str | None = None) -> Expectations:
+    """What the registry expects, asked for each lookup (never cached: a decision may change
+    with every pointer move)."""
+    directory = secrets_dir if secrets_dir is not None else os.environ.get(registry_reader.SECRETS_DIR_VARIABLE)
+    return lambda name, version: registry_reader.expected_files(directory, role, name, version)
+
+
+def lookup(adapter_dir: str, role: str, lora_name: str, expect: Expectations | None = None) -> tuple[str, str] | None:
     """(version id, path) the index names for ``lora_name`` on a replica of ``role``, when the
-    bundle is there and is the version the entry says."""
+    bundle is there, is the version the entry says, and is what the registry lets this role
+    serve, byte for byte (``expect``; default: the registry's database)."""
     entry = read_index(adapter_dir).get("roles", {}).get(role, {}).get(lora_name)
     if not isinstance(entry, dict):
         return None
     version, path = entry.get("version"), entry.get("path")
     if not (isinstance(version, str) and isinstance(path, str)):
         return None
-    # an index entry is only trusted for a bundle inside the adapter directory whose own
-    # manifest names the same version
+    if verified(adapter_dir, lora_name, path, expect or registry_expectations(role)) != version:
+        return None
+    # the path as loragate wrote it: it is what /v1/models shows as the adapter's root, and
+    # what loragate compares against what it expects
+    return version, path
+
+
+def verified(adapter_dir: str, lora_name: str, path: str, expect: Expectations) -> str | None:
+    """The version at ``path`` when it lies inside ``adapter_dir``, its manifest names a
+    version ``expect`` allows under ``lora_name``, and every file hashes to what ``expect``
+    says; otherwise None (logged). The index's own digests are never consulted: whoever
+    writes the volume writes them too."""
+    # only a bundle inside the adapter directory; its manifest names the version, and the
+    # manifest's own digest is the registry's, so that claim cannot be forged either
     real_dir, real_path = os.path.realpath(adapter_dir), os.path.realpath(path)
     if os.path.commonpath([real_dir, real_path]) != real_dir:
         return None
@@ -69,9 +101,15 @@ def lookup(adapter_dir: str, role: str, lora_name: str) -> tuple[str, str] | Non
             manifest = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(manifest, dict) or manifest.get("adapter_version") != version:
+    version = manifest.get("adapter_version") if isinstance(manifest, dict) else None
+    if not isinstance(version, str):
         return None
-    damaged = damaged_files(real_path, entry.get("files"))
+    try:
+        files = expect(lora_name, version)
+    except registry_reader.NotServable as e:
+        log.error("loragate: refusing %s = %s at %s: %s (%s)", lora_name, version, path, e, e.code)
+        return None
+    damaged = damaged_files(real_path, files)
     if damaged:
         log.error(
             "loragate: refusing %s = %s at %s: %s do(es) not match the digests the registry recorded",
@@ -81,9 +119,7 @@ def lookup(adapter_dir: str, role: str, lora_name: str) -> tuple[str, str] | Non
             ", ".join(damaged),
         )
         return None
-    # the path as loragate wrote it: it is what /v1/models shows as the adapter's root, and
-    # what loragate compares against what it expects
-    return version, path
+    return version
 
 
 def damaged_files(directory: str, files: object) -> list[str]:
@@ -143,7 +179,8 @@ def register() -> None:
     class LoragateResolver(LoRAResolver):
         async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
             try:
-                found = lookup(adapter_dir, role, lora_name)
+                # a database query: off the event loop that serves every other request
+                found = await asyncio.to_thread(lookup, adapter_dir, role, lora_name)
             except Exception:  # never let a resolver error become a 500
                 log.exception("loragate resolver failed for %s", lora_name)
                 return None
