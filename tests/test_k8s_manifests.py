@@ -90,9 +90,10 @@ def test_every_config_map_secret_and_claim_a_pod_names_is_here_or_documented():
     assert named_maps <= config_maps
     assert named_claims <= claims
     readme = (K8S / "README.md").read_text()
+    # loragate-replica: the replicas' admin key and read-only registry URL
     # each pool's files and env Secrets; the database owner's, for the migrations Job
     pools = [*(f"loragate-{pool}" for pool in POOL_ROLES), *(f"loragate-{pool}-env" for pool in POOL_ROLES)]
-    assert named_secrets == {"loragate-migrations", *pools}
+    assert named_secrets == {"loragate-migrations", "loragate-replica", *pools}
     for secret in named_secrets:
         assert f"kubectl -n loragate create secret generic {secret}" in readme, secret
 

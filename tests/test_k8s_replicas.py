@@ -97,3 +97,45 @@ def test_each_replica_pod_has_a_stable_dns_name_from_a_headless_service_of_its_r
         assert service["spec"]["selector"].items() <= pod_labels.items(), name
         assert service["spec"]["selector"]["loragate.dev/role"] == pod_labels["loragate.dev/role"]
         assert [p["port"] for p in service["spec"]["ports"]] == [8000]
+
+
+# -- the replicas obey only the fleet --------------------------------------------------------
+
+REPLICA_SECRETS = "/var/run/secrets/loragate-replica"
+FLEET_CONTROL = {"prefect-worker-canary", "prefect-worker-release", "prefect-worker-fleet"}
+
+
+def test_vllm_replicas_guard_their_admin_api_with_a_key_and_read_the_registry_from_mounted_files():
+    """The admin guard is on, and its key and the registry's read-only URL are files of a
+    Secret mounted read-only: no secret in the environment, only the directory's path."""
+    for name, statefulset in vllm_statefulsets().items():
+        c = container(statefulset, "vllm")
+        assert arg_after(c["args"], "--middleware") == "loragate_resolver.admin_guard.AdminGuard", name
+        env = env_of(c)
+        assert env["LORAGATE_REPLICA_SECRETS_DIR"]["value"] == REPLICA_SECRETS, name
+        assert not any("secretKeyRef" in e.get("valueFrom", {}) for e in env.values()), name
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == REPLICA_SECRETS)
+        assert mount["readOnly"] is True, name
+        volume = next(v for v in statefulset["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+        assert volume["secret"]["secretName"] == "loragate-replica", name
+        assert volume["secret"]["defaultMode"] == 0o400, name
+
+
+def test_only_the_fleet_control_workers_and_labelled_inference_clients_reach_the_replicas():
+    policy = objects("NetworkPolicy")["vllm-replicas"]["spec"]
+    for name, statefulset in vllm_statefulsets().items():
+        pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
+        assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items(), name
+    assert policy["policyTypes"] == ["Ingress"]
+    workers = objects("Deployment")
+    sources = []
+    for rule in policy["ingress"]:
+        assert [(p["port"], p["protocol"]) for p in rule["ports"]] == [(8000, "TCP")]
+        sources += rule["from"]
+    [fleet_control, clients] = sources
+    [expression] = fleet_control["podSelector"]["matchExpressions"]
+    assert (expression["key"], expression["operator"]) == ("app.kubernetes.io/name", "In")
+    assert set(expression["values"]) == FLEET_CONTROL
+    for worker in FLEET_CONTROL:  # the names select the pool workers' pods
+        assert workers[worker]["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == worker
+    assert clients["podSelector"]["matchLabels"] == {"loragate.dev/inference-client": "true"}
