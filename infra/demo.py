@@ -223,30 +223,6 @@ def ask(urls: dict[str, str], prompt: str) -> None:
         say(f"{role:<10} {url} serves {SUPPORT} = {served}: {text!r}")
 
 
-def tampered_copy_repaired(urls: dict[str, str], version: str, prompt: str, as_fleet: dict[str, str]) -> None:
-    """One byte flipped in the copy the replicas serve: seen, refused, repaired."""
-    from infra.tamper import flip_a_byte
-    from registry.errors import ReplicaError
-    from registry.rules.fleet import version_path
-    from tasks.replicas import ReplicaClient
-
-    weights = Path(version_path(str(HOME / "adapters"), SUPPORT, version)) / "adapter_model.safetensors"
-    flip_a_byte(weights)
-    say(f"one byte flipped in {weights} (size and mtime as they were)")
-    loragate("fleet", "status")
-    # as after a restart: the replica is asked for a name it no longer holds, and its
-    # resolver finds the copy the index names does not verify
-    with ReplicaClient(urls["production"]) as client:
-        client.unload(SUPPORT)
-        try:
-            client.complete(SUPPORT, prompt, 8)
-            raise SystemExit("the production replica served the tampered copy")
-        except ReplicaError as e:
-            say(f"production replica, asked again: {e.one_line()} (refused, not garbage)")
-    loragate("fleet", "reconcile", env=as_fleet)  # the fleet pool's role: no admin needed
-    ask(urls, prompt)
-
-
 def summary(pipeline) -> None:
     banner("summary")
     with registry() as reg:
@@ -275,9 +251,10 @@ def summary(pipeline) -> None:
 
 
 def main() -> None:
+    from infra.demo_replicas import demo_replica_secrets, direct_load_refused, tampered_copy_repaired
     from infra.pipeline import POOLS, PipelineSecrets, start_pipeline
     from infra.prefect_local import start_prefect_server
-    from infra.replica import VllmReplica, start_replicas, stop_replicas
+    from infra.replica import VllmReplica, hand_admin_key, start_replicas, stop_replicas
     from registry.rules.access import Role
 
     if HOME.exists():
@@ -333,12 +310,14 @@ def main() -> None:
     loragate("key", "generate", "--out", str(keys))
     loragate("key", "add", str(keys / "signing.pub"), "--role", "signing", "--holder", "pipeline", env=as_admin)
 
+    replica_secrets, admin_key = demo_replica_secrets()  # the replicas obey only the fleet
     replicas = [
         VllmReplica(
             m["base"],
             "tiny-llama",
             adapter_dir=HOME / "adapters",
             role=role,
+            secrets_dir=replica_secrets,
             log_path=HOME / f"replica-{role}.log",
             die_with_parent=True,
         )
@@ -362,6 +341,7 @@ def main() -> None:
             HOME / "prefect", settings_env, secrets, evaluate_every_s=EVALUATE_EVERY_S, server=server
         )
         pipeline.owns_server = True
+        hand_admin_key(pipeline.secret_dirs, admin_key)  # canary, release and fleet pools only
         say(f"Prefect UI: {ui}  (deployments: register, shadow-validate, canary, canary-evaluate, promote, rollback)")
         say(f"the server has API authentication on: log in with the credential in {server.home}/api-auth")
         for r in replicas:
@@ -424,8 +404,13 @@ def main() -> None:
         wait_for(f"rollback flow: production is {v1} again", lambda: stage_of(v1)[0] == "production")
         ask(urls, prompt)
 
+        banner("a direct load on a replica, without the fleet's admin key: refused")
+        direct_load_refused(urls["production"], SUPPORT, v2)
+        ask(urls, prompt)
+
         banner("a replica copy tampered on disk: fleet status sees it, the resolver refuses it, reconcile repairs it")
-        tampered_copy_repaired(urls, v1, prompt, {"LORAGATE_TOKEN": tokens[Role.FLEET]})
+        tampered_copy_repaired(urls, SUPPORT, v1, prompt, {"LORAGATE_TOKEN": tokens[Role.FLEET]})
+        ask(urls, prompt)
         loragate("history", SUPPORT)
         summary(pipeline)
     finally:

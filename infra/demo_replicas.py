@@ -1,0 +1,66 @@
+"""The demo's replicas obey only the fleet: their secrets directory (the admin key the
+fleet-control pools hold, the registry's SQLite file they read what they may serve from),
+a load from a caller without the key, refused, and a copy tampered on disk, refused and
+repaired."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from secrets import token_urlsafe
+
+from infra.demo_console import HOME, loragate, say
+
+
+def demo_replica_secrets() -> tuple[Path, str]:
+    """(the replicas' secrets directory, the admin key), under the demo's home, where
+    ``loragate`` run from this shell finds the key too."""
+    from infra.replica import replica_registry_url, write_replica_secrets
+    from registry.settings import Settings
+
+    admin_key = token_urlsafe(32)
+    url = replica_registry_url(Settings().database_url)
+    return write_replica_secrets(HOME / "replica-secrets", admin_key, url), admin_key
+
+
+def direct_load_refused(url: str, name: str, version: str) -> None:
+    """Anyone who reaches a replica asks it to serve other bytes under production's name:
+    without the fleet's admin key the replica refuses (and keeps serving what it served)."""
+    from registry.errors import ReplicaError
+    from registry.rules.fleet import version_path
+    from tasks.replicas import ReplicaClient
+
+    copy = version_path(str(HOME / "adapters"), name, version)
+    with ReplicaClient(url) as anyone:
+        try:
+            anyone.load(name, copy, inplace=True)
+        except ReplicaError as e:
+            say(f"load_lora_adapter {name} -> {version} without the fleet's key: {e.one_line()}")
+            return
+    raise SystemExit("the production replica took a load from a caller without the fleet's key")
+
+
+def tampered_copy_repaired(
+    urls: dict[str, str], name: str, version: str, prompt: str, as_fleet: dict[str, str]
+) -> None:
+    """One byte flipped in the copy the replicas serve: seen, refused, repaired."""
+    from infra.tamper import flip_a_byte
+    from registry.errors import ReplicaError
+    from registry.rules.fleet import version_path
+    from tasks.replicas import ReplicaClient
+
+    weights = Path(version_path(str(HOME / "adapters"), name, version)) / "adapter_model.safetensors"
+    flip_a_byte(weights)
+    say(f"one byte flipped in {weights} (size and mtime as they were)")
+    loragate("fleet", "status")
+    # as after a restart: the replica is asked for a name it no longer holds, and its
+    # resolver finds the copy the index names does not verify (the unload is the fleet's:
+    # with the replicas' admin key)
+    admin_key = (HOME / "replica-secrets" / "admin-key").read_text()
+    with ReplicaClient(urls["production"], admin_key=admin_key) as client:
+        client.unload(name)
+        try:
+            client.complete(name, prompt, 8)
+            raise SystemExit("the production replica served the tampered copy")
+        except ReplicaError as e:
+            say(f"production replica, asked again: {e.one_line()} (refused, not garbage)")
+    loragate("fleet", "reconcile", env=as_fleet)  # the fleet pool's role: no admin needed
