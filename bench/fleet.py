@@ -64,13 +64,13 @@ from bench.fleet_setup import (  # noqa: E402
     use_fleet,
 )
 from bench.fleet_traffic import LoopingClient, latency  # noqa: E402
-from bench.harness import emit  # noqa: E402
+from bench.harness import emit, replicas_obey  # noqa: E402
 from infra.modelkit import golden_cases  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
 from registry.errors import ReplicaError  # noqa: E402
 from registry.rules.fleet import version_path  # noqa: E402
 from registry.storage.resolver_index import index_entry, read_index, write_index  # noqa: E402
-from tasks.fleet import promote_and_switch, switch_replica  # noqa: E402
+from tasks.fleet import promote_and_switch, replica_client, switch_replica  # noqa: E402
 from tasks.reconcile import reconcile_fleet  # noqa: E402
 from tasks.replicas import ReplicaClient  # noqa: E402
 
@@ -97,7 +97,7 @@ def after_switch_vs_fresh(setup: Setup, url: str, adapter_dir: Path, rounds: int
     version = setup.production()
     path = version_path(str(adapter_dir), setup.name, version)
     probe = setup.name.replace("/support", f"/fresh{uuid.uuid4().hex[:4]}")
-    with ReplicaClient(url) as client:
+    with replica_client(setup.registry, url) as client:
         client.load(probe, path)
         try:
             interleaved_p50(client, [setup.name, probe], setup.prompt, setup.max_tokens, 3)  # warm-up
@@ -144,7 +144,7 @@ def bench_parallelism(setup: Setup, urls: list[str], adapter_dir: Path, rounds: 
 
     def switch_and_verify(url: str, version: str) -> None:
         path = version_path(str(adapter_dir), setup.name, version)
-        with ReplicaClient(url) as client:
+        with replica_client(setup.registry, url) as client:
             switch_replica(client, setup.name, path)
             client.complete_many(setup.name, prompts, setup.max_tokens)
 
@@ -225,7 +225,7 @@ def bench_protocols(setup: Setup, url: str, adapter_dir: Path, switches: int, ro
     result = {}
     for protocol in ("unload-then-load", "load_inplace"):
         looping = LoopingClient(url, setup.name, setup.prompt, setup.max_tokens)
-        with ReplicaClient(url) as client, looping.running():
+        with replica_client(setup.registry, url) as client, looping.running():
             time.sleep(0.5)
             for version in targets:
                 target = version_path(str(adapter_dir), setup.name, version)
@@ -241,7 +241,7 @@ def bench_protocols(setup: Setup, url: str, adapter_dir: Path, switches: int, ro
             "after_switch_vs_fresh": after_switch_vs_fresh(setup, url, adapter_dir, rounds),
         }
         log(f"{protocol}: {result[protocol]}")
-    with ReplicaClient(url) as client:  # leave no load_inplace request stored on the name
+    with replica_client(setup.registry, url) as client:  # leave no load_inplace request stored on the name
         switch_replica(client, setup.name, version_path(str(adapter_dir), setup.name, production))
     return result
 
@@ -350,6 +350,9 @@ def main() -> None:
     parser.add_argument("--adapter-dir", type=Path, help="the running replicas' adapter directory")
     parser.add_argument("--base", type=Path, help="the base the running replicas serve")
     parser.add_argument(
+        "--replica-secrets", type=Path, help="the running replicas' secrets directory (their admin key, registry URL)"
+    )
+    parser.add_argument(
         "--load-threads", type=int, default=2, help="requests a looping client keeps in flight per replica (under_load)"
     )
     parser.add_argument("--under-load-only", action="store_true", help="only the under_load section, on 2 replicas")
@@ -360,8 +363,8 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
-    if args.replica and not (args.adapter_dir and args.base):
-        parser.error("--replica needs --adapter-dir and --base")
+    if args.replica and not (args.adapter_dir and args.base and args.replica_secrets):
+        parser.error("--replica needs --adapter-dir, --base and --replica-secrets")
     if args.replica and args.split_cores:
         parser.error("--split-cores needs replicas this run starts, not --replica")
     split = args.split_cores
@@ -372,6 +375,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="loragate-bench-fleet-") as tmp:
         work = Path(tmp)
         setup = build_setup(work, args.base)
+        secrets_dir, _ = replicas_obey(setup.registry, args.replica_secrets)
         started: list[VllmReplica] = []
         try:
             if args.replica:
@@ -389,6 +393,7 @@ def main() -> None:
                         setup.base,
                         BASE_ID,
                         adapter_dir=adapter_dir,
+                        secrets_dir=secrets_dir,
                         die_with_parent=True,
                         log_path=LOGS / f"replica-{i}.log",
                     )

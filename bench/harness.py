@@ -5,6 +5,7 @@ result."""
 from __future__ import annotations
 
 import json
+import secrets
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +24,13 @@ class ServingReplica:
     url: str
     role: str
     adapter_dir: Path
+    # its admin key and registry URL (infra.replica.write_replica_secrets)
+    secrets_dir: Path | None = None
 
 
-def production_and_canary(base_dir: Path, served_name: str, adapter_dir: Path, logs: Path) -> list[VllmReplica]:
+def production_and_canary(
+    base_dir: Path, served_name: str, adapter_dir: Path, logs: Path, secrets_dir: Path | None = None
+) -> list[VllmReplica]:
     """A production and a canary replica (not started), sharing ``adapter_dir``; they go
     when the benchmark goes, even killed."""
     return [
@@ -34,11 +39,29 @@ def production_and_canary(base_dir: Path, served_name: str, adapter_dir: Path, l
             served_name,
             adapter_dir=adapter_dir,
             role=role,
+            secrets_dir=secrets_dir,
             log_path=logs / f"{role}.log",
             die_with_parent=True,
         )
         for role in ("production", "canary")
     ]
+
+
+def replicas_obey(registry, directory: Path | None = None) -> tuple[Path, str]:
+    """(the replicas' secrets directory, their admin key) for replicas a benchmark drives with
+    ``registry``: the key already in ``directory`` (running replicas'), else the one its fleet
+    control holds (``LORAGATE_REPLICA_ADMIN_KEY_FILE``), else a new one -- also under its home,
+    where ``loragate`` finds it; the registry's URL; owner-moves (the benchmark's owner moves
+    production in process)."""
+    from infra.replica import replica_registry_url, write_replica_secrets
+    from tasks.replicas import replica_admin_key
+
+    held = directory / "admin-key" if directory else None
+    key = (held.read_text() if held and held.exists() else None) or replica_admin_key(registry.settings)
+    key = key or secrets.token_urlsafe(32)
+    url = replica_registry_url(registry.settings.database_url)
+    own = write_replica_secrets(Path(registry.settings.home) / "replica-secrets", key, url, owner_moves=True)
+    return (write_replica_secrets(directory, key, url, owner_moves=True) if directory else own), key
 
 
 def emit(result: dict[str, Any], out: Path | None) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import secrets
 import statistics
 import sys
 import tempfile
@@ -50,13 +51,19 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 import httpx  # noqa: E402
 
-from bench.harness import Databases, ServingReplica, emit, production_and_canary  # noqa: E402
+from bench.harness import Databases, ServingReplica, emit, production_and_canary, replicas_obey  # noqa: E402
 from bench.scale_restart import bench_restart  # noqa: E402
 from bench.timing import ratio, spread  # noqa: E402
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
 from infra.pipeline import SWEEPS_EVERY_S, LocalPipeline, PipelineSecrets, set_interval, start_pipeline  # noqa: E402
 from infra.prefect_local import start_prefect_server  # noqa: E402
-from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
+from infra.replica import (  # noqa: E402
+    VllmReplica,
+    hand_admin_key,
+    start_replicas,
+    stop_replicas,
+    write_replica_secrets,
+)
 from registry.rules.access import Principal, Role  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
@@ -195,6 +202,8 @@ def burst(
     try:
         registry.init()
         registry.add_base(str(base_dir), BASE_ID)
+        # the replicas read this registry; the pools that switch them hold their admin key
+        _, admin_key = replicas_obey(registry, next(r.secrets_dir for r in replicas))
         for r in replicas:
             registry.add_replica(r.url, BASE_ID, r.role, str(r.adapter_dir))
         tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}", pipeline=True)[1] for role in Role}
@@ -212,6 +221,7 @@ def burst(
             server=server,
         )
         pipeline.owns_server = True
+        hand_admin_key(pipeline.secret_dirs, admin_key)
         if drop_canary_trigger:
             paused = pause_trigger(pipeline, "canary")
             set_interval(server, "advance/advance", SWEEP_EVERY_S)
@@ -357,12 +367,13 @@ def main() -> None:
     parser.add_argument("--canary", help="a running canary replica to drive (needs --production)")
     parser.add_argument("--adapter-dir", type=Path, help="the running replicas' adapter directory")
     parser.add_argument("--base", type=Path, help="the base the running replicas serve")
+    parser.add_argument("--replica-secrets", type=Path, help="the running replicas' secrets directory")
     parser.add_argument("--bundle", type=Path, help="a trained support adapter of the base (else one is trained)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
-    running = [args.production, args.canary, args.adapter_dir, args.base]
+    running = [args.production, args.canary, args.adapter_dir, args.base, args.replica_secrets]
     if any(running) and not all(running):
-        parser.error("--production, --canary, --adapter-dir and --base go together")
+        parser.error("--production, --canary, --adapter-dir, --base and --replica-secrets go together")
     sizes = {} if args.restart_only else {"small": args.small, "large": args.tenants}
     restart_sizes = [args.small, args.tenants, args.restart_adapters]
     if args.burst_only:
@@ -384,14 +395,16 @@ def main() -> None:
         serving: list[ServingReplica] = []
         if args.production:
             serving = [
-                ServingReplica(args.production, "production", args.adapter_dir),
-                ServingReplica(args.canary, "canary", args.adapter_dir),
+                ServingReplica(args.production, "production", args.adapter_dir, args.replica_secrets),
+                ServingReplica(args.canary, "canary", args.adapter_dir, args.replica_secrets),
             ]
         elif sizes:
-            started = production_and_canary(base_dir, BASE_ID, work / "adapters", work)
+            # the registry they read is each burst's own: written there when it is made
+            secrets_dir = write_replica_secrets(work / "replica-secrets", secrets.token_urlsafe(32))
+            started = production_and_canary(base_dir, BASE_ID, work / "adapters", work, secrets_dir)
             log(f"starting {len(started)} vLLM replicas")
             start_replicas(started)
-            serving = [ServingReplica(r.url, r.role, Path(r.adapter_dir or "")) for r in started]
+            serving = [ServingReplica(r.url, r.role, Path(r.adapter_dir or ""), secrets_dir) for r in started]
         try:
             # the smoke's two tenants need no scheduled reconcile or sweep: each is a process on
             # the test session's two cores

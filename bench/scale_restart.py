@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from bench.harness import replicas_obey
 from infra.replica import VllmReplica, start_replicas, stop_replicas
 from registry.records.adapters import utcnow
 from registry.rules.access import Principal
@@ -93,8 +94,14 @@ def restart_case(base_dir: Path, bundle: Path, golden: Path, work: Path, k: int)
     registry, database = _registry_with_production(work, base_dir, bundle, golden, k)
     setup_s = time.monotonic() - t0
     adapter_dir = work / f"restart-{k}-adapters"
+    secrets_dir, _ = replicas_obey(registry, work / f"restart-{k}-secrets")
     replica = VllmReplica(
-        base_dir, BASE_ID, adapter_dir=adapter_dir, log_path=work / f"restart-{k}.log", die_with_parent=True
+        base_dir,
+        BASE_ID,
+        adapter_dir=adapter_dir,
+        secrets_dir=secrets_dir,
+        log_path=work / f"restart-{k}.log",
+        die_with_parent=True,
     )
     try:
         start_replicas([replica])

@@ -46,8 +46,17 @@ def test_validation_benchmark_runs_in_smoke_mode():
 def test_fleet_benchmark_runs_in_smoke_mode_on_the_session_replicas(replicas, replica_adapters, tiny_base):
     urls = [replicas["prod-a"].url, replicas["prod-b"].url]
     argv = [f"--replica={url}" for url in urls]
+    secrets = str(replicas["prod-a"].secrets_dir)  # the replicas obey only the fleet: their key, registry
     result = run_bench(
-        "bench/fleet.py", "--smoke", *argv, "--adapter-dir", str(replica_adapters), "--base", str(tiny_base)
+        "bench/fleet.py",
+        "--smoke",
+        *argv,
+        "--adapter-dir",
+        str(replica_adapters),
+        "--base",
+        str(tiny_base),
+        "--replica-secrets",
+        secrets,
     )
     assert set(result["rollback"]) == {"1", "2"}
     assert {"switch_flat_in_n", "zero_failed_requests", "after_switch_within_10pct"} <= set(result["verdict"])
@@ -83,6 +92,7 @@ def test_scale_benchmark_runs_in_smoke_mode_on_the_session_replicas(
         f"--adapter-dir={replica_adapters}",
         f"--base={tiny_base}",
         f"--bundle={support_bundle}",
+        f"--replica-secrets={replicas['prod-a'].secrets_dir}",
     ]
     result = run_bench("bench/scale.py", "--smoke", *argv, "--out", str(tmp_path / "s.json"), timeout=900)
     burst = result["burst"]["large"]
