@@ -336,7 +336,7 @@ def rollback_stage(name: str, stage: str, expected_version: str | None, reason: 
     retry_condition_fn=outage_only,
 )
 def reconcile_fleet() -> list[dict[str, Any]]:
-    with registry_as(Role.ADMIN) as registry:
+    with registry_as(Role.FLEET) as registry:
         return [s.as_dict() for s in reconcile.reconcile_fleet(registry, progress=_progress())]
 
 

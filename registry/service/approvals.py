@@ -20,12 +20,12 @@ from registry.rules.approvals import ApprovalCode, Decision, PresentedCode, Rede
 from registry.rules.canary import CanaryWindow
 from registry.rules.lifecycle import Plan, Pointer, check_scan_acknowledged
 from registry.rules.text import check_text
-from registry.service.base import RegistryBase
+from registry.service.validation import ValidationMixin
 
 T = TypeVar("T")
 
 
-class ApprovalMixin(RegistryBase):
+class ApprovalMixin(ValidationMixin):
     def _code_holder(self, name: str) -> tuple[str, TokenRecord]:
         """(actor, token) of a caller who may be issued a code for ``name``.
 

@@ -54,7 +54,7 @@ REPLICA_GRANTS: tuple[str, ...] = (
     "SELECT (version_id, adapter_id, stage, validation_status, weights_sha256, adapter_config_sha256, "
     "manifest_sha256) ON adapter_versions",
     "SELECT (adapter_id, stage, version_id) ON stage_pointers",
-    "SELECT (version_id, decision, used_at, applied_at, expires_at) ON approval_codes",
+    "SELECT (version_id, decision, issued_at, used_at, applied_at, expires_at) ON approval_codes",
 )
 
 ISSUE_ARGS = (
@@ -278,17 +278,19 @@ def _sqlite_role_check(old: tuple[str, ...], new: tuple[str, ...]) -> None:
     Rewriting a CHECK's text is SQLite's documented way (its ALTER TABLE page, "other kinds
     of schema changes"); the rows' format does not change."""
     conn = op.get_bind()
-    sql = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'api_tokens'").scalar()
+    sql = str(
+        conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'api_tokens'").scalar()
+    )
     before, after = ROLE_CHECK_SQLITE.format(_role_list(old)), ROLE_CHECK_SQLITE.format(_role_list(new))
     if sql.count(before) != 1:
         raise RuntimeError(f"api_tokens' role check is not {before}: {sql}")
-    version = conn.exec_driver_sql("PRAGMA schema_version").scalar()
+    version = int(conn.exec_driver_sql("PRAGMA schema_version").scalar() or 0)
     conn.exec_driver_sql("PRAGMA writable_schema = ON")
     conn.exec_driver_sql(
         "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'api_tokens'",
         (sql.replace(before, after),),
     )
-    conn.exec_driver_sql(f"PRAGMA schema_version = {int(version) + 1}")
+    conn.exec_driver_sql(f"PRAGMA schema_version = {version + 1}")
     conn.exec_driver_sql("PRAGMA writable_schema = OFF")
 
 
