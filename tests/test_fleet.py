@@ -117,6 +117,9 @@ def test_back_to_back_switches_under_load_keep_the_replica_alive_and_every_reque
     within a few switches."""
     fleet.promote(fleet.v1, "canary")
     fleet.promote(fleet.v1, "production")
+    # v2 the canary (its pointer alone, no switch): what this fleet's production replicas may
+    # serve besides production when the owner moves in process (replica secrets' owner-moves)
+    fleet.registry.promote(fleet.v2, "canary")
     url = fleet.replicas["prod-a"].url
     adapter_dir = fleet.registry.list_replicas()[0].adapter_dir
     fleet.registry.materialize(fleet.v2, Path(fleet.path(fleet.v2)))

@@ -331,7 +331,9 @@ import loragate_resolver
 from vllm.entrypoints.serve.engine.serving import BaseServing
 from vllm.utils.counter import AtomicCounter
 
-loragate_resolver.close_the_unload_window(sys.argv[2], "production")
+# the registry's answer for the version (tests/test_replica_expectations.py asks a real one)
+files = json.loads(sys.argv[4])
+loragate_resolver.close_the_unload_window(sys.argv[2], "production", lambda name, version: files)
 # the state an admitted request meets when a switch unloaded its name after _check_model:
 # the name is gone from the front end's table; everything else is vLLM's own code
 models = types.SimpleNamespace(lora_requests={}, lora_id_counter=AtomicCounter(7))
@@ -357,7 +359,15 @@ def test_a_request_admitted_before_an_unload_is_served_from_the_index_not_refuse
     entry = index_entry("v2", path, _files(path))
     write_index(str(adapter_dir), {"format": INDEX_FORMAT, "roles": {"production": {NAME: entry}}})
     probe = subprocess.run(
-        [str(vllm_python), "-c", WINDOW_PROBE, str(PLUGIN.parent.parent), str(adapter_dir), NAME],
+        [
+            str(vllm_python),
+            "-c",
+            WINDOW_PROBE,
+            str(PLUGIN.parent.parent),
+            str(adapter_dir),
+            NAME,
+            json.dumps(_files(path)),
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -41,12 +41,14 @@ def test_replica_serves_exactly_the_validated_golden_outputs(
     report = validate_bundle(inspect_base(str(tiny_base), "tiny-llama"), bundle, golden, POLICY)
     assert report.status == "passed", report.failures
 
-    # a replica loads only what a registry recorded: the bundle registered, its validation
-    # recorded, its copy where the fleet puts it
+    # a replica loads only what a registry lets it serve: the bundle registered, its
+    # validation recorded, the canary (what the tests' owner moves to production next), its
+    # copy where the fleet puts it
     registry = registry_behind(tmp_path, tiny_base, replicas)
     name = f"serving{uuid.uuid4().hex[:6]}/tiny-llama/{task}"
     version = registry.register_adapter(bundle, name).version.version_id
     record_passed(registry, version, report)
+    registry.promote(version, "canary")
     path = str(registry.materialize(version, Path(version_path(str(replica_adapters), name, version))))
     with admin_client(registry, replica.url) as admin:
         admin.load(name, path)

@@ -224,7 +224,7 @@ def keep_each_adapter_of_a_batch() -> None:
     InputBatch.make_lora_inputs = make_lora_inputs
 
 
-def close_the_unload_window(adapter_dir: str, role: str) -> None:
+def close_the_unload_window(adapter_dir: str, role: str, expect: Expectations | None = None) -> None:
     """Answer from the index a request whose adapter was unloaded after it was admitted.
 
     vLLM 0.32 checks a request's adapter name (``_check_model``, where resolvers are asked)
@@ -235,6 +235,7 @@ def close_the_unload_window(adapter_dir: str, role: str) -> None:
     path, as the resolver would have served it a moment later. One LoRA request per (name,
     path) is reused, so the engine loads each version once. Applied only to the vLLM it was
     written for: if the method is not there, nothing is patched and the window stays open.
+    ``expect``: what the registry expects (default: its database, asked each time).
     """
     try:
         from vllm.entrypoints.serve.engine.serving import BaseServing
@@ -257,7 +258,7 @@ def close_the_unload_window(adapter_dir: str, role: str) -> None:
             and not self._is_model_supported(name)
         ):
             try:
-                found = lookup(adapter_dir, role, name)
+                found = lookup(adapter_dir, role, name, expect)
             except Exception:
                 log.exception("loragate: index lookup failed for %s", name)
                 found = None

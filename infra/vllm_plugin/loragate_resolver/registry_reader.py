@@ -10,12 +10,13 @@ Which versions a role may serve (the switch loads before the pointer move commit
 what is in flight must be servable too):
 
 - production: the adapter's ``production`` or ``previous`` pointer (a rollback in flight),
-  or a version with an ``approve`` code a person redeemed that no move has applied yet and
-  that has not expired (the promotion in flight: production takes only the canary, on a
-  person's sign-off). With the operator's ``owner-moves`` file also the ``canary`` pointer:
-  the registry's owner, or a person's own token, moves production in process with no code
-  committed before the switch (tests, benchmarks, one machine) -- never on a fleet whose
-  adapter volume the canary pool writes, since the canary pool chooses the canary.
+  or a version with an ``approve`` code a person redeemed that no move has applied yet,
+  within its lifetime counted from its redemption as the registry applies it (the promotion
+  in flight: production takes only the canary, on a person's sign-off). With the
+  operator's ``owner-moves`` file also the ``canary`` pointer: the registry's owner, or a
+  person's own token, moves production in process with no code committed before the switch
+  (tests, benchmarks, one machine) -- never on a fleet whose adapter volume the canary pool
+  writes, since the canary pool chooses the canary.
 - canary: its ``canary``, ``production`` or ``previous`` pointer, a version production may
   serve, or any validated version (the canary promotion in flight): what the canary pool
   could serve through the database anyway.
@@ -27,7 +28,8 @@ Where the database is comes from the replica's secrets directory
 (``LORAGATE_REPLICA_SECRETS_DIR``: ``registry-url``), read on every question, never from
 the environment. SQLite is opened read-only; Postgres as the ``loragate_replica`` user,
 which may read only these columns. Connect and statement are bounded; no decision is
-cached (a name is asked about once per process and per switch).
+cached (a name is asked about once per process and per switch): one connection, two or
+three short queries per question.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 MANIFEST_FILE = "manifest.json"
 
-# one text for both dialects: "?" becomes psycopg's "%s". Each column is one the
+# one text per question for both dialects: "?" becomes psycopg's "%s". Each column is one the
 # loragate_replica user is granted (migration 0010, REPLICA_GRANTS); COUNT(column), not
 # COUNT(*), because column privileges do not cover "*"
 QUERY = """
@@ -55,12 +57,15 @@ SELECT a.name, v.weights_sha256, v.adapter_config_sha256, v.manifest_sha256, v.s
          WHERE p.adapter_id = v.adapter_id AND p.version_id = v.version_id
            AND p.stage IN ('production', 'previous')),
        (SELECT COUNT(p.stage) FROM stage_pointers p
-         WHERE p.adapter_id = v.adapter_id AND p.version_id = v.version_id AND p.stage = 'canary'),
-       (SELECT MAX(c.expires_at) FROM approval_codes c
-         WHERE c.version_id = v.version_id AND c.decision = 'approve'
-           AND c.used_at IS NOT NULL AND c.applied_at IS NULL)
+         WHERE p.adapter_id = v.adapter_id AND p.version_id = v.version_id AND p.stage = 'canary')
 FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id
 WHERE v.version_id = ?
+"""
+# a person's sign-offs redeemed for the version and not yet applied by a move: each good for
+# its lifetime counted from its redemption, as the registry applies them (registry/db/approvals)
+CODES_QUERY = """
+SELECT c.issued_at, c.used_at, c.expires_at FROM approval_codes c
+WHERE c.version_id = ? AND c.decision = 'approve' AND c.used_at IS NOT NULL AND c.applied_at IS NULL
 """
 
 NAME_QUERY = "SELECT COUNT(a.id) FROM adapters a WHERE a.name = ?"
@@ -98,19 +103,15 @@ def expected_files(secrets_dir: str | None, role: str, name: str, version: str) 
     url = read_secret(secrets_dir, REGISTRY_URL_FILE)
     if url is None:
         raise NotServable(f"no {REGISTRY_URL_FILE} in the replica's secrets directory", "registry_unavailable")
-    try:
-        row = _query(url, version)
-    except NotServable:
-        raise
-    except Exception as e:  # any driver's error: the answer is "not servable", never a 500
-        raise NotServable(f"the registry could not be read: {type(e).__name__}", "registry_unavailable") from e
-    if row is None:
+    rows, codes = _ask(url, [(QUERY, version), (CODES_QUERY, version)])
+    if not rows:
         raise NotServable(f"the registry has no version {version}", "unknown_version")
-    adapter, weights, config, manifest, stage, validation, pointed, canary, code_expires = row
-    if adapter != name and _is_an_adapter(url, name):
+    adapter, weights, config, manifest, stage, validation, pointed, canary = rows[0]
+    code_expires = max((u for u in (_signed_off_until(*code) for code in codes) if u is not None), default=None)
+    if adapter != name and int(_ask(url, [(NAME_QUERY, name)])[0][0][0]) > 0:
         raise NotServable(f"version {version} is {adapter}'s, not {name}'s", "wrong_adapter")
     owner_moves = read_secret(secrets_dir, OWNER_MOVES_FILE) is not None
-    if not may_serve(role, validation, int(pointed), int(canary), _instant(code_expires), owner_moves):
+    if not may_serve(role, validation, int(pointed), int(canary), code_expires, owner_moves):
         raise NotServable(f"a {role} replica may not serve {name} = {version} ({stage})", "not_permitted")
     return {WEIGHTS_FILE: weights, ADAPTER_CONFIG_FILE: config, MANIFEST_FILE: manifest}
 
@@ -144,37 +145,42 @@ def _instant(value: object) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def _is_an_adapter(url: str, name: str) -> bool:
-    """Whether the registry has an adapter called ``name``: a version is served under its
-    own adapter's name or a name no adapter has (a probe), never under another's."""
-    try:
-        row = _query(url, name, NAME_QUERY)
-    except Exception as e:
-        raise NotServable(f"the registry could not be read: {type(e).__name__}", "registry_unavailable") from e
-    return row is not None and int(row[0]) > 0
+def _signed_off_until(issued: object, used: object, expires: object) -> datetime | None:
+    issued_at, used_at, expires_at = _instant(issued), _instant(used), _instant(expires)
+    if issued_at is None or used_at is None or expires_at is None:
+        return None
+    return used_at + (expires_at - issued_at)
 
 
-def _query(url: str, value: str, query: str = QUERY) -> tuple | None:
+def _ask(url: str, questions: list[tuple[str, str]]) -> list[list[tuple]]:
+    """Each (query, its one parameter)'s rows, on one read-only connection, bounded in time.
+
+    Raises:
+        NotServable: REGISTRY_UNAVAILABLE for an unsupported URL or any driver error.
+    """
     scheme = url.split(":", 1)[0].split("+", 1)[0]
-    if scheme == "sqlite":
-        import sqlite3
+    try:
+        if scheme == "sqlite":
+            import sqlite3
 
-        # SQLAlchemy's form: sqlite:////absolute/path or sqlite:///relative/path
-        path = unquote(url.split(":///", 1)[-1].split("?", 1)[0])
-        lite = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=TIMEOUT_S)
-        try:
-            return lite.execute(query, (value,)).fetchone()
-        finally:
-            lite.close()
-    if scheme in ("postgresql", "postgres"):
-        import psycopg
+            # SQLAlchemy's form: sqlite:////absolute/path or sqlite:///relative/path
+            path = unquote(url.split(":///", 1)[-1].split("?", 1)[0])
+            lite = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=TIMEOUT_S)
+            try:
+                return [lite.execute(query, (value,)).fetchall() for query, value in questions]
+            finally:
+                lite.close()
+        if scheme in ("postgresql", "postgres"):
+            import psycopg
 
-        conninfo = "postgresql:" + url.split(":", 1)[1]
-        with psycopg.connect(
-            conninfo,
-            connect_timeout=TIMEOUT_S,
-            options=f"-c statement_timeout={TIMEOUT_S * 1000} -c default_transaction_read_only=on",
-            autocommit=True,
-        ) as conn:
-            return conn.execute(query.replace("?", "%s"), (value,)).fetchone()
+            conninfo = "postgresql:" + url.split(":", 1)[1]
+            with psycopg.connect(
+                conninfo,
+                connect_timeout=TIMEOUT_S,
+                options=f"-c statement_timeout={TIMEOUT_S * 1000} -c default_transaction_read_only=on",
+                autocommit=True,
+            ) as conn:
+                return [conn.execute(query.replace("?", "%s"), (value,)).fetchall() for query, value in questions]
+    except Exception as e:  # any driver's error: the answer is "not servable", never a 500
+        raise NotServable(f"the registry could not be read: {type(e).__name__}", "registry_unavailable") from e
     raise NotServable(f"{REGISTRY_URL_FILE} names an unsupported database ({scheme})", "registry_unavailable")
