@@ -150,6 +150,16 @@ def test_the_canary_deployment_runs_with_the_signing_token_but_neither_the_key_n
     assert "--from-file=token-signing=" in created and "signing-key.pem" not in created
 
 
+def test_only_the_pools_that_switch_replicas_are_given_the_replicas_admin_key():
+    readme = (K8S / "README.md").read_text()
+    holders = set()
+    for pool in POOL_ROLES:
+        after = readme[readme.index(f"create secret generic loragate-{pool} ") :]
+        if "--from-file=replica-admin-key=" in after[: after.index("kubectl")]:
+            holders.add(pool)
+    assert holders == {"canary", "release", "fleet"}
+
+
 def test_the_gpu_worker_may_run_and_watch_jobs_and_read_their_pods_in_its_namespace():
     role = objects("Role")["prefect-worker-gpu"]
     allowed = {
