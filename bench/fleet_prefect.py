@@ -51,10 +51,10 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 from bench.cores import REPLICA_NICENESS, cores_split, replicas_yielding  # noqa: E402
 from bench.fleet_setup import BASE_ID, Setup, build_setup, log, promote_back, seconds, use_fleet  # noqa: E402
 from bench.fleet_traffic import LoopingClient, latency  # noqa: E402
-from bench.harness import Databases, emit, serving_path  # noqa: E402
+from bench.harness import Databases, emit, replicas_obey, serving_path  # noqa: E402
 from infra.pipeline import ROOT, deploy  # noqa: E402
 from infra.prefect_local import PrefectServer, start_prefect_server, start_worker, stop, stop_process  # noqa: E402
-from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
+from infra.replica import VllmReplica, hand_admin_key, start_replicas, stop_replicas  # noqa: E402
 from registry.rules.access import Role  # noqa: E402
 from registry.rules.fleet import version_path  # noqa: E402
 from tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets  # noqa: E402
@@ -249,9 +249,16 @@ def main() -> None:
         work = Path(tmp)
         setup = build_setup(work, None)
         adapter_dir = work / "adapters"
+        # the replicas read this registry (owner-moves: production is promoted back in process)
+        replica_secrets, admin_key = replicas_obey(setup.registry)
         replicas = [
             VllmReplica(
-                setup.base, BASE_ID, adapter_dir=adapter_dir, die_with_parent=True, log_path=work / f"replica-{i}.log"
+                setup.base,
+                BASE_ID,
+                adapter_dir=adapter_dir,
+                secrets_dir=replica_secrets,
+                die_with_parent=True,
+                log_path=work / f"replica-{i}.log",
             )
             for i in range(2)
         ]
@@ -275,6 +282,7 @@ def main() -> None:
             use_fleet(setup, urls, adapter_dir)
             pipeline_token = setup.registry.create_token(Role.ACTIVATION.value, "pipeline-activation", pipeline=True)[1]
             secrets = write_pool_secrets(work / "secrets" / "release", {Role.ACTIVATION: pipeline_token}, None, None)
+            hand_admin_key({"release": secrets}, admin_key)  # the rollback's pool switches the replicas
             person = setup.registry.create_token(Role.ACTIVATION.value, "alice")[1]
             for kind in kinds:
                 log(f"a Prefect server on {kind}")

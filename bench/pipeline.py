@@ -37,6 +37,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from secrets import token_urlsafe
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -46,7 +47,14 @@ from bench.harness import Databases, production_and_canary, serving_path  # noqa
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
 from infra.pipeline import PipelineSecrets, start_pipeline  # noqa: E402
 from infra.prefect_local import PrefectServer, start_prefect_server, stop  # noqa: E402
-from infra.replica import start_replicas, stop_replicas  # noqa: E402
+from infra.replica import (  # noqa: E402
+    ADMIN_KEY_FILE,
+    hand_admin_key,
+    replica_registry_url,
+    start_replicas,
+    stop_replicas,
+    write_replica_secrets,
+)
 from registry.rules.access import Principal, Role  # noqa: E402
 from registry.rules.fleet import version_path  # noqa: E402
 from registry.service import Registry  # noqa: E402
@@ -239,6 +247,11 @@ def run_configuration(
     registry = Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
     registry.init()
     registry.add_base(str(base_dir), "tiny-llama")
+    # the replicas read this configuration's registry (no owner-moves: only the pipeline moves
+    # versions, through the canary pool); the pools that switch them hold their admin key
+    [replica_secrets] = {r.secrets_dir for r in replicas}
+    admin_key = (replica_secrets / ADMIN_KEY_FILE).read_text()
+    write_replica_secrets(replica_secrets, admin_key, replica_registry_url(settings.database_url))
     for r in replicas:
         registry.add_replica(r.url, "tiny-llama", r.role, str(r.adapter_dir))
     tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}", pipeline=True)[1] for role in Role}
@@ -262,6 +275,7 @@ def run_configuration(
             home / "prefect", settings_env, secrets, evaluate_every_s=3600, server=server, warm_workers=warm_workers
         )
         cleanup.callback(pipeline.stop)
+        hand_admin_key(pipeline.secret_dirs, admin_key)  # canary, release and fleet pools only
         setup_s = time.monotonic() - t0
         log(f"{label}: every pool's worker online after {pipeline.wait_for_workers():.1f} s")
         for i in range(trials):
@@ -325,7 +339,9 @@ def main() -> None:
     count = args.trials + args.default_trials + args.process_trials + args.postgres_trials
     bundles = [train_adapter(base_dir, "support", out / f"adapter-{i}", seed=100 + i) for i in range(count)]
     adapter_dir = out / "adapters"
-    replicas = production_and_canary(base_dir, "tiny-llama", adapter_dir, out)
+    # each configuration's registry is its own: its URL is written there when it is made
+    replica_secrets = write_replica_secrets(out / "replica-secrets", token_urlsafe(32))
+    replicas = production_and_canary(base_dir, "tiny-llama", adapter_dir, out, replica_secrets)
     log("starting a production and a canary vLLM replica")
     start_replicas(replicas)
     canary = replicas[1]

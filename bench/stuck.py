@@ -36,7 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, log, use_fleet  # noqa: E402
-from bench.harness import emit  # noqa: E402
+from bench.harness import emit, replicas_obey  # noqa: E402
 from infra.modelkit import train_adapter  # noqa: E402
 from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
 from registry.errors import LoragateError  # noqa: E402
@@ -164,9 +164,16 @@ def main() -> None:
             adapter_dir = work / "adapters"
             LOGS.mkdir(parents=True, exist_ok=True)
             log("starting 2 vLLM replicas")
+            # the replicas read this registry (owner-moves: the benchmark promotes in process)
+            replica_secrets, _ = replicas_obey(setup.registry)
             started = [
                 VllmReplica(
-                    setup.base, BASE_ID, adapter_dir=adapter_dir, die_with_parent=True, log_path=LOGS / f"stuck-{i}.log"
+                    setup.base,
+                    BASE_ID,
+                    adapter_dir=adapter_dir,
+                    secrets_dir=replica_secrets,
+                    die_with_parent=True,
+                    log_path=LOGS / f"stuck-{i}.log",
                 )
                 for i in range(2)
             ]
