@@ -194,36 +194,21 @@ BEGIN
 END $$
 """
 
-# frozen copies of migration 0003's lifecycle transitions (what loragate_check_lifecycle checks)
-STAGE_TRANSITIONS = (
-    ("staging", "canary"),
-    ("staging", "rejected"),
-    ("canary", "production"),
-    ("canary", "rolled_back"),
-    ("canary", "retired"),
-    ("production", "retired"),
-    ("production", "rolled_back"),
-    ("retired", "production"),
-    ("retired", "canary"),
-    ("rolled_back", "canary"),
-)
-VALIDATION_TRANSITIONS = (("pending", "passed"), ("pending", "failed"), ("passed", "failed"), ("failed", "passed"))
-
-
-def _pairs(pairs: tuple[tuple[str, str], ...]) -> str:
-    return ", ".join(f"('{a}', '{b}')" for a, b in pairs)
-
 
 def _check_lifecycle(runs_table: str, pinned: str) -> str:
+    """Migration 0003's lifecycle check, its transitions as 0003 froze them, reading
+    ``runs_table``, with ``pinned`` (a SET clause, or nothing)."""
+    at_0003 = _revision("0003_history_is_append_only.py")
+    stages, validations = at_0003._pairs(at_0003.STAGE_TRANSITIONS), at_0003._pairs(at_0003.VALIDATION_TRANSITIONS)
     latest_run = f"(SELECT status FROM {runs_table} WHERE version_id = NEW.version_id ORDER BY id DESC LIMIT 1)"
     return (
         f"CREATE OR REPLACE FUNCTION loragate_check_lifecycle() RETURNS trigger {pinned} AS $$ BEGIN "
         "IF NEW.stage IS DISTINCT FROM OLD.stage "
-        f"AND (OLD.stage, NEW.stage) NOT IN ({_pairs(STAGE_TRANSITIONS)}) THEN "
+        f"AND (OLD.stage, NEW.stage) NOT IN ({stages}) THEN "
         "RAISE EXCEPTION 'stage of version % cannot go from % to %', OLD.version_id, OLD.stage, NEW.stage; "
         "END IF; "
         "IF NEW.validation_status IS DISTINCT FROM OLD.validation_status THEN "
-        f"IF (OLD.validation_status, NEW.validation_status) NOT IN ({_pairs(VALIDATION_TRANSITIONS)}) THEN "
+        f"IF (OLD.validation_status, NEW.validation_status) NOT IN ({validations}) THEN "
         "RAISE EXCEPTION 'validation_status of version % cannot go from % to %', "
         "OLD.version_id, OLD.validation_status, NEW.validation_status; "
         "END IF; "
@@ -346,7 +331,7 @@ def downgrade() -> None:
         op.execute(f"ALTER FUNCTION public.{function} RESET search_path")
     op.execute(_check_lifecycle("validation_runs", ""))
     # 0009's functions as they were: unqualified names, its search path
-    before = _revision_0009()
+    before = _revision("0009_production_needs_a_person.py")
     for statement in (before.ISSUE, before.USE, before.APPLY, before.PRODUCTION_NEEDS_APPROVAL):
         op.execute(statement.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1))
     # a fleet token left makes this fail loudly: revoke and remove fleet tokens first
@@ -354,10 +339,10 @@ def downgrade() -> None:
     op.execute(f"ALTER TABLE api_tokens ADD CONSTRAINT ck_api_tokens_role CHECK (role IN ({_role_list(ROLES_0009)}))")
 
 
-def _revision_0009() -> ModuleType:
-    """Migration 0009's module, for the statements its downgrade restores."""
-    path = Path(__file__).with_name("0009_production_needs_a_person.py")
-    spec = importlib.util.spec_from_file_location("loragate_migration_0009", path)
+def _revision(filename: str) -> ModuleType:
+    """An earlier migration's module, for what it froze and the statements a downgrade restores."""
+    path = Path(__file__).with_name(filename)
+    spec = importlib.util.spec_from_file_location(f"loragate_migration_{filename[:4]}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
