@@ -114,6 +114,19 @@ class Settings(BaseSettings):
     canary_probe_set: str | None = None
     # each prompt is sent this many times per observation (latency samples)
     canary_probe_rounds: int = Field(default=2, ge=1)
+    # -- live traffic through the canary (the split inside each production replica) --
+    # share of an adapter's live requests the canary answers while its window runs
+    canary_share: float = Field(default=0.01, ge=0.0, le=1.0)
+    # live canary requests a window needs before it may become ready (fewer: it says so)
+    canary_min_live_requests: int = Field(default=100, ge=0)
+    # confidence of the live tests: worse errors roll back, the A/B bar is met, at this level
+    canary_confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    # make the A/B bar a gate: a window is ready only when the canary meets production's
+    # figures at the confidence above (non-inferiority within the margin below)
+    canary_ab_gate: bool = False
+    canary_ab_error_margin: float = Field(default=0.01, ge=0.0, le=1.0)
+    # a replica's fallback rate over its last 15 minutes above this alerts
+    fallback_alert_rate: float = Field(default=0.05, ge=0.0, le=1.0)
     # how long a promotion waits for a person's decision, and how often it looks
     approval_timeout_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     # how long an approval code (`loragate approve-code`) stays good: issued, typed, used

@@ -57,6 +57,12 @@ class CanaryThresholds:
     p95_slack_ms: float = 0.0
     drift_epsilon: float = 0.05
     latency_breaches: int = 2
+    # live traffic (rules/live.py): the minimum live canary requests before ready, the
+    # confidence of the live tests, and whether the A/B bar gates readiness
+    min_live_requests: int = 0
+    confidence: float = 0.95
+    ab_gate: bool = False
+    ab_error_margin: float = 0.01
 
     @classmethod
     def from_settings(cls, settings: Any) -> CanaryThresholds:
@@ -66,6 +72,10 @@ class CanaryThresholds:
             p95_slack_ms=settings.canary_p95_slack_ms,
             drift_epsilon=settings.canary_drift_epsilon,
             latency_breaches=settings.canary_latency_breaches,
+            min_live_requests=settings.canary_min_live_requests,
+            confidence=settings.canary_confidence,
+            ab_gate=settings.canary_ab_gate,
+            ab_error_margin=settings.canary_ab_error_margin,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -163,6 +173,8 @@ class CanaryWindow:
     closed_at: datetime | None = None
     reason: str | None = None
     approval_flow_run_id: str | None = None
+    # share of the adapter's live requests the canary answers (0: a dark canary, probes only)
+    share: float = 0.0
 
     @property
     def ends_at(self) -> datetime:
@@ -180,6 +192,7 @@ class CanaryWindow:
             "closed_at": self.closed_at.isoformat() if self.closed_at else None,
             "reason": self.reason,
             "approval_flow_run_id": self.approval_flow_run_id,
+            "share": self.share,
         }
 
 
