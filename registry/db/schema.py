@@ -12,6 +12,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
@@ -196,10 +197,13 @@ canary_windows = Table(
     Column("closed_at", Timestamp, nullable=True),
     Column("reason", Text, nullable=True),
     Column("approval_flow_run_id", String(64), nullable=True),
+    # the fraction of the adapter's live requests the window's version answers (0011)
+    Column("share", Float, nullable=False, server_default=text("0")),
     CheckConstraint(
         "status IN ('open', 'ready', 'promoted', 'rejected', 'rolled_back', 'superseded')",
         name="ck_canary_windows_status",
     ),
+    CheckConstraint("share >= 0 AND share <= 1", name="ck_canary_windows_share"),
     Index("ix_canary_windows_status", "status"),
     Index("ix_canary_windows_version", "version_id", "id"),
     # one active window per adapter (migration 0008): the database decides a race to open one

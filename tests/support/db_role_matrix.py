@@ -132,6 +132,8 @@ MATRIX = [
         "UPDATE canary_windows SET approval_flow_run_id = 'probe' WHERE id = :window_id",
         LIFECYCLE,
     ),
+    # the live-traffic share of a running window (migration 0011)
+    ("change-a-canary-share", "UPDATE canary_windows SET share = 0.5 WHERE id = :window_id", LIFECYCLE),
     ("reopen-a-window-for-another-version", "UPDATE canary_windows SET version_id = :v", NOBODY),
     (
         "observe-a-canary",
