@@ -32,6 +32,9 @@ class ErrorCode(StrEnum):
     VALIDATION_REQUIRED = "validation_required"
     SCAN_REVIEW_UNACKNOWLEDGED = "scan_review_unacknowledged"
     NOT_INITIALIZED = "not_initialized"
+    # live traffic: a canary share outside [0, 1]; feedback that names no known request or outcome
+    INVALID_SHARE = "invalid_share"
+    INVALID_FEEDBACK = "invalid_feedback"
     # the system, not the caller
     ARTIFACT_CORRUPTED = "artifact_corrupted"
     CONCURRENT_UPDATE = "concurrent_update"
