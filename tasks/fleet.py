@@ -14,7 +14,9 @@ Then each replica is verified: ``/v1/models`` must show the name with ``root`` =
 version's path and ``parent`` = the replica's base, and its greedy completions of the golden
 prompts must equal what shadow validation recorded. If any replica fails, every replica is
 put back on exactly what it served before and the index is restored; the error names the
-replica and the cause.
+replica and the cause. A production replica that already serves the target warm as
+``name@version`` (the previous production, kept after a promotion) is not reloaded: the move
+sends its users there, confirmed per replica once the pointer has moved (``tasks/routes.py``).
 """
 
 from __future__ import annotations
@@ -26,23 +28,17 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from registry.errors import ConcurrentUpdate, DeployFailed, ErrorCode, InvalidInput, LoragateError, ReplicaError
 from registry.intake.golden import GoldenCase, GoldenSet
 from registry.retrying import call_with_retries
-from registry.rules.fleet import (
-    AdapterPointers,
-    Placement,
-    Replica,
-    desired_placements,
-)
+from registry.rules.fleet import AdapterPointers, Placement, Replica, ReplicaRole, desired_placements
 from registry.rules.lifecycle import Plan, Pointer
 from registry.rules.names import AdapterName
 from registry.service import PointerMove, Registry
 from registry.storage.resolver_index import Entries, adapter_entries, replace_entries
 from tasks.copies import ReadyCopies
-from tasks.replicas import ReplicaClient, replica_admin_key
+from tasks.replicas import ReplicaClient, replica_client
+from tasks.routes import confirm_version, push_routes, serves_warm
 
 Progress = Callable[[str], None]
 # a move retried after a lost compare-and-set, as the store retries its own writes
@@ -119,7 +115,7 @@ def verify_replica(
     for case in golden.cases:
         by_length.setdefault(case.max_tokens, []).append(case)
     for max_tokens, cases in by_length.items():
-        served = client.complete_many(placement.name, [c.prompt for c in cases], max_tokens)
+        served = client.complete_many(placement.name, [c.prompt for c in cases], max_tokens, admin=True)
         mismatches += [
             c.id for c, text in zip(cases, served, strict=True) if text.strip() != outputs.get(c.id, "").strip()
         ]
@@ -144,6 +140,10 @@ class ReplicaMove:
     after: Placement | None
     switched: bool = False
     verification: Verification | None = None
+    # the target was already warm as ``name@version`` here: the move only sends users there
+    # (the routes pushed and confirmed after the pointer move commits), nothing is reloaded
+    routed: bool = False
+    confirmed_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         either = self.after or self.before
@@ -155,9 +155,12 @@ class ReplicaMove:
             "to": self.after.version_id if self.after else None,
             "version_id": self.after.version_id if self.after else None,
             "path": self.after.path if self.after else None,
-            "verified": None
+            "verified": "warm: a routing change"
+            if self.routed
+            else None
             if self.verification is None
             else f"{self.verification.matched}/{self.verification.total} golden outputs",
+            "confirmed_s": self.confirmed_s,
         }
 
 
@@ -168,18 +171,6 @@ def _after(pointers: AdapterPointers, plan: Plan) -> AdapterPointers:
         pointers,
         canary=changes.get(Pointer.CANARY, pointers.canary),
         production=changes.get(Pointer.PRODUCTION, pointers.production),
-    )
-
-
-def replica_client(registry: Registry, url: str, retries: int = 2) -> ReplicaClient:
-    """A client with the timeouts the settings give and the fleet's admin key, when this
-    process holds one (without it a replica refuses loads and unloads)."""
-    s = registry.settings
-    timeout = httpx.Timeout(
-        connect=s.replica_connect_timeout_s, read=s.replica_read_timeout_s, write=s.replica_read_timeout_s, pool=5.0
-    )
-    return ReplicaClient(
-        url, timeout=timeout, retries=retries, deadline_s=s.replica_request_deadline_s, admin_key=replica_admin_key(s)
     )
 
 
@@ -223,9 +214,11 @@ class FleetSwitch:
         if not moves:
             return
         self._check_ranks(moves)
+        for move in moves:
+            move.routed = self._warm(move)
         expected = {}
         for move in moves:
-            if move.after is not None:
+            if move.after is not None and not move.routed:
                 self.copies.ready(move.replica, move.after)
                 expected[move.after.version_id] = self.copies.expected_outputs(move.after.version_id)
         self.moves = moves
@@ -255,6 +248,33 @@ class FleetSwitch:
                     field="lora_rank",
                 )
 
+    def _warm(self, move: ReplicaMove) -> bool:
+        """A production replica serving the target warm as ``name@version`` (kept after a
+        promotion, its bytes verified when loaded): the move is a routing change."""
+        if move.after is None or move.replica.role != ReplicaRole.PRODUCTION:
+            return False
+        try:
+            return serves_warm(self.registry, move.replica, self.name, move.after.version_id)
+        except ReplicaError:
+            return False
+
+    def after_commit(self) -> None:
+        """Routed replicas read the routes now and confirm users get the target (a failure
+        is reported, not raised: the move has committed; replicas refresh routes anyway)."""
+        routed = [m for m in self.moves if m.routed and m.after is not None]
+        if not routed:
+            return
+        assert routed[0].after is not None
+        version_id = routed[0].after.version_id
+        push_routes(self.registry, self.name, self.progress)
+        try:
+            confirmed = confirm_version(self.registry, self.name, version_id, progress=self.progress)
+        except DeployFailed as e:
+            self.progress(e.one_line())
+            return
+        for move in routed:
+            move.confirmed_s = confirmed.get(move.replica.url)
+
     def _write_indexes(self, replicas: list[Replica], wanted: AdapterPointers) -> None:
         """Point this adapter's index entries at what the move wants -- only its own: other
         adapters' entries are written by whoever holds their locks."""
@@ -269,6 +289,12 @@ class FleetSwitch:
             move.switched = True  # from here on a revert must put it back
             if after is None:
                 unload_replica(client, self.name)
+                return
+            if move.routed:
+                # users go to the warm ``name@version`` once the routes are pushed; the plain
+                # name is dropped so nothing serves the old bytes under it
+                unload_replica(client, self.name)
+                self.progress(f"{move.replica.url}: {self.name} -> {after.version_id} warm: traffic moves")
                 return
 
             def switch_and_verify() -> Verification:
@@ -347,6 +373,7 @@ def _switched_move(
         except BaseException:
             switch.revert()
             raise
+        switch.after_commit()
         return move.plan, switch.report()
 
     return call_with_retries(attempt, MOVE_ATTEMPTS, step_s=0.002, retry_if=lambda e: isinstance(e, ConcurrentUpdate))

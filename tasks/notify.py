@@ -3,8 +3,8 @@
 A ``Notice`` is what happened -- its kind, the adapter, the version and the facts that
 matter for that kind -- built by one constructor per event (``rejected``,
 ``validation_failed``, ``canary_started``, ``awaiting_approval``, ``promoted``,
-``rolled_back``) and rendered once into Slack mrkdwn text and Block Kit blocks. ``notify``
-posts it to the configured channel.
+``rolled_back``, ``stuck``, ``traffic_alert``) and rendered once into Slack mrkdwn text and
+Block Kit blocks. ``notify`` posts it to the configured channel.
 
 Notifications are a side channel, never a gate: they are off while the token or the
 channel is unset, and a Slack that refuses or cannot be reached is returned as
@@ -54,6 +54,7 @@ class NoticeKind(StrEnum):
     PROMOTED = "promoted"
     ROLLED_BACK = "rolled_back"
     STUCK = "stuck"
+    TRAFFIC_ALERT = "traffic_alert"
 
 
 _HEADLINES = {
@@ -64,6 +65,7 @@ _HEADLINES = {
     NoticeKind.PROMOTED: (":rocket:", "Promoted to production"),
     NoticeKind.ROLLED_BACK: (":rewind:", "Rolled back"),
     NoticeKind.STUCK: (":hourglass:", "Stuck between gates"),
+    NoticeKind.TRAFFIC_ALERT: (":rotating_light:", "Live traffic alert"),
 }
 
 
@@ -184,6 +186,12 @@ def rolled_back(
 def stuck(name: str, version_id: str, gate: str, waited_s: float, action: str) -> Notice:
     facts = (("Waiting for", _code(gate)), ("For", _duration(waited_s)), ("Sweep", _esc(action)))
     return Notice(NoticeKind.STUCK, name, version_id, facts)
+
+
+def traffic_alert(name: str, version_id: str | None, kind: str, replica: str, detail: str) -> Notice:
+    """A replica's split tripped a version's breaker, or fell back too often."""
+    facts = (("Alert", _code(kind)), ("Replica", _code(replica)), ("Detail", _esc(_clip(detail, _VALUE_MAX))))
+    return Notice(NoticeKind.TRAFFIC_ALERT, name, version_id, facts)
 
 
 def flow_run_link(settings: Settings, flow_run_id: str | UUID) -> str:

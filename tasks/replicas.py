@@ -10,10 +10,13 @@ replica), 404 ``NotFoundError`` is ``replica_unknown_adapter``, anything else re
 An idempotent request that fails with ``replica_unavailable`` is tried again, ``retries``
 times, after 0.2 s, 0.4 s, ... (``registry.retrying``); the last failure is raised as it was.
 
-The replica's admin API (load, unload) obeys only the fleet: those two calls, and only
-they, carry the fleet's admin key (``admin_key``) in ``X-Loragate-Admin-Key``, the header
-loragate's plugin checks (``infra/vllm_plugin/loragate_resolver/admin_guard.py``); a
-replica refuses them without it (401, ``replica_refused``). Inference never sends it.
+The replica's admin API (load, unload, the live figures, the routing refresh) obeys only
+the fleet: those calls carry the fleet's admin key (``admin_key``) in
+``X-Loragate-Admin-Key``, the header loragate's plugin checks
+(``infra/vllm_plugin/loragate_resolver/admin_guard.py``); a replica refuses them without it
+(401, ``replica_refused``). Inference sends it only when the fleet asks as the fleet
+(``admin=True``: golden verification, canary probes): the replica's traffic split then
+passes the request through as named -- never split, counted as a user's, or faulted.
 
 Each attempt also has a total deadline, from connecting to its last byte: httpx's timeouts
 count per read, so a replica that drips a byte a second would hold the caller (and the
@@ -27,13 +30,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from registry.errors import ErrorCode, PermissionDenied, ReplicaError
 from registry.retrying import call_with_retries
 from registry.settings import Settings, env_var
+
+if TYPE_CHECKING:
+    from registry.service import Registry
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=3.0, read=60.0, write=10.0, pool=5.0)
 DEFAULT_DEADLINE_S = 120.0
@@ -108,6 +114,11 @@ class Completion:
     text: str
     token_ids: list[int] | None
     seconds: float
+    # what the replica's traffic split says answered (``x-loragate-version``: a version id,
+    # or ``base``) and why not the version chosen (``x-loragate-fallback``); None without
+    version: str | None = None
+    fallback: str | None = None
+    request_id: str | None = None
 
 
 class ReplicaClient:
@@ -245,19 +256,33 @@ class ReplicaClient:
             raise
         return True
 
-    def complete(self, model: str, prompt: str, max_tokens: int) -> Completion:
-        """Greedy completion of ``prompt`` by ``model`` (the base or an adapter name)."""
+    def complete(
+        self, model: str, prompt: str, max_tokens: int, *, admin: bool = False, user: str | None = None
+    ) -> Completion:
+        """Greedy completion of ``prompt`` by ``model`` (the base or an adapter name), as a
+        user (``user``: the end user the split keys on) or as the fleet (``admin``)."""
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
+        if user is not None:
+            body["user"] = user
         started = time.perf_counter()
-        response = self._send(
-            "POST",
-            "/v1/completions",
-            {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True},
-            idempotent=False,
-        )
+        response = self._send("POST", "/v1/completions", body, idempotent=False, admin=admin)
         choice = response.json()["choices"][0]
-        return Completion(choice["text"], choice.get("token_ids"), time.perf_counter() - started)
+        return Completion(
+            choice["text"],
+            choice.get("token_ids"),
+            time.perf_counter() - started,
+            version=response.headers.get("x-loragate-version"),
+            fallback=response.headers.get("x-loragate-fallback"),
+            request_id=response.headers.get("x-loragate-request-id"),
+        )
 
-    def complete_many(self, model: str, prompts: list[str], max_tokens: int) -> list[str]:
+    def complete_many(self, model: str, prompts: list[str], max_tokens: int, *, admin: bool = False) -> list[str]:
         """Greedy completions of several prompts in one request: the replica batches them,
         so they cost about as much as one."""
         if not prompts:
@@ -267,11 +292,33 @@ class ReplicaClient:
             "/v1/completions",
             {"model": model, "prompt": prompts, "max_tokens": max_tokens, "temperature": 0},
             idempotent=False,
+            admin=admin,
         )
         texts = [""] * len(prompts)
         for choice in response.json()["choices"]:
             texts[choice["index"]] = choice["text"]
         return texts
+
+    # -- the traffic split (loragate's plugin) --------------------------------
+
+    def traffic(self) -> dict[str, Any]:
+        """The replica's live figures per adapter version and window, its breaker trips and
+        its recent fallback rate (``GET /loragate/traffic``, the fleet's key)."""
+        data = self._send("GET", "/loragate/traffic", idempotent=True, admin=True).json()
+        return data if isinstance(data, dict) else {}
+
+    def refresh_routes(self) -> dict[str, Any]:
+        """Make the replica read the registry's routing table now, not at its next refresh;
+        returns the table it read."""
+        data = self._send("POST", "/loragate/routes", {}, idempotent=True, admin=True).json()
+        return data if isinstance(data, dict) else {}
+
+    def feedback(self, request_id: str, outcome: str) -> dict[str, Any]:
+        """Tell the replica whether the user accepted the answer with ``request_id`` or asked
+        again (``accepted`` / ``retried``); counted once."""
+        body = {"request_id": request_id, "outcome": outcome}
+        data = self._send("POST", "/loragate/feedback", body, idempotent=False).json()
+        return data if isinstance(data, dict) else {}
 
     def metric(self, name: str) -> float:
         """The sum of one Prometheus counter over its label sets (e.g. prefix-cache hits)."""
@@ -281,3 +328,15 @@ class ReplicaClient:
             if line.startswith(name) and (line[len(name)] in " {"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+
+def replica_client(registry: Registry, url: str, retries: int = 2) -> ReplicaClient:
+    """A client with the timeouts the settings give and the fleet's admin key, when this
+    process holds one (without it a replica refuses loads and unloads)."""
+    s = registry.settings
+    timeout = httpx.Timeout(
+        connect=s.replica_connect_timeout_s, read=s.replica_read_timeout_s, write=s.replica_read_timeout_s, pool=5.0
+    )
+    return ReplicaClient(
+        url, timeout=timeout, retries=retries, deadline_s=s.replica_request_deadline_s, admin_key=replica_admin_key(s)
+    )

@@ -70,6 +70,18 @@ class Placement:
     path: str
 
 
+# a version served beside its adapter's plain name, as ``name@version``: the canary warm on the
+# production replicas while its window splits traffic, the previous production kept warm for a
+# rollback that only moves traffic. Only the fleet's admin key can address it; the replicas'
+# traffic split sends users there (infra/vllm_plugin/loragate_resolver/traffic.py).
+QUALIFIER = "@"
+
+
+def qualified_name(name: str, version_id: str) -> str:
+    """The name a replica serves one version of ``name`` under, beside the plain name."""
+    return f"{name}{QUALIFIER}{version_id}"
+
+
 def version_path(adapter_dir: str, name: str, version_id: str) -> str:
     """The immutable replica-visible path of one version's bundle."""
     return os.path.join(adapter_dir, *name.split("/"), version_id)
@@ -146,12 +158,17 @@ def plan_reconcile(
 
     Only adapters bound to the replica's base are loragate's to unload: a name that is not
     ``<namespace>/<base>/<task>`` of this base was put there by someone else and stays.
+    A version served warm as ``name@version`` from the wanted path is in sync: a rollback
+    that only moved traffic left it so, and the replica's split sends users there.
     """
     damaged = damaged or {}
     actions = []
     for name, placement in sorted(desired.items()):
         current = served.get(name)
         bad = tuple(damaged.get(name, ()))
+        warm = served.get(qualified_name(name, placement.version_id)) == placement.path
+        if current != placement.path and warm and not bad:
+            continue
         if current is None:
             actions.append(FleetAction(replica.url, ActionKind.LOAD, name, None, placement, bad))
         elif current != placement.path:
