@@ -33,7 +33,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from loragate_resolver import registry_reader
+from loragate_resolver import registry_reader, routing
 
 INDEX_FILE = ".loragate-index.json"
 # 2: entries carry the bundle's file digests (format 1 had none: its entries are not served)
@@ -69,10 +69,24 @@ def registry_expectations(role: str, secrets_dir: str | None = None) -> Expectat
     return lambda name, version: registry_reader.expected_files(directory, role, name, version)
 
 
+def version_path(adapter_dir: str, name: str, version: str) -> str:
+    """A version's immutable path: the same layout as registry/rules/fleet.version_path (the
+    plugin imports nothing of loragate's)."""
+    return os.path.join(adapter_dir, *name.split("/"), version)
+
+
 def lookup(adapter_dir: str, role: str, lora_name: str, expect: Expectations | None = None) -> tuple[str, str] | None:
     """(version id, path) the index names for ``lora_name`` on a replica of ``role``, when the
     bundle is there, is the version the entry says, and is what the registry lets this role
-    serve, byte for byte (``expect``; default: the registry's database)."""
+    serve, byte for byte (``expect``; default: the registry's database). A qualified name,
+    ``name@version`` (the live split's, ``routing``), names the version's own path instead of
+    an index entry, and is checked the same way."""
+    qualified = routing.split_qualified(lora_name)
+    if qualified is not None:
+        path = version_path(adapter_dir, *qualified)
+        if verified(adapter_dir, lora_name, path, expect or registry_expectations(role)) != qualified[1]:
+            return None
+        return qualified[1], path
     entry = read_index(adapter_dir).get("roles", {}).get(role, {}).get(lora_name)
     if not isinstance(entry, dict):
         return None

@@ -22,7 +22,13 @@ what is in flight must be servable too):
   could serve through the database anyway.
 
 A version is served under its own adapter's name, or a name no adapter of the registry has
-(a benchmark's probe), never under another adapter's name.
+(a benchmark's probe), never under another adapter's name. Under its qualified name
+``name@version`` (the live split's second version, ``routing``) only as ``name``'s own
+version, and on a production replica also while the version has an active canary window
+(its share of live traffic is answered there).
+
+``routes`` reads the live split's table: each adapter's production version and its active
+canary window (id, version, share).
 
 Where the database is comes from the replica's secrets directory
 (``LORAGATE_REPLICA_SECRETS_DIR``: ``registry-url``), read on every question, never from
@@ -69,6 +75,16 @@ WHERE c.version_id = ? AND c.decision = 'approve' AND c.used_at IS NOT NULL AND 
 """
 
 NAME_QUERY = "SELECT COUNT(a.id) FROM adapters a WHERE a.name = ?"
+# a version on an active canary window: a production replica answers its share of live traffic
+WINDOW_QUERY = "SELECT COUNT(w.id) FROM canary_windows w WHERE w.version_id = ? AND w.status IN ('open', 'ready')"
+PRODUCTION_ROUTES_QUERY = """
+SELECT a.name, p.version_id FROM stage_pointers p JOIN adapters a ON a.id = p.adapter_id
+WHERE p.stage = 'production'
+"""
+WINDOW_ROUTES_QUERY = """
+SELECT w.id, w.adapter_name, w.version_id, w.share FROM canary_windows w WHERE w.status IN ('open', 'ready')
+"""
+QUALIFIER = "@"
 
 
 class NotServable(Exception):
@@ -95,25 +111,55 @@ def expected_files(secrets_dir: str | None, role: str, name: str, version: str) 
     """File name -> the hex SHA-256 the registry recorded, for a version a replica of
     ``role`` may serve under ``name``.
 
+    ``name`` may be qualified, ``adapter@version`` (module docstring): then ``version`` must
+    be the one it names (``wrong_version``) and ``adapter``'s own.
+
     Raises:
         NotServable: no registry configured or reachable (``registry_unavailable``), no
-            such version (``unknown_version``), another adapter's (``wrong_adapter``), or
-            not one this role may serve now (``not_permitted``).
+            such version (``unknown_version``), another adapter's (``wrong_adapter``), a
+            qualified name naming another version (``wrong_version``), or not one this role
+            may serve now (``not_permitted``).
     """
     url = read_secret(secrets_dir, REGISTRY_URL_FILE)
     if url is None:
         raise NotServable(f"no {REGISTRY_URL_FILE} in the replica's secrets directory", "registry_unavailable")
-    rows, codes = _ask(url, [(QUERY, version), (CODES_QUERY, version)])
+    plain, sep, named_version = name.rpartition(QUALIFIER)
+    if sep and named_version != version:
+        raise NotServable(f"{name} names another version than {version}", "wrong_version")
+    questions: list[tuple[str, object]] = [(QUERY, version), (CODES_QUERY, version)]
+    if sep:
+        questions.append((WINDOW_QUERY, version))
+    rows, codes, *windows = _ask(url, questions)
     if not rows:
         raise NotServable(f"the registry has no version {version}", "unknown_version")
     adapter, weights, config, manifest, stage, validation, pointed, canary = rows[0]
     code_expires = max((u for u in (_signed_off_until(*code) for code in codes) if u is not None), default=None)
-    if adapter != name and int(_ask(url, [(NAME_QUERY, name)])[0][0][0]) > 0:
+    if sep and adapter != plain:
+        raise NotServable(f"version {version} is {adapter}'s, not {plain}'s", "wrong_adapter")
+    if not sep and adapter != name and int(_ask(url, [(NAME_QUERY, name)])[0][0][0]) > 0:
         raise NotServable(f"version {version} is {adapter}'s, not {name}'s", "wrong_adapter")
     owner_moves = read_secret(secrets_dir, OWNER_MOVES_FILE) is not None
-    if not may_serve(role, validation, int(pointed), int(canary), code_expires, owner_moves):
+    allowed = may_serve(role, validation, int(pointed), int(canary), code_expires, owner_moves)
+    if sep and role == "production" and int(windows[0][0][0]) > 0:
+        allowed = True
+    if not allowed:
         raise NotServable(f"a {role} replica may not serve {name} = {version} ({stage})", "not_permitted")
     return {WEIGHTS_FILE: weights, ADAPTER_CONFIG_FILE: config, MANIFEST_FILE: manifest}
+
+
+def routes(secrets_dir: str | None) -> tuple[list[tuple], list[tuple]]:
+    """The live split's rows: (adapter name, production version) for every adapter with a
+    production pointer, and (window id, adapter name, canary version, share) for every
+    active canary window.
+
+    Raises:
+        NotServable: REGISTRY_UNAVAILABLE when there is no registry or it cannot be read.
+    """
+    url = read_secret(secrets_dir, REGISTRY_URL_FILE)
+    if url is None:
+        raise NotServable(f"no {REGISTRY_URL_FILE} in the replica's secrets directory", "registry_unavailable")
+    production, windows = _ask(url, [(PRODUCTION_ROUTES_QUERY, ()), (WINDOW_ROUTES_QUERY, ())])
+    return production, windows
 
 
 def may_serve(
@@ -152,8 +198,9 @@ def _signed_off_until(issued: object, used: object, expires: object) -> datetime
     return used_at + (expires_at - issued_at)
 
 
-def _ask(url: str, questions: list[tuple[str, str]]) -> list[list[tuple]]:
-    """Each (query, its one parameter)'s rows, on one read-only connection, bounded in time.
+def _ask(url: str, questions: list[tuple[str, object]]) -> list[list[tuple]]:
+    """Each (query, its one parameter or a tuple of parameters)'s rows, on one read-only
+    connection, bounded in time.
 
     Raises:
         NotServable: REGISTRY_UNAVAILABLE for an unsupported URL or any driver error.
@@ -167,7 +214,7 @@ def _ask(url: str, questions: list[tuple[str, str]]) -> list[list[tuple]]:
             path = unquote(url.split(":///", 1)[-1].split("?", 1)[0])
             lite = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=TIMEOUT_S)
             try:
-                return [lite.execute(query, (value,)).fetchall() for query, value in questions]
+                return [lite.execute(query, _params(value)).fetchall() for query, value in questions]
             finally:
                 lite.close()
         if scheme in ("postgresql", "postgres"):
@@ -180,7 +227,11 @@ def _ask(url: str, questions: list[tuple[str, str]]) -> list[list[tuple]]:
                 options=f"-c statement_timeout={TIMEOUT_S * 1000} -c default_transaction_read_only=on",
                 autocommit=True,
             ) as conn:
-                return [conn.execute(query.replace("?", "%s"), (value,)).fetchall() for query, value in questions]
+                return [conn.execute(query.replace("?", "%s"), _params(value)).fetchall() for query, value in questions]
     except Exception as e:  # any driver's error: the answer is "not servable", never a 500
         raise NotServable(f"the registry could not be read: {type(e).__name__}", "registry_unavailable") from e
     raise NotServable(f"{REGISTRY_URL_FILE} names an unsupported database ({scheme})", "registry_unavailable")
+
+
+def _params(value: object) -> tuple:
+    return value if isinstance(value, tuple) else (value,)

@@ -1,0 +1,158 @@
+"""Live figures per (adapter, version, window) from the replica's real requests, in memory.
+
+Counters (requests, errors, fallbacks, accepted, retried) and the last ``SAMPLES`` samples of
+end-to-end latency, time to first token and milliseconds per token. loragate reads them from
+every replica (``GET /loragate/traffic``) and aggregates them when it judges a window; a
+restarted replica starts from zero, which the reader sees as a smaller count, never as a
+wrong one. Also: the breaker trips (alerts) and a 15-minute ring of (time, adapter, fell
+back) for the replica's fallback rate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+SAMPLES = 4096
+FALLBACK_WINDOW_S = 15 * 60
+# production needs this many per-token samples before "3x its p99" means anything
+MIN_PRODUCTION_SAMPLES = 20
+_RING_MAX = 1 << 20
+_ALERTS_MAX = 1000
+
+Key = tuple[str, str, int | None]
+
+
+@dataclass
+class VersionStats:
+    adapter: str
+    version: str
+    window: int | None
+    requests: int = 0
+    errors: int = 0
+    fallbacks: int = 0
+    accepted: int = 0
+    retried: int = 0
+    latency_ms: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    ttft_ms: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    ms_per_token: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "adapter": self.adapter,
+            "version": self.version,
+            "window": self.window,
+            "requests": self.requests,
+            "errors": self.errors,
+            "fallbacks": self.fallbacks,
+            "accepted": self.accepted,
+            "retried": self.retried,
+            "latency_ms": [round(x, 3) for x in self.latency_ms],
+            "ttft_ms": [round(x, 3) for x in self.ttft_ms],
+            "ms_per_token": [round(x, 4) for x in self.ms_per_token],
+        }
+
+
+class LiveStats:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.versions: dict[Key, VersionStats] = {}
+        self.alerts: deque[dict[str, Any]] = deque(maxlen=_ALERTS_MAX)
+        self.ring: deque[tuple[float, str, bool]] = deque(maxlen=_RING_MAX)
+        # (adapter, version) -> (per-token samples seen when computed, p99)
+        self._p99: dict[tuple[str, str], tuple[int, float | None]] = {}
+        self._seen: dict[tuple[str, str], int] = {}
+
+    def of(self, adapter: str, version: str, window: int | None) -> VersionStats:
+        key = (adapter, version, window)
+        stats = self.versions.get(key)
+        if stats is None:
+            stats = self.versions[key] = VersionStats(adapter, version, window)
+        return stats
+
+    def answered(
+        self,
+        adapter: str,
+        version: str,
+        window: int | None,
+        *,
+        error: bool,
+        latency_ms: float,
+        ttft_ms: float | None,
+        tokens: int | None,
+    ) -> float | None:
+        """One answer the client got from ``version``; its ms per token (None when unknown)."""
+        stats = self.of(adapter, version, window)
+        stats.requests += 1
+        stats.errors += int(error)
+        if error:
+            return None
+        stats.latency_ms.append(latency_ms)
+        if ttft_ms is not None:
+            stats.ttft_ms.append(ttft_ms)
+        if not tokens:
+            return None
+        per_token = latency_ms / tokens
+        stats.ms_per_token.append(per_token)
+        self._seen[(adapter, version)] = self._seen.get((adapter, version), 0) + 1
+        return per_token
+
+    def failed(self, adapter: str, version: str, window: int | None, *, error: bool = True) -> None:
+        """A request ``version`` did not answer: the failure that made it fall back."""
+        stats = self.of(adapter, version, window)
+        stats.requests += 1
+        stats.errors += int(error)
+        stats.fallbacks += 1
+
+    def skipped(self, adapter: str, version: str, window: int | None) -> None:
+        """A request the breaker kept from ``version``: a fallback, not a request of its own."""
+        self.of(adapter, version, window).fallbacks += 1
+
+    def finished(self, adapter: str, fell_back: bool) -> None:
+        now = self.clock()
+        self.ring.append((now, adapter, fell_back))
+        while self.ring and self.ring[0][0] < now - FALLBACK_WINDOW_S:
+            self.ring.popleft()
+
+    def fallback_rate(self) -> dict[str, int]:
+        since = self.clock() - FALLBACK_WINDOW_S
+        recent = [fell for at, _, fell in self.ring if at >= since]
+        return {"requests": len(recent), "fallbacks": sum(recent)}
+
+    def production_p99(self, adapter: str, version: str) -> float | None:
+        """p99 ms per token of ``version`` over every window, once it has enough samples;
+        recomputed every 64 new samples (a sort of 4096 per request would cost)."""
+        key = (adapter, version)
+        seen = self._seen.get(key, 0)
+        cached = self._p99.get(key)
+        if cached is not None and seen - cached[0] < 64:
+            return cached[1]
+        samples = sorted(x for (a, v, _), s in self.versions.items() if (a, v) == key for x in s.ms_per_token)
+        value = None
+        if len(samples) >= MIN_PRODUCTION_SAMPLES:
+            value = samples[min(len(samples) - 1, int(0.99 * len(samples)))]
+        self._p99[key] = (seen, value)
+        return value
+
+    def feedback(self, adapter: str, version: str, window: int | None, outcome: str) -> None:
+        stats = self.of(adapter, version, window)
+        if outcome == "accepted":
+            stats.accepted += 1
+        else:
+            stats.retried += 1
+
+    def alert(self, kind: str, adapter: str, version: str, window: int | None, reason: str) -> dict[str, Any]:
+        entry = {
+            "at": datetime.fromtimestamp(self.clock(), UTC).isoformat(),
+            "kind": kind,
+            "adapter": adapter,
+            "version": version,
+            "window": window,
+            "reason": reason,
+        }
+        self.alerts.append(entry)
+        return entry

@@ -1,0 +1,97 @@
+"""Which version answers a client's request: the routing table and the sticky split.
+
+The table holds, per adapter, the version its ``production`` pointer names and its active
+canary window (id, canary version, share), as the registry says (``registry_reader.routes``).
+A client's request for an adapter goes to the canary when its user's bucket falls below the
+window's share, else to production. The bucket is a hash of the window id and the user, so
+the decision needs no state and is the same on every replica behind any balancer, and a new
+window reshuffles who sees the canary.
+
+A version is served under the adapter's plain name where the replica's index names that
+version for its role (it is what the resolver and the fleet put there), else under the
+qualified name ``name@version``, which only loragate may name (``traffic.TrafficSplit``
+refuses it from clients) and the resolver resolves to the version's own immutable path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+QUALIFIER = "@"
+# a version id as loragate writes them; anything else is no version (and no path)
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class Route:
+    adapter: str
+    production: str | None
+    window: int | None = None
+    canary: str | None = None
+    share: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        found = asdict(self)
+        del found["adapter"]
+        return found
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The version a request goes to first, and the adapter's active window (both sides of a
+    window are labelled with it: the verdict compares them over the same time)."""
+
+    version: str
+    window: int | None
+    canary: bool
+
+
+def routes_from_rows(production_rows: list[tuple], window_rows: list[tuple]) -> dict[str, Route]:
+    """The table from the registry's rows: (adapter name, production version) and (window id,
+    adapter name, canary version, share). A share outside 0..1 is clamped; a window of an
+    adapter with no production has nothing to split against and is left out."""
+    production = {str(name): str(version) for name, version in production_rows if name and version}
+    table: dict[str, Route] = {name: Route(name, version) for name, version in production.items()}
+    for window_id, name, version, share in window_rows:
+        if name not in production or not version:
+            continue
+        try:
+            fraction = min(1.0, max(0.0, float(share or 0.0)))
+        except (TypeError, ValueError):
+            fraction = 0.0
+        table[name] = Route(name, production[name], int(window_id), str(version), fraction)
+    return table
+
+
+def bucket(window: int, user: str) -> float:
+    """The user's place in [0, 1) for this window: the same on every replica."""
+    digest = hashlib.sha256(f"{window}:{user}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def decide(route: Route, user: str) -> Decision:
+    """Canary when the window has a share and the user's bucket falls below it."""
+    if route.window is not None and route.canary and route.share > 0 and bucket(route.window, user) < route.share:
+        return Decision(route.canary, route.window, True)
+    assert route.production is not None
+    return Decision(route.production, route.window, False)
+
+
+def qualified(name: str, version: str) -> str:
+    return f"{name}{QUALIFIER}{version}"
+
+
+def split_qualified(lora_name: str) -> tuple[str, str] | None:
+    """(adapter name, version) of a qualified name; None for a plain one or a malformed one."""
+    name, sep, version = lora_name.rpartition(QUALIFIER)
+    if not sep or not name or not _VERSION.match(version):
+        return None
+    return name, version
+
+
+def served_name(name: str, version: str, index_version: str | None) -> str:
+    """The name this replica serves ``version`` of ``name`` under (module docstring)."""
+    return name if index_version == version else qualified(name, version)

@@ -1,0 +1,319 @@
+"""The live split inside each replica: which version answers a client's request, the fallback
+when it cannot, and the figures of what happened (``--middleware loragate_resolver.traffic.TrafficSplit``).
+
+For ``POST /v1/completions`` and ``/v1/chat/completions`` from a client (no fleet admin key)
+naming an adapter of the routing table (``routing``; read from the registry with the
+replica's read-only credential every ``LORAGATE_ROUTES_REFRESH_S`` and at once on ``POST
+/loragate/routes``), a production replica sends the request to the window's canary for the
+user's sticky share and to production otherwise, rewriting the body's model to the name this
+replica serves that version under. When the version answers 404, 400 or 5xx -- not loaded,
+bytes that fail verification, a load error, no slot -- the answer is swallowed and the
+buffered request asked again of production, then of the base model
+(``LORAGATE_BASE_MODEL_NAME``), with ``x-loragate-fallback``: the client never sees an error
+it did not cause. A breaker per version (``breaker``) keeps a failing or slow version off
+this replica for a while. Every answer for an adapter of the table says which version gave
+it (``x-loragate-version``) and carries a signed id (``request_ids``) for feedback.
+
+A client may not name a version (``name@version``: 404). The fleet's own requests (admin key)
+pass untouched, uncounted. A canary replica only labels and counts. Figures: ``live_stats``
+(``GET /loragate/traffic``, admin key) and ``metrics`` (``/metrics``). Faults for tests:
+``faults`` (``LORAGATE_REPLICA_FAULTS``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import time
+from collections import OrderedDict
+from datetime import UTC, datetime
+from typing import Any
+
+from loragate_resolver import read_index, registry_reader, request_ids, routing, traffic_flow
+from loragate_resolver.admin_guard import HEADER as ADMIN_HEADER
+from loragate_resolver.admin_guard import _error, _replay, _respond, key_matches
+from loragate_resolver.breaker import Breaker, Limits
+from loragate_resolver.faults import Faults
+from loragate_resolver.live_stats import LiveStats
+
+SPLIT_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+TRAFFIC_PATH, FEEDBACK_PATH, ROUTES_PATH = "/loragate/traffic", "/loragate/feedback", "/loragate/routes"
+SESSION_HEADER = b"x-loragate-session"
+MAX_BODY_BYTES = 4 << 20
+MAX_FEEDBACK_BYTES = 64 * 1024
+_FEEDBACK_IDS = 1 << 16  # ids counted, remembered (oldest forgotten first)
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _header(scope: dict, name: bytes) -> bytes | None:
+    return next((value for key, value in scope.get("headers", []) if key.lower() == name), None)
+
+
+def _json_response(payload: Any) -> tuple[int, bytes]:
+    return 200, json.dumps(payload).encode()
+
+
+class _Index:
+    """The replica's index entries for its role, re-read when the file changes."""
+
+    def __init__(self, adapter_dir: str | None, role: str) -> None:
+        self.adapter_dir, self.role = adapter_dir, role
+        self._stamp: tuple | None = None
+        self._entries: dict = {}
+
+    def version(self, name: str) -> str | None:
+        if not self.adapter_dir:
+            return None
+        try:
+            st = os.stat(os.path.join(self.adapter_dir, ".loragate-index.json"))
+            stamp: tuple | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            stamp = None
+        if stamp != self._stamp:
+            self._entries = read_index(self.adapter_dir).get("roles", {}).get(self.role, {})
+            self._stamp = stamp
+        entry = self._entries.get(name)
+        version = entry.get("version") if isinstance(entry, dict) else None
+        return version if isinstance(version, str) else None
+
+
+class TrafficSplit:
+    """ASGI middleware: see the module docstring."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.secrets_dir = os.environ.get(registry_reader.SECRETS_DIR_VARIABLE)
+        self.role = os.environ.get("LORAGATE_REPLICA_ROLE", "production")
+        self.index = _Index(os.environ.get("LORAGATE_ADAPTER_DIR"), self.role)
+        self.base_name = os.environ.get("LORAGATE_BASE_MODEL_NAME") or None
+        self.replica = os.environ.get("LORAGATE_REPLICA_URL")
+        self.refresh_s = max(0.05, _env_float("LORAGATE_ROUTES_REFRESH_S", 1.0))
+        self.limits = Limits(
+            errors=int(_env_float("LORAGATE_BREAKER_ERRORS", 5)),
+            slow=int(_env_float("LORAGATE_BREAKER_SLOW", 3)),
+            cooldown_s=_env_float("LORAGATE_BREAKER_COOLDOWN_S", 30.0),
+        )
+        self.faults = Faults(os.environ.get("LORAGATE_REPLICA_FAULTS"))
+        self.stats = LiveStats()
+        self.breakers: dict[tuple[str, str], Breaker] = {}
+        self.routes: dict[str, routing.Route] = {}
+        self.loaded = False
+        self.read_at: datetime | None = None
+        self.table_started = -1.0
+        self._reading: asyncio.Future | None = None
+        self._read_failed = False
+        self._loop: asyncio.Task | None = None
+        self._feedback: OrderedDict[str, None] = OrderedDict()
+
+    # -- the routing table ----------------------------------------------------------------
+
+    async def _read(self) -> bool:
+        started = time.monotonic()
+        try:
+            production, windows = await asyncio.to_thread(registry_reader.routes, self.secrets_dir)
+        except registry_reader.NotServable as e:
+            if not self._read_failed:  # once per outage: the replica keeps its last table
+                logging.getLogger(__name__).warning("loragate: routes not read, last table kept: %s", e)
+            self._read_failed = True
+            return False
+        self.routes = routing.routes_from_rows(production, windows)
+        self.table_started, self.read_at, self.loaded = started, datetime.now(UTC), True
+        self._read_failed = False
+        return True
+
+    async def refresh(self) -> bool:
+        """One read at a time; callers arriving meanwhile share it."""
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._read())
+        return await asyncio.shield(self._reading)
+
+    async def fresh(self, since: float) -> bool:
+        """A table read that started at ``since`` or later (False: the registry was not read)."""
+        for _ in range(3):
+            if self.table_started >= since:
+                return True
+            reading = self._reading
+            if reading is not None and not reading.done():
+                await asyncio.shield(reading)  # it may have started after ``since``
+                continue
+            if not await self.refresh():
+                return False
+        return self.table_started >= since
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # never let the loop die: the next round tries again
+                logging.getLogger(__name__).exception("loragate: routes refresh failed")
+            await asyncio.sleep(self.refresh_s)
+
+    def _routes_json(self) -> dict[str, Any]:
+        return {name: route.as_dict() for name, route in sorted(self.routes.items())}
+
+    # -- ASGI -------------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop().create_task(self._refresh_forever())
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        method = scope.get("method")
+        if path in (TRAFFIC_PATH, FEEDBACK_PATH, ROUTES_PATH):
+            return await _respond(send, *await self._own(scope, receive, path, method))
+        if method != "POST" or path not in SPLIT_PATHS or self._is_admin(scope):
+            return await self.app(scope, receive, send)
+        return await self._client(scope, receive, send)
+
+    def _is_admin(self, scope: dict) -> bool:
+        presented = _header(scope, ADMIN_HEADER)
+        if presented is None:
+            return False
+        expected = registry_reader.read_secret(self.secrets_dir, registry_reader.ADMIN_KEY_FILE)
+        return expected is not None and key_matches(presented, expected)
+
+    async def _own(self, scope: dict, receive: Any, path: str, method: str | None) -> tuple[int, bytes]:
+        """The middleware's own endpoints (module docstring of ``live_stats`` for the figures)."""
+        if path == FEEDBACK_PATH:
+            if method != "POST":
+                return _error(405, "MethodNotAllowed", "POST only")
+            body, too_large = await _read_body(receive, MAX_FEEDBACK_BYTES)
+            if too_large:
+                return _error(413, "BadRequestError", "feedback too large")
+            return self._count_feedback(body)
+        if not self._is_admin(scope):
+            return _error(401, "AuthenticationError", "the replica's traffic figures need the fleet's admin key")
+        if path == ROUTES_PATH:
+            if method != "POST":
+                return _error(405, "MethodNotAllowed", "POST only")
+            if not await self.fresh(time.monotonic()):
+                return _error(503, "ServiceUnavailableError", "the registry could not be read; last table kept")
+            return _json_response({"routes": self._routes_json(), "read_at": self.read_at and self.read_at.isoformat()})
+        if method != "GET":
+            return _error(405, "MethodNotAllowed", "GET only")
+        return _json_response(self.figures(scope))
+
+    def figures(self, scope: dict | None = None) -> dict[str, Any]:
+        server = (scope or {}).get("server")
+        replica = self.replica or (f"{server[0]}:{server[1]}" if server else None)
+        versions = []
+        for stats in list(self.stats.versions.values()):
+            breaker = self.breakers.get((stats.adapter, stats.version))
+            versions.append(
+                {
+                    **stats.as_dict(),
+                    "breaker": breaker.state(self.current_limits()) if breaker else "closed",
+                    "trips": breaker.trips if breaker else 0,
+                }
+            )
+        return {
+            "replica": replica,
+            "role": self.role,
+            "routes": self._routes_json(),
+            "routes_read_at": self.read_at and self.read_at.isoformat(),
+            "versions": versions,
+            "alerts": list(self.stats.alerts),
+            "fallback_15m": self.stats.fallback_rate(),
+        }
+
+    def _count_feedback(self, body: bytes) -> tuple[int, bytes]:
+        try:
+            asked = json.loads(body)
+            request_id, outcome = asked["request_id"], asked["outcome"]
+        except (ValueError, KeyError, TypeError):
+            return _error(400, "BadRequestError", "request_id and outcome are required")
+        if outcome not in ("accepted", "retried"):
+            return _error(400, "BadRequestError", "outcome is accepted or retried", "outcome")
+        key = registry_reader.read_secret(self.secrets_dir, registry_reader.ADMIN_KEY_FILE)
+        found = request_ids.verify(key, request_id)
+        if found is None:
+            return _error(400, "BadRequestError", "not a request id this fleet signed", "request_id")
+        counted = found.nonce not in self._feedback
+        if counted:
+            self._feedback[found.nonce] = None
+            if len(self._feedback) > _FEEDBACK_IDS:
+                self._feedback.popitem(last=False)
+            self.stats.feedback(found.adapter, found.version, found.window, outcome)
+        return _json_response(
+            {"counted": counted, "adapter": found.adapter, "version": found.version, "window": found.window}
+        )
+
+    def breaker(self, adapter: str, version: str) -> Breaker:
+        found = self.breakers.get((adapter, version))
+        if found is None:
+            found = self.breakers[(adapter, version)] = Breaker()
+        return found
+
+    def current_limits(self) -> Limits:
+        override = self.faults.breaker()
+        if not override:
+            return self.limits
+        try:
+            return Limits(
+                errors=int(override.get("errors", self.limits.errors)),
+                slow=int(override.get("slow", self.limits.slow)),
+                cooldown_s=float(override.get("cooldown_s", self.limits.cooldown_s)),
+            )
+        except (TypeError, ValueError):
+            return self.limits
+
+    # -- a client's request -----------------------------------------------------------------
+
+    async def _client(self, scope: dict, receive: Any, send: Any) -> None:
+        arrived, t0 = time.monotonic(), time.perf_counter()
+        raw, too_large = await _read_body(receive, MAX_BODY_BYTES)
+        if too_large:
+            return await _respond(send, *_error(413, "BadRequestError", "request body too large"))
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(model, str):
+            return await self.app(scope, _replay(raw, receive), send)
+        if routing.QUALIFIER in model:  # a client never picks a version
+            message = f"The model `{model}` does not exist."
+            return await _respond(send, *_error(404, "NotFoundError", message, "model"))
+        if not self.loaded:
+            await self.fresh(0.0)
+        route = self.routes.get(model)
+        index_version = self.index.version(model)
+        if route is not None and self.role == "production" and index_version not in (None, route.production):
+            # the index moved since the table was read (a switch, or a move the table has
+            # not seen yet): read it again before sending anyone to the older version
+            await self.fresh(arrived)
+            route = self.routes.get(model)
+        if route is None or route.production is None:
+            return await self.app(scope, _replay(raw, receive), send)
+        assert isinstance(body, dict)
+        user = body.get("user")
+        if not (isinstance(user, str) and user):
+            session = _header(scope, SESSION_HEADER)
+            user = session.decode("latin-1") if session else secrets.token_hex(8)
+        await traffic_flow.answer(self, scope, receive, send, body, raw, route, user, index_version, t0)
+
+
+async def _read_body(receive: Any, limit: int) -> tuple[bytes, bool]:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return b"", True
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks), False

@@ -1,0 +1,258 @@
+"""One client request through the split (``traffic.TrafficSplit``): the versions asked in
+turn, what the client gets, and what is counted.
+
+A production replica asks the chosen version first -- the canary for the user's share, else
+production -- then production, then the base model. A version whose breaker is open is
+skipped (``breaker_open``); one that answers 404, 400 or 5xx (its start message is held
+back, never sent) is counted as failed and the next one is asked with the same buffered
+body. The last one's answer goes to the client whatever it is: by then the error is the
+client's own (a 400 every version gave is not counted against any version). Only the
+answer's start message is held; its body streams through as it comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from loragate_resolver import metrics, registry_reader, request_ids, routing
+from loragate_resolver.admin_guard import _error, _replay
+
+VERSION_HEADER = b"x-loragate-version"
+REQUEST_ID_HEADER = b"x-loragate-request-id"
+FALLBACK_HEADER = b"x-loragate-fallback"
+BASE = "base"
+_KEPT_BODY = 1 << 20  # of a non-streaming answer, for its usage
+
+log = logging.getLogger("loragate_resolver.traffic")
+
+
+@dataclass(frozen=True)
+class Step:
+    version: str | None  # None: the base model
+    window: int | None
+    kind: str  # canary, production or base: the fallback reason's first word
+
+    @property
+    def label(self) -> str:
+        return self.version or BASE
+
+
+class Attempt:
+    """What one version answered, as far as the split needs it."""
+
+    def __init__(self) -> None:
+        self.status = 500
+        self.started = self.swallowed = False
+        self.first_chunk_at: float | None = None
+        self.events = 0
+        self.kept: list[bytes] = []
+        self.kept_size = 0
+
+    def tokens(self, streaming: bool) -> int | None:
+        """Completion tokens: a stream's ``data:`` events, else the answer's usage."""
+        if streaming:
+            return self.events or None
+        try:
+            usage = json.loads(b"".join(self.kept)).get("usage") or {}
+            tokens = usage.get("completion_tokens")
+        except (ValueError, AttributeError):
+            return None
+        return tokens if isinstance(tokens, int) and tokens > 0 else None
+
+
+def failed(status: int) -> bool:
+    """An answer the next version is asked instead of (not loaded, not loadable, broken)."""
+    return status in (400, 404) or status >= 500
+
+
+def chain(split: Any, route: routing.Route, user: str, index_version: str | None) -> list[Step]:
+    if split.role != "production":  # a canary replica labels and counts; it never splits
+        return [Step(index_version or route.production, route.window, "canary")]
+    decision = routing.decide(route, user)
+    steps = []
+    if decision.canary:
+        steps.append(Step(decision.version, decision.window, "canary"))
+    steps.append(Step(route.production, route.window, "production"))
+    if split.base_name:
+        steps.append(Step(None, None, BASE))
+    return steps
+
+
+async def answer(
+    split: Any,
+    scope: dict,
+    receive: Any,
+    send: Any,
+    body: dict,
+    raw: bytes,
+    route: routing.Route,
+    user: str,
+    index_version: str | None,
+    t0: float,
+) -> None:
+    adapter, streaming = route.adapter, body.get("stream") is True
+    steps = chain(split, route, user, index_version)
+    splitting = split.role == "production"
+    limits = split.current_limits()
+    reason: str | None = None
+    failures: list[tuple[Step, int]] = []
+    final: tuple[Step, Attempt] | None = None
+    for i, step in enumerate(steps):
+        last = i == len(steps) - 1
+        fault: dict = {}
+        if splitting and step.version is not None:
+            if not last and not split.breaker(adapter, step.version).allow(limits):
+                split.stats.skipped(adapter, step.version, step.window)
+                reason = reason or "breaker_open"
+                continue
+            fault = split.faults.of(step.version)
+            delay = fault.get("delay_ms")
+            if isinstance(delay, int | float) and delay > 0:
+                await asyncio.sleep(delay / 1000)
+        headers = _headers(split, adapter, step, reason)
+        if fault.get("error") is True:
+            if not last:
+                failures.append((step, 500))
+                reason = reason or f"{step.kind}_failed:500"
+                continue
+            attempt = Attempt()
+            await _send_error(send, headers)
+            final = (step, attempt)
+            break
+        served = split.base_name if step.version is None else adapter
+        if splitting and step.version is not None:
+            served = routing.served_name(adapter, step.version, index_version)
+        sent = raw if served == body.get("model") else json.dumps({**body, "model": served}).encode()
+        attempt = await _forward(split.app, scope, receive, send, sent, headers, last, streaming)
+        if attempt.swallowed:
+            failures.append((step, attempt.status))
+            reason = reason or f"{step.kind}_failed:{attempt.status}"
+            continue
+        final = (step, attempt)
+        break
+    assert final is not None  # the last step always answers
+    _account(split, route, final, failures, reason, streaming, t0)
+
+
+def _headers(split: Any, adapter: str, step: Step, reason: str | None) -> list[tuple[bytes, bytes]]:
+    key = registry_reader.read_secret(split.secrets_dir, registry_reader.ADMIN_KEY_FILE) or ""
+    request_id = request_ids.sign(key, adapter, step.label, step.window)
+    headers = [(VERSION_HEADER, step.label.encode()), (REQUEST_ID_HEADER, request_id.encode())]
+    if reason:
+        headers.append((FALLBACK_HEADER, reason.encode()))
+    return headers
+
+
+async def _send_error(send: Any, headers: list[tuple[bytes, bytes]]) -> None:
+    status, payload = _error(500, "InternalServerError", "injected fault")
+    start = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _with_length(scope: dict, length: int) -> dict:
+    headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
+    return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
+
+
+async def _forward(
+    app: Any,
+    scope: dict,
+    receive: Any,
+    send: Any,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    last: bool,
+    streaming: bool,
+) -> Attempt:
+    """Ask the app once; its failure is held back (``swallowed``) unless it is the last."""
+    attempt = Attempt()
+
+    async def relay(message: dict) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            attempt.status = message["status"]
+            if not last and failed(attempt.status):
+                attempt.swallowed = True
+                return
+            attempt.started = True
+            await send({**message, "headers": [*message.get("headers", []), *headers]})
+            return
+        if attempt.swallowed:
+            return
+        if kind == "http.response.body":
+            chunk = message.get("body", b"")
+            if chunk:
+                if attempt.first_chunk_at is None:
+                    attempt.first_chunk_at = time.perf_counter()
+                if streaming:
+                    attempt.events += chunk.count(b"data:") - chunk.count(b"data: [DONE]")
+                elif attempt.kept_size < _KEPT_BODY:
+                    attempt.kept.append(chunk)
+                    attempt.kept_size += len(chunk)
+        await send(message)
+
+    try:
+        await app(_with_length(scope, len(body)), _replay(body, receive), relay)
+    except Exception:
+        if attempt.started or last:
+            raise
+        log.exception("loragate: a version's request raised; the next one is asked")
+        attempt.status, attempt.swallowed = 500, True
+    return attempt
+
+
+def _account(
+    split: Any,
+    route: routing.Route,
+    final: tuple[Step, Attempt],
+    failures: list[tuple[Step, int]],
+    reason: str | None,
+    streaming: bool,
+    t0: float,
+) -> None:
+    adapter, (step, attempt) = route.adapter, final
+    latency_ms = (time.perf_counter() - t0) * 1000
+    # a 400 every version gave is the client's own request, not a version's failure
+    clients_own = attempt.status == 400 and all(status == 400 for _, status in failures)
+    for failed_step, _status in failures:
+        split.stats.failed(adapter, failed_step.label, failed_step.window, error=not clients_own)
+        metrics.request(adapter, failed_step.label, "fallback", None, None)
+        if failed_step.version is not None and not clients_own:
+            _breaker(split, adapter, failed_step, ok=False, slow=False)
+    if reason:
+        metrics.fallback(adapter, reason)
+    ttft_ms = (attempt.first_chunk_at - t0) * 1000 if attempt.first_chunk_at is not None else None
+    error = attempt.status >= 500
+    per_token = split.stats.answered(
+        adapter,
+        step.label,
+        step.window,
+        error=error,
+        latency_ms=latency_ms,
+        ttft_ms=ttft_ms,
+        tokens=attempt.tokens(streaming) if attempt.status < 400 else None,
+    )
+    if split.role == "production" and step.version is not None:
+        p99 = split.stats.production_p99(adapter, route.production) if per_token is not None else None
+        slow = per_token is not None and p99 is not None and per_token > 3 * p99
+        _breaker(split, adapter, step, ok=not error, slow=slow)
+    split.stats.finished(adapter, reason is not None)
+    metrics.request(
+        adapter, step.label, "error" if error else "ok", latency_ms / 1000, ttft_ms / 1000 if ttft_ms else None
+    )
+
+
+def _breaker(split: Any, adapter: str, step: Step, ok: bool, slow: bool) -> None:
+    assert step.version is not None
+    breaker = split.breaker(adapter, step.version)
+    tripped = breaker.record(ok, slow, split.current_limits())
+    if tripped is not None:
+        split.stats.alert("breaker_open", adapter, step.version, step.window, tripped)
+        log.warning("loragate: breaker open for %s = %s on this replica: %s", adapter, step.version, tripped)
+    metrics.breaker(adapter, step.version, breaker.opened_at is not None)

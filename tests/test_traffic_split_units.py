@@ -1,0 +1,410 @@
+"""The live split's rules outside vLLM: the sticky bucket and its share, signed request ids,
+the breaker's states, the routing table from the registry's rows, and the middleware's
+behaviour over a fake ASGI app (which version answers, the fallback chain, the headers, the
+figures, feedback counted once). tests/test_traffic_split.py drives real replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+PLUGIN_DIR = Path(__file__).resolve().parents[1] / "infra" / "vllm_plugin"
+if str(PLUGIN_DIR) not in sys.path:
+    sys.path.insert(0, str(PLUGIN_DIR))
+from loragate_resolver import request_ids, routing  # noqa: E402
+from loragate_resolver.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, Limits  # noqa: E402
+from loragate_resolver.traffic import TrafficSplit  # noqa: E402
+
+KEY = "k" * 43
+NAME = "acme/tiny-llama/support"
+
+# -- the bucket -----------------------------------------------------------------------------
+
+
+def test_a_users_bucket_is_the_same_on_every_call_and_changes_with_the_window():
+    route = routing.Route(NAME, "p1", 7, "c1", 0.5)
+    users = [f"user-{i}" for i in range(200)]
+    first = [routing.decide(route, u).version for u in users]
+    assert first == [routing.decide(route, u).version for u in users]
+    other = routing.Route(NAME, "p1", 8, "c1", 0.5)
+    assert first != [routing.decide(other, u).version for u in users]
+
+
+@pytest.mark.parametrize("share", [0.01, 0.1, 0.5, 0.9])
+def test_the_canarys_share_of_users_is_within_the_binomial_99_percent_interval(share):
+    n = 20000
+    route = routing.Route(NAME, "p1", 3, "c1", share)
+    hits = sum(routing.decide(route, f"u{i}").canary for i in range(n))
+    half_width = 2.576 * math.sqrt(share * (1 - share) / n)
+    assert abs(hits / n - share) <= half_width
+
+
+@pytest.mark.parametrize(
+    ("route", "canary"),
+    [
+        (routing.Route(NAME, "p1"), False),
+        (routing.Route(NAME, "p1", 3, "c1", 0.0), False),
+        (routing.Route(NAME, "p1", 3, "c1", 1.0), True),
+    ],
+)
+def test_share_zero_sends_nobody_and_share_one_everybody(route, canary):
+    decisions = {routing.decide(route, f"u{i}").canary for i in range(300)}
+    assert decisions == {canary}
+
+
+def test_both_sides_of_a_window_are_labelled_with_it():
+    route = routing.Route(NAME, "p1", 3, "c1", 0.5)
+    assert {routing.decide(route, f"u{i}").window for i in range(50)} == {3}
+
+
+# -- names and the table ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (f"{NAME}@v-1", (NAME, "v-1")),
+        (NAME, None),
+        (f"{NAME}@", None),
+        (f"{NAME}@../x", None),
+        ("@v1", None),
+    ],
+)
+def test_a_qualified_name_splits_into_adapter_and_version(name, expected):
+    assert routing.split_qualified(name) == expected
+
+
+def test_a_version_is_served_under_the_plain_name_only_where_the_index_names_it():
+    assert routing.served_name(NAME, "v1", "v1") == NAME
+    assert routing.served_name(NAME, "v2", "v1") == f"{NAME}@v2"
+    assert routing.served_name(NAME, "v2", None) == f"{NAME}@v2"
+
+
+def test_the_table_joins_production_and_the_active_window_and_clamps_the_share():
+    table = routing.routes_from_rows(
+        [(NAME, "p1"), ("b/x/y", "p9")], [(4, NAME, "c1", 1.5), (5, "no/prod/here", "c2", 0.5)]
+    )
+    assert table == {
+        NAME: routing.Route(NAME, "p1", 4, "c1", 1.0),
+        "b/x/y": routing.Route("b/x/y", "p9"),
+    }
+    assert table[NAME].as_dict() == {"production": "p1", "window": 4, "canary": "c1", "share": 1.0}
+
+
+# -- request ids ----------------------------------------------------------------------------
+
+
+def test_a_request_id_verifies_under_the_key_and_names_what_answered():
+    rid = request_ids.sign(KEY, NAME, "v1", 4)
+    found = request_ids.verify(KEY, rid)
+    assert found is not None and (found.adapter, found.version, found.window) == (NAME, "v1", 4)
+    assert request_ids.verify(KEY, request_ids.sign(KEY, NAME, "base", None)).window is None
+
+
+def test_a_tampered_or_foreign_request_id_does_not_verify():
+    rid = request_ids.sign(KEY, NAME, "v1", 4)
+    payload, sig = rid.split(".")
+    forged = request_ids.sign("other-key", NAME, "v2", 4).split(".")[0]
+    for bad in (f"{forged}.{sig}", f"{payload}.{sig[:-2]}AA", payload, "", None, 7, f"{payload}.{sig}.x"):
+        assert request_ids.verify(KEY, bad) is None
+    assert request_ids.verify("other-key", rid) is None
+    assert request_ids.verify(None, rid) is None
+
+
+# -- the breaker ----------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_errors_in_a_row_open_the_breaker_and_a_success_in_between_resets_the_count():
+    clock, limits = Clock(), Limits(errors=3, slow=2, cooldown_s=10)
+    breaker = Breaker(clock)
+    assert [breaker.record(False, False, limits) for _ in range(2)] == [None, None]
+    assert breaker.record(True, False, limits) is None
+    assert [breaker.record(False, False, limits) is not None for _ in range(3)] == [False, False, True]
+    assert breaker.state(limits) == OPEN and not breaker.allow(limits) and breaker.trips == 1
+
+
+def test_slow_answers_in_a_row_open_the_breaker():
+    limits = Limits(errors=3, slow=2, cooldown_s=10)
+    breaker = Breaker(Clock())
+    assert breaker.record(True, True, limits) is None
+    assert "slower" in (breaker.record(True, True, limits) or "")
+
+
+def test_after_the_cooldown_one_request_probes_and_its_outcome_closes_or_reopens():
+    clock, limits = Clock(), Limits(errors=1, slow=1, cooldown_s=10)
+    breaker = Breaker(clock)
+    breaker.record(False, False, limits)
+    clock.now += 10
+    assert breaker.state(limits) == HALF_OPEN
+    assert breaker.allow(limits) and not breaker.allow(limits)  # one probe at a time
+    assert breaker.record(False, False, limits) is not None and breaker.trips == 2
+    assert breaker.state(limits) == OPEN
+    clock.now += 10
+    assert breaker.allow(limits)
+    assert breaker.record(True, False, limits) is None
+    assert breaker.state(limits) == CLOSED and breaker.allow(limits)
+
+
+def test_a_probe_that_never_reports_does_not_hold_the_breaker_forever():
+    clock, limits = Clock(), Limits(errors=1, slow=1, cooldown_s=10)
+    breaker = Breaker(clock)
+    breaker.record(False, False, limits)
+    clock.now += 10
+    assert breaker.allow(limits)
+    clock.now += 11
+    assert breaker.allow(limits)
+
+
+# -- the middleware over a fake app -----------------------------------------------------------
+
+
+class FakeVllm:
+    """Answers each model with a status from ``statuses`` (default 200) and a usage of 4
+    completion tokens; streams two events and [DONE] when asked to."""
+
+    def __init__(self, statuses: dict[str, int] | None = None) -> None:
+        self.statuses = statuses or {}
+        self.asked: list[str] = []
+        self.headers_seen: list[dict] = []
+
+    async def __call__(self, scope, receive, send):
+        message = await receive()
+        body = json.loads(message["body"])
+        self.asked.append(body["model"])
+        self.headers_seen.append(dict(scope["headers"]))
+        status = self.statuses.get(body["model"], 200)
+        if body.get("stream") and status == 200:
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+            )
+            for event in (b'data: {"x": 1}\n\n', b'data: {"x": 2}\n\n', b"data: [DONE]\n\n"):
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        payload = json.dumps({"model": body["model"], "usage": {"completion_tokens": 4}}).encode()
+        await send(
+            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+        )
+        await send({"type": "http.response.body", "body": payload})
+
+
+@pytest.fixture
+def split_env(tmp_path, monkeypatch):
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "admin-key").write_text(KEY)
+    adapters = tmp_path / "adapters"
+    adapters.mkdir()
+    index = {"format": 2, "roles": {"production": {NAME: {"version": "p1", "path": str(adapters / "p1")}}}}
+    (adapters / ".loragate-index.json").write_text(json.dumps(index))
+    monkeypatch.setenv("LORAGATE_REPLICA_SECRETS_DIR", str(secrets))
+    monkeypatch.setenv("LORAGATE_ADAPTER_DIR", str(adapters))
+    monkeypatch.setenv("LORAGATE_REPLICA_ROLE", "production")
+    monkeypatch.setenv("LORAGATE_BASE_MODEL_NAME", "tiny-llama")
+    monkeypatch.setenv("LORAGATE_BREAKER_ERRORS", "2")
+    faults = tmp_path / "faults.json"
+    monkeypatch.setenv("LORAGATE_REPLICA_FAULTS", str(faults))
+    return faults
+
+
+def _split(app, route: routing.Route | None) -> TrafficSplit:
+    split = TrafficSplit(app)
+    split._loop = "off"  # type: ignore[assignment]  # no background reads: the test sets the table
+    split.routes = {route.adapter: route} if route else {}
+    split.loaded = True
+    split.table_started = float("inf")
+    return split
+
+
+def call(split, path="/v1/completions", body=None, headers=(), method="POST"):
+    """(status, headers, body) of one request through ``split``."""
+    raw = json.dumps(body).encode() if body is not None else b""
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "headers": list(headers), "server": ("h", 1)}
+    asyncio.run(split(scope, receive, send))
+    start = sent[0]
+    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def ask(split, user="alice", model=NAME, **extra):
+    return call(split, body={"model": model, "prompt": "hi", "user": user, **extra})
+
+
+def test_a_client_gets_production_under_its_plain_name_with_a_version_header_and_a_signed_id(split_env):
+    app = FakeVllm()
+    split = _split(app, routing.Route(NAME, "p1"))
+    status, headers, _ = ask(split)
+    assert status == 200 and app.asked == [NAME]
+    assert headers[b"x-loragate-version"] == b"p1" and b"x-loragate-fallback" not in headers
+    found = request_ids.verify(KEY, headers[b"x-loragate-request-id"].decode())
+    assert (found.adapter, found.version, found.window) == (NAME, "p1", None)
+
+
+def test_the_canary_share_goes_to_the_qualified_name_sticky_per_user(split_env):
+    app = FakeVllm()
+    split = _split(app, routing.Route(NAME, "p1", 9, "c1", 0.5))
+    seen = {}
+    for i in range(40):
+        user = f"u{i % 10}"
+        _, headers, _ = ask(split, user=user)
+        seen.setdefault(user, set()).add(headers[b"x-loragate-version"])
+    assert all(len(v) == 1 for v in seen.values())
+    assert set().union(*seen.values()) == {b"p1", b"c1"}
+    assert set(app.asked) == {NAME, f"{NAME}@c1"}
+
+
+def test_the_session_header_is_the_user_when_the_body_names_none(split_env):
+    split = _split(FakeVllm(), routing.Route(NAME, "p1", 9, "c1", 0.5))
+    versions = {
+        call(split, body={"model": NAME, "prompt": "x"}, headers=[(b"x-loragate-session", b"s-1")])[1][
+            b"x-loragate-version"
+        ]
+        for _ in range(10)
+    }
+    assert len(versions) == 1
+
+
+def test_a_client_naming_a_version_gets_404_and_the_app_is_not_asked(split_env):
+    app = FakeVllm()
+    status, _, body = ask(_split(app, routing.Route(NAME, "p1")), model=f"{NAME}@p1")
+    assert status == 404 and json.loads(body)["error"]["type"] == "NotFoundError" and app.asked == []
+
+
+def test_the_fleets_requests_pass_untouched_and_uncounted(split_env):
+    app = FakeVllm()
+    split = _split(app, routing.Route(NAME, "p1", 9, "c1", 1.0))
+    status, headers, _ = call(
+        split, body={"model": f"{NAME}@c1", "prompt": "x"}, headers=[(b"x-loragate-admin-key", KEY.encode())]
+    )
+    assert status == 200 and app.asked == [f"{NAME}@c1"] and b"x-loragate-version" not in headers
+    assert split.stats.versions == {}
+
+
+@pytest.mark.parametrize(
+    ("statuses", "answered", "reason"),
+    [
+        ({f"{NAME}@c1": 404}, b"p1", b"canary_failed:404"),
+        ({f"{NAME}@c1": 500}, b"p1", b"canary_failed:500"),
+        ({f"{NAME}@c1": 400}, b"p1", b"canary_failed:400"),
+        ({f"{NAME}@c1": 404, NAME: 503}, b"base", b"canary_failed:404"),
+    ],
+)
+def test_a_failing_version_is_answered_by_the_next_with_the_fallback_header(split_env, statuses, answered, reason):
+    app = FakeVllm(statuses)
+    split = _split(app, routing.Route(NAME, "p1", 9, "c1", 1.0))
+    status, headers, _ = ask(split)
+    assert status == 200 and headers[b"x-loragate-version"] == answered
+    assert headers[b"x-loragate-fallback"] == reason
+    canary = split.stats.of(NAME, "c1", 9)
+    assert (canary.requests, canary.errors, canary.fallbacks) == (1, 1, 1)
+
+
+def test_production_failing_is_answered_by_the_base_model(split_env):
+    app = FakeVllm({NAME: 500})
+    status, headers, body = ask(_split(app, routing.Route(NAME, "p1")))
+    assert status == 200 and app.asked == [NAME, "tiny-llama"] and json.loads(body)["model"] == "tiny-llama"
+    assert headers[b"x-loragate-version"] == b"base" and headers[b"x-loragate-fallback"] == b"production_failed:500"
+
+
+def test_a_400_every_version_gives_is_the_clients_own_and_counts_against_none(split_env):
+    app = FakeVllm({NAME: 400, "tiny-llama": 400})
+    split = _split(app, routing.Route(NAME, "p1"))
+    status, _, _ = ask(split)
+    assert status == 400
+    assert split.stats.of(NAME, "p1", None).errors == 0
+
+
+def test_injected_errors_trip_the_breaker_and_later_requests_skip_the_version(split_env):
+    split_env.write_text(json.dumps({"c1": {"error": True}}))
+    app = FakeVllm()
+    split = _split(app, routing.Route(NAME, "p1", 9, "c1", 1.0))
+    reasons = [ask(split)[1][b"x-loragate-fallback"] for _ in range(4)]
+    assert reasons == [b"canary_failed:500", b"canary_failed:500", b"breaker_open", b"breaker_open"]
+    assert f"{NAME}@c1" not in app.asked  # a fault never reaches the app
+    figures = split.figures()
+    canary = next(v for v in figures["versions"] if v["version"] == "c1")
+    assert canary["breaker"] == "open" and canary["trips"] == 1
+    assert [a["kind"] for a in figures["alerts"]] == ["breaker_open"]
+    assert figures["fallback_15m"] == {"requests": 4, "fallbacks": 4}
+
+
+def test_the_breaker_recloses_after_the_cooldown_the_faults_file_sets(split_env):
+    split_env.write_text(json.dumps({"c1": {"error": True}, "breaker": {"cooldown_s": 0}}))
+    split = _split(FakeVllm(), routing.Route(NAME, "p1", 9, "c1", 1.0))
+    ask(split), ask(split)
+    assert split.breaker(NAME, "c1").trips == 1
+    split_env.write_text(json.dumps({"breaker": {"cooldown_s": 0}}) + " ")  # faults gone (size changes)
+    status, headers, _ = ask(split)
+    assert headers[b"x-loragate-version"] == b"c1" and b"x-loragate-fallback" not in headers
+    assert split.breaker(NAME, "c1").state(split.current_limits()) == CLOSED
+
+
+def test_a_stream_is_forwarded_and_its_events_counted_as_tokens(split_env):
+    split = _split(FakeVllm(), routing.Route(NAME, "p1"))
+    status, headers, body = ask(split, stream=True)
+    assert status == 200 and body.count(b"data:") == 3 and headers[b"x-loragate-version"] == b"p1"
+    stats = split.stats.of(NAME, "p1", None)
+    assert len(stats.ttft_ms) == 1 and len(stats.ms_per_token) == 1
+
+
+def test_non_streaming_usage_gives_ms_per_token(split_env):
+    split = _split(FakeVllm(), routing.Route(NAME, "p1"))
+    ask(split)
+    stats = split.stats.of(NAME, "p1", None)
+    assert stats.ms_per_token[0] == pytest.approx(stats.latency_ms[0] / 4)
+
+
+def test_requests_for_other_models_and_paths_pass_untouched(split_env):
+    app = FakeVllm()
+    split = _split(app, routing.Route(NAME, "p1"))
+    _, headers, _ = ask(split, model="tiny-llama")
+    assert b"x-loragate-version" not in headers and app.asked == ["tiny-llama"]
+    _, headers, _ = call(split, path="/v1/embeddings", body={"model": NAME})
+    assert b"x-loragate-version" not in headers
+
+
+def test_figures_and_routes_need_the_admin_key(split_env):
+    split = _split(FakeVllm(), routing.Route(NAME, "p1"))
+    assert call(split, path="/loragate/traffic", method="GET")[0] == 401
+    assert call(split, path="/loragate/routes", body={})[0] == 401
+    status, _, body = call(
+        split, path="/loragate/traffic", method="GET", headers=[(b"x-loragate-admin-key", KEY.encode())]
+    )
+    assert status == 200
+    assert json.loads(body)["routes"] == {NAME: {"production": "p1", "window": None, "canary": None, "share": 0.0}}
+
+
+def test_feedback_is_counted_once_per_id_and_a_forged_id_is_refused(split_env):
+    split = _split(FakeVllm(), routing.Route(NAME, "p1"))
+    rid = ask(split)[1][b"x-loragate-request-id"].decode()
+    first = call(split, path="/loragate/feedback", body={"request_id": rid, "outcome": "accepted"})
+    again = call(split, path="/loragate/feedback", body={"request_id": rid, "outcome": "accepted"})
+    assert (first[0], json.loads(first[2])) == (
+        200,
+        {"counted": True, "adapter": NAME, "version": "p1", "window": None},
+    )
+    assert json.loads(again[2])["counted"] is False
+    forged = request_ids.sign("not-the-key", NAME, "p1", None)
+    assert call(split, path="/loragate/feedback", body={"request_id": forged, "outcome": "accepted"})[0] == 400
+    assert call(split, path="/loragate/feedback", body={"request_id": rid, "outcome": "loved"})[0] == 400
+    assert split.stats.of(NAME, "p1", None).accepted == 1
