@@ -11,7 +11,8 @@ A replica given a secrets directory (``write_replica_secrets``: ``admin-key``,
 ``registry-url``) obeys only the fleet: the plugin's ``AdminGuard`` middleware refuses
 loads and unloads without the admin key, and both the resolver and the admin API serve
 only what the registry's database (read-only) lets the replica's role serve. The directory's
-path reaches the child in ``LORAGATE_REPLICA_SECRETS_DIR``; the secrets never do.
+path reaches the child in ``LORAGATE_REPLICA_SECRETS_DIR``; the secrets never do. It runs
+the plugin's live split too (``infra.replica_split``).
 
 Failures to build the venv, start a replica or see it answer are the registry's typed
 ``ReplicaError`` (``replica_unavailable``), so ``loragate replicas up`` reports them in one
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.processes import ProcessIdentity, stop_process_tree
+from infra.replica_split import TRAFFIC_SPLIT, split_environment
 from registry.errors import ErrorCode, LoragateError, ReplicaError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,6 +227,9 @@ class VllmReplica:
     omp_cpus: str | None = None
     # adapters loaded at start-up (--lora-modules name=path): the restart-to-deploy baseline
     lora_modules: dict[str, str] = field(default_factory=dict)
+    traffic_split: bool = True  # the live split (with secrets; off: a baseline), knobs, faults
+    traffic_env: dict[str, str] = field(default_factory=dict)
+    faults_file: Path | None = None
     process: subprocess.Popen | None = None
     # PID and creation time, so a stop never signals a process that took a reused PID
     identity: ProcessIdentity | None = None
@@ -259,7 +264,7 @@ class VllmReplica:
         ]
         cmd += ["--max-cpu-loras", str(self.max_cpu_loras or default_max_cpu_loras(self.max_loras))]
         if self.secrets_dir is not None:
-            cmd += ["--middleware", ADMIN_GUARD]
+            cmd += ["--middleware", ADMIN_GUARD, *(["--middleware", TRAFFIC_SPLIT] if self.traffic_split else [])]
         if self.lora_modules:
             cmd += ["--lora-modules", *(f"{name}={path}" for name, path in self.lora_modules.items())]
         return cmd
@@ -290,6 +295,7 @@ class VllmReplica:
             env["LORAGATE_REPLICA_ROLE"] = self.role
         if self.secrets_dir is not None:
             env[REPLICA_SECRETS_VARIABLE] = str(self.secrets_dir)
+        env.update(split_environment(self.served_name, self.url, self.traffic_env, self.faults_file))
         self.log_path = self.log_path or Path(f"/tmp/loragate-vllm-{self.port}.log")
         # the child holds its own copy of the descriptor: ours can close right away
         with open(self.log_path, "a") as log:

@@ -408,3 +408,9 @@ def test_feedback_is_counted_once_per_id_and_a_forged_id_is_refused(split_env):
     assert call(split, path="/loragate/feedback", body={"request_id": forged, "outcome": "accepted"})[0] == 400
     assert call(split, path="/loragate/feedback", body={"request_id": rid, "outcome": "loved"})[0] == 400
     assert split.stats.of(NAME, "p1", None).accepted == 1
+
+
+def test_a_warm_qualified_copy_is_used_where_the_plain_name_was_unloaded():
+    warm = {f"{NAME}@v1"}
+    assert routing.served_name(NAME, "v1", "v1", warm) == f"{NAME}@v1"
+    assert routing.served_name(NAME, "v1", "v1", warm | {NAME}) == NAME

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Container
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -92,6 +93,11 @@ def split_qualified(lora_name: str) -> tuple[str, str] | None:
     return name, version
 
 
-def served_name(name: str, version: str, index_version: str | None) -> str:
-    """The name this replica serves ``version`` of ``name`` under (module docstring)."""
-    return name if index_version == version else qualified(name, version)
+def served_name(name: str, version: str, index_version: str | None, loaded: Container[str] = ()) -> str:
+    """The name this replica serves ``version`` of ``name`` under (module docstring); where
+    the plain name is not loaded but the qualified one is (a move that only changed where
+    users go: the fleet unloaded the plain name), the warm qualified one, not a load."""
+    warm = qualified(name, version)
+    if index_version == version and not (name not in loaded and warm in loaded):
+        return name
+    return warm

@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,7 +127,7 @@ async def answer(
             break
         served = split.base_name if step.version is None else adapter
         if splitting and step.version is not None:
-            served = routing.served_name(adapter, step.version, index_version)
+            served = routing.served_name(adapter, step.version, index_version, loaded_names(scope))
         sent = raw if served == body.get("model") else json.dumps({**body, "model": served}).encode()
         attempt = await _forward(split.app, scope, receive, send, sent, headers, last, streaming)
         if attempt.swallowed:
@@ -137,6 +138,15 @@ async def answer(
         break
     assert final is not None  # the last step always answers
     _account(split, route, final, failures, reason, streaming, t0)
+
+
+def loaded_names(scope: dict) -> Container[str]:
+    """The adapter names vLLM has loaded now (its serving models' table), or none known."""
+    try:
+        found = scope["app"].state.openai_serving_models.lora_requests
+    except (KeyError, AttributeError):
+        return ()
+    return found if isinstance(found, dict) else ()
 
 
 def _headers(split: Any, adapter: str, step: Step, reason: str | None) -> list[tuple[bytes, bytes]]:
