@@ -414,3 +414,34 @@ def test_a_warm_qualified_copy_is_used_where_the_plain_name_was_unloaded():
     warm = {f"{NAME}@v1"}
     assert routing.served_name(NAME, "v1", "v1", warm) == f"{NAME}@v1"
     assert routing.served_name(NAME, "v1", "v1", warm | {NAME}) == NAME
+
+
+def test_an_index_newer_than_the_table_makes_the_split_read_the_table_again_before_routing(split_env, monkeypatch):
+    from loragate_resolver import registry_reader
+
+    reads = []
+
+    def routes(secrets_dir):
+        reads.append(secrets_dir)
+        return [(NAME, "p1")], []
+
+    monkeypatch.setattr(registry_reader, "routes", routes)
+    app = FakeVllm()
+    split = _split(app, routing.Route(NAME, "p0"))  # read before production moved to p1
+    split.table_started = -1.0
+    _, headers, _ = ask(split)
+    assert headers[b"x-loragate-version"] == b"p1" and app.asked == [NAME] and len(reads) == 1
+
+
+def test_a_registry_that_cannot_be_read_keeps_the_last_table(split_env, monkeypatch):
+    from loragate_resolver import registry_reader
+
+    def routes(secrets_dir):
+        raise registry_reader.NotServable("down", "registry_unavailable")
+
+    monkeypatch.setattr(registry_reader, "routes", routes)
+    split = _split(FakeVllm(), routing.Route(NAME, "p1"))
+    split.table_started = 0.0
+    status, _, _ = call(split, path="/loragate/routes", body={}, headers=[(b"x-loragate-admin-key", KEY.encode())])
+    assert status == 503 and split.routes == {NAME: routing.Route(NAME, "p1")}
+    assert ask(split)[1][b"x-loragate-version"] == b"p1"

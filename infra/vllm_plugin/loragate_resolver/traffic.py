@@ -284,11 +284,12 @@ class TrafficSplit:
         if routing.QUALIFIER in model:  # a client never picks a version
             message = f"The model `{model}` does not exist."
             return await _respond(send, *_error(404, "NotFoundError", message, "model"))
-        if not self.loaded:
-            await self.fresh(0.0)
+        if not self.loaded and (self._reading is None or not self._reading.done()):
+            await self.refresh()  # the first read (in flight since start-up, as a rule)
         route = self.routes.get(model)
         index_version = self.index.version(model)
-        if route is not None and self.role == "production" and index_version not in (None, route.production):
+        stale = route is not None and index_version not in (None, route.production)
+        if stale and self.role == "production" and not self._read_failed:
             # the index moved since the table was read (a switch, or a move the table has
             # not seen yet): read it again before sending anyone to the older version
             await self.fresh(arrived)
