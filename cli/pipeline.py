@@ -17,6 +17,7 @@ import argparse
 from uuid import UUID
 
 from cli.output import EXIT_OK, emit, open_registry
+from cli.traffic import add_canary_commands, alert_line, recent_alerts
 from registry.errors import ErrorCode, IllegalTransition, InvalidInput, PermissionDenied, Unavailable
 from registry.intake.jsonio import loads_object
 from registry.records.adapters import utcnow
@@ -146,22 +147,27 @@ def cmd_canary_list(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Every version waiting between gates, and for how long: what the ``advance`` sweep
-    acts on (after LORAGATE_ADVANCE_AFTER_S) and reports (after LORAGATE_STUCK_ALERT_S)."""
+    acts on (after LORAGATE_ADVANCE_AFTER_S) and reports (after LORAGATE_STUCK_ALERT_S);
+    then the traffic alerts of the last 15 minutes."""
     with open_registry(args) as reg:
         waiting = reg.waiting(longer_than_s=args.longer_than)
         alert_s = reg.settings.stuck_alert_s
+        alerts = recent_alerts(reg)
     now = utcnow()
 
     def lines() -> str:
-        if not waiting:
-            return "no version waits between gates"
-        return "\n".join(
+        shown = [
             f"{w.version_id}\t{w.adapter_name}\twaits for {w.gate.value}\t{w.waited_s(now):.0f}s"
             + ("\tSTUCK" if w.waited_s(now) >= alert_s else "")
             for w in waiting
-        )
+        ] or ["no version waits between gates"]
+        return "\n".join(shown + [alert_line(a) for a in alerts])
 
-    emit(args, [{**w.as_dict(now), "stuck": w.waited_s(now) >= alert_s} for w in waiting], lines)
+    emit(
+        args,
+        {"waiting": [{**w.as_dict(now), "stuck": w.waited_s(now) >= alert_s} for w in waiting], "alerts": alerts},
+        lines,
+    )
     return EXIT_OK
 
 
@@ -229,7 +235,9 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("--ttl", type=float, help="seconds the code stays good (default LORAGATE_APPROVAL_CODE_TTL_S)")
     p.set_defaults(func=cmd_approve_code)
 
-    p = sub.add_parser("status", parents=[common], help="versions waiting between gates, and for how long")
+    p = sub.add_parser(
+        "status", parents=[common], help="versions waiting between gates, for how long, and recent traffic alerts"
+    )
     p.add_argument("--longer-than", type=float, default=0.0, metavar="S", help="only those waiting at least S seconds")
     p.set_defaults(func=cmd_status)
 
@@ -242,6 +250,7 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p = canary.add_parser("show", parents=[common], help="a version's canary window and evidence")
     p.add_argument("version")
     p.set_defaults(func=cmd_canary_show)
+    add_canary_commands(canary, common)
 
     p = sub.add_parser(
         "training-completed", parents=[common], help="emit loragate.training.completed (starts the pipeline)"

@@ -207,8 +207,11 @@ def test_loragate_status_lists_what_waits_and_flags_what_is_stuck(catalogued_cli
     version = json.loads(registered.stdout)["version_id"]
     shown = catalogued_cli("status", "--json")
     assert shown.returncode == 0, shown.stderr
-    (row,) = json.loads(shown.stdout)
+    (row,) = json.loads(shown.stdout)["waiting"]
     assert (row["gate"], row["version_id"], row["stuck"]) == ("shadow-validate", version, False)
-    assert json.loads(catalogued_cli("status", "--longer-than", "3600", "--json").stdout) == []
+    assert json.loads(catalogued_cli("status", "--longer-than", "3600", "--json").stdout) == {
+        "waiting": [],
+        "alerts": [],
+    }
     text = catalogued_cli("status").stdout
     assert version in text and "waits for shadow-validate" in text and "STUCK" not in text

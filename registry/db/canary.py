@@ -46,6 +46,7 @@ def window_from_row(row: Any) -> CanaryWindow:
         closed_at=utc(row.closed_at) if row.closed_at else None,
         reason=row.reason,
         approval_flow_run_id=row.approval_flow_run_id,
+        share=row.share,
     )
 
 
@@ -69,9 +70,10 @@ class CanaryRepository:
         self.db = db
 
     def open_window(
-        self, name: str, version_id: str, thresholds: CanaryThresholds, actor: str
+        self, name: str, version_id: str, thresholds: CanaryThresholds, actor: str, share: float = 0.0
     ) -> tuple[CanaryWindow, bool]:
-        """Open a window for ``version_id``, or return its active one; returns (window, created).
+        """Open a window for ``version_id`` answering ``share`` of the adapter's live
+        requests, or return its active one as it is; returns (window, created).
 
         Any other active window of the adapter is superseded: one canary at a time. The
         database keeps it so (a unique index over the active windows, migration 0008): an
@@ -94,7 +96,7 @@ class CanaryRepository:
                     return window_from_row(mine[-1]), False
                 for row in active:
                     self.move_in(conn, row, WindowStatus.SUPERSEDED, f"{version_id} entered canary", actor, now)
-                window_id = self._insert_window(conn, name, version_id, thresholds, now)
+                window_id = self._insert_window(conn, name, version_id, thresholds, share, now)
                 self.db.audit(
                     conn,
                     actor=actor,
@@ -104,7 +106,7 @@ class CanaryRepository:
                     stage="canary",
                     to_value=WindowStatus.OPEN.value,
                     at=now,
-                    details={"window_id": window_id, "thresholds": thresholds.as_dict()},
+                    details={"window_id": window_id, "thresholds": thresholds.as_dict(), "share": share},
                 )
                 row = conn.execute(select(canary_windows).where(canary_windows.c.id == window_id)).one()
             return window_from_row(row), True
@@ -112,7 +114,7 @@ class CanaryRepository:
         return self.db.retrying(attempt)
 
     def _insert_window(
-        self, conn: Connection, name: str, version_id: str, thresholds: CanaryThresholds, now: datetime
+        self, conn: Connection, name: str, version_id: str, thresholds: CanaryThresholds, share: float, now: datetime
     ) -> int:
         try:
             return conn.execute(
@@ -123,6 +125,7 @@ class CanaryRepository:
                     status=WindowStatus.OPEN.value,
                     opened_at=now,
                     thresholds=thresholds.as_dict(),
+                    share=share,
                 )
                 .returning(canary_windows.c.id)
             ).scalar_one()
@@ -185,6 +188,55 @@ class CanaryRepository:
 
         return self.db.retrying(attempt)
 
+    def set_share(self, window_id: int, share: float, actor: str, reason: str | None = None) -> CanaryWindow:
+        """Set an active window's share of live requests; the same share again is a no-op
+        (nothing audited). The change is a compare-and-set on the share and status read, so
+        two changes racing are applied one after the other, each audited with what it
+        replaced (``canary_share``).
+
+        Raises:
+            NotFound: no such window.
+            IllegalTransition: the window is closed (only an open or ready one has a share).
+        """
+
+        def attempt() -> CanaryWindow:
+            with self.db.write() as conn:
+                row = self.window_row(conn, window_id)
+                if WindowStatus(row.status) not in ACTIVE:
+                    raise IllegalTransition(
+                        f"canary window {window_id} of {row.version_id} is {row.status}: "
+                        "only an open or ready window has a share of live requests",
+                        field="status",
+                    )
+                if row.share == share:
+                    return window_from_row(row)
+                done = conn.execute(
+                    update(canary_windows)
+                    .where(
+                        canary_windows.c.id == window_id,
+                        canary_windows.c.status.in_([s.value for s in ACTIVE]),
+                        canary_windows.c.share == row.share,
+                    )
+                    .values(share=share)
+                ).rowcount
+                if done != 1:
+                    raise ConcurrentUpdate(f"canary window {window_id} changed meanwhile", field="share")
+                self.db.audit(
+                    conn,
+                    actor=actor,
+                    action="canary_share",
+                    adapter_name=row.adapter_name,
+                    version_id=row.version_id,
+                    stage="canary",
+                    from_value=repr(row.share),
+                    to_value=repr(share),
+                    reason=reason,
+                    details={"window_id": window_id, "from": row.share, "to": share, "reason": reason},
+                )
+                return window_from_row(self.window_row(conn, window_id))
+
+        return self.db.retrying(attempt)
+
     def window_row(self, conn: Connection, window_id: int) -> Any:
         """The window's row, read in ``conn``'s transaction.
 
@@ -201,9 +253,15 @@ class CanaryRepository:
             return window_from_row(self.window_row(conn, window_id))
 
     def windows(
-        self, *, statuses: tuple[WindowStatus, ...] | None = None, version_id: str | None = None
+        self,
+        *,
+        statuses: tuple[WindowStatus, ...] | None = None,
+        version_id: str | None = None,
+        adapter_name: str | None = None,
     ) -> list[CanaryWindow]:
         query = select(canary_windows).order_by(canary_windows.c.id)
+        if adapter_name is not None:
+            query = query.where(canary_windows.c.adapter_name == adapter_name)
         if statuses is not None:
             query = query.where(canary_windows.c.status.in_([s.value for s in statuses]))
         if version_id is not None:

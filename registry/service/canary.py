@@ -8,20 +8,24 @@ from registry.errors import IllegalTransition, NotFound
 from registry.rules.access import Action
 from registry.rules.canary import ACTIVE, CanaryThresholds, CanaryWindow, Observation, WindowStatus
 from registry.rules.lifecycle import Pointer
+from registry.rules.share import check_share
 from registry.rules.text import check_text
 from registry.service.base import RegistryBase
 
 
 class CanaryMixin(RegistryBase):
-    def open_canary_window(self, version_id: str) -> tuple[CanaryWindow, bool]:
+    def open_canary_window(self, version_id: str, share: float | None = None) -> tuple[CanaryWindow, bool]:
         """Open the canary window of the adapter's current canary, with the thresholds the
-        settings give now (the window keeps them); returns (window, created). Opening it
-        again returns the active one; another version's active window is superseded.
+        settings give now (the window keeps them) and ``share`` of the adapter's live
+        requests (None: LORAGATE_CANARY_SHARE); returns (window, created). Opening it
+        again returns the active one as it is; another version's active window is superseded.
 
         Raises:
+            InvalidInput: INVALID_SHARE, a share outside [0, 1] (nothing changed).
             NotFound: no such version.
             IllegalTransition: the version is not the adapter's canary.
         """
+        share = check_share(self.settings.canary_share if share is None else share)
         version = self._store.versions.get(version_id)
         if self._store.pointers.resolve(version.name, Pointer.CANARY.value) != version_id:
             raise IllegalTransition(
@@ -30,13 +34,41 @@ class CanaryMixin(RegistryBase):
             )
         actor = self._authorize(Action.WATCH_CANARY, version.name)
         thresholds = CanaryThresholds.from_settings(self.settings)
-        return self._store.canary.open_window(version.name, version_id, thresholds, actor)
+        return self._store.canary.open_window(version.name, version_id, thresholds, actor, share)
 
     def canary_windows(
         self, statuses: tuple[WindowStatus, ...] | None = ACTIVE, version_id: str | None = None
     ) -> list[CanaryWindow]:
         """Windows by status (active ones by default), oldest first."""
         return self._store.canary.windows(statuses=statuses, version_id=version_id)
+
+    def active_canary_window(self, name: str) -> CanaryWindow | None:
+        """The adapter's open or ready window (at most one: migration 0008), or None."""
+        found = self._store.canary.windows(statuses=ACTIVE, adapter_name=name)
+        return found[-1] if found else None
+
+    def set_canary_share(self, name_or_window: str | int, share: float, reason: str | None = None) -> CanaryWindow:
+        """Give the active canary window of adapter ``name_or_window`` (or the window of that
+        id) ``share`` of the adapter's live requests; the same share again changes nothing.
+        Audited as ``canary_share`` with the share it replaced.
+
+        Raises:
+            InvalidInput: INVALID_SHARE, not a finite number in [0, 1]; INVALID_TEXT, a reason
+                that is not one line of printable text (nothing changed either way).
+            NotFound: no such window, or the adapter has no active one.
+            IllegalTransition: the window is closed.
+        """
+        share = check_share(share)
+        check_text(reason, field="reason")
+        if isinstance(name_or_window, int) and not isinstance(name_or_window, bool):
+            window = self._store.canary.window(name_or_window)
+        else:
+            active = self.active_canary_window(str(name_or_window))
+            if active is None:
+                raise NotFound(f"{name_or_window} has no open canary window", field="name")
+            window = active
+        actor = self._authorize(Action.WATCH_CANARY, window.adapter_name)
+        return self._store.canary.set_share(window.id, share, actor, reason)
 
     def canary_window(self, window_id: int) -> CanaryWindow:
         """Raises:

@@ -14,11 +14,22 @@ from registry.service.gc import GcMixin
 from registry.service.intake import IntakeMixin
 from registry.service.lifecycle import LifecycleMixin
 from registry.service.reading import ReadingMixin
+from registry.service.traffic import TrafficMixin
 from registry.settings import Settings
 from registry.storage.artifacts import open_artifact_store
 
 
-class Registry(ReadingMixin, IntakeMixin, LifecycleMixin, AccessMixin, FleetMixin, CanaryMixin, ApprovalMixin, GcMixin):
+class Registry(
+    ReadingMixin,
+    IntakeMixin,
+    LifecycleMixin,
+    AccessMixin,
+    FleetMixin,
+    CanaryMixin,
+    TrafficMixin,
+    ApprovalMixin,
+    GcMixin,
+):
     @classmethod
     def open(cls, settings: Settings, *, check_schema: bool = True, principal: Principal | None = None) -> Registry:
         """Connect to the registry ``settings`` name, acting as ``principal`` (default: the

@@ -36,7 +36,11 @@ SHARE_GRANTS: dict[str, tuple[str, ...]] = {
 def _grants() -> list[tuple[str, str, str]]:
     """(privilege, table, database role) for every grant of this revision."""
     pairs = [("replica", g) for g in REPLICA_GRANTS] + [(r, g) for r, gs in SHARE_GRANTS.items() for g in gs]
-    return [(*grant.split(" ON "), f"loragate_{role}") for role, grant in pairs]
+    found = []
+    for role, grant in pairs:
+        privilege, table = grant.split(" ON ")
+        found.append((privilege, table, f"loragate_{role}"))
+    return found
 
 
 def upgrade() -> None:
