@@ -149,3 +149,32 @@ def test_downgrade_revokes_the_share_grants_and_upgrade_restores_them(windowed):
         assert attempt(replica, SPLIT_READ, window_id) == 1
     finally:
         replica.dispose()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_the_application_as_each_database_user_changes_a_share_and_records_alerts_within_its_grants(windowed):
+    """What the real code paths write: signing and activation change a share, the fleet
+    records a traffic alert (its advisory lock and insert need no grant beyond the audit
+    log's) but cannot change a share -- the database refuses it, whatever the application
+    was told."""
+    from registry.errors import PermissionDenied
+    from registry.service import Registry
+    from tests.support.registries import IN_PROCESS
+
+    registry, window_id, engine = windowed
+
+    def as_role(role: str) -> Registry:
+        url = make_url(registry.settings.database_url).set(username=f"loragate_{role}")
+        settings = registry.settings.model_copy(update={"database_url": url.render_as_string(hide_password=False)})
+        return Registry.open(settings, principal=IN_PROCESS)
+
+    for role, share in (("signing", 0.3), ("activation", 0.6)):
+        with as_role(role) as acting:
+            assert acting.set_canary_share(NAME, share, reason=role).share == share
+    with as_role("fleet") as fleet:
+        assert fleet.record_traffic_alert(NAME, "fallback_rate", {"replica": "http://r:1"}) is True
+        assert fleet.record_traffic_alert(NAME, "fallback_rate", {"replica": "http://r:1"}) is False
+        with pytest.raises(PermissionDenied, match="loragate_fleet"):
+            fleet.set_canary_share(NAME, 0.9)
+    assert share_of(engine, window_id) == 0.6
