@@ -103,3 +103,27 @@ def test_scale_benchmark_runs_in_smoke_mode_on_the_session_replicas(
     # a suspended promote run has not ended: it queued, and has no run time yet
     assert burst["flow_runs"]["canary"]["ran_s"] and burst["flow_runs"]["promote"]["queued_s"]
     assert result["restart"]["2"]["answering"] == 2 and result["restart"]["2"]["fleet_in_sync"]
+
+
+def test_traffic_benchmark_runs_in_smoke_mode_on_the_session_replicas(
+    tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle
+):
+    argv = [
+        f"--replica={replicas['prod-a'].url}",
+        f"--replica={replicas['prod-b'].url}",
+        f"--adapter-dir={replica_adapters}",
+        f"--base={tiny_base}",
+        f"--replica-secrets={replicas['prod-a'].secrets_dir}",
+        "--bundles",
+        str(support_bundle),
+        str(tickets_bundle),
+    ]
+    result = run_bench("bench/traffic.py", "--smoke", *argv, "--out", str(tmp_path / "t.json"))
+    assert {"commit", "date", "machine", "targets"} <= set(result)
+    assert set(result["split"]) == {"0.01", "0.1", "0.5"}
+    for row in result["split"].values():
+        assert row["users"] > 0 and len(row["wilson_99"]) == 2
+        assert row["stickiness"]["across_replicas"]["users"] > 0
+    assert result["cost"]["on"]["n"] > 0 and result["cost"]["off"]["n"] > 0 and result["cost"]["peer"]
+    assert result["withdraw"]["rounds"] and {"routing", "reload"} <= set(result["rollback"])
+    assert all(isinstance(t["met"], bool) or t["met"] is None for t in result["targets"].values())
