@@ -17,11 +17,14 @@ registry and sends each user to one version, sticky per user. What loragate does
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import time
 from collections.abc import Callable
 from typing import Any
 
-from registry.errors import DeployFailed, NotFound
+from registry.errors import DeployFailed, ErrorCode, InvalidInput, NotFound, ReplicaError
 from registry.rules.canary import CanaryWindow
 from registry.rules.fleet import Placement, Replica, qualified_name, version_path
 from registry.service import Registry
@@ -140,3 +143,66 @@ def read_traffic(registry: Registry, name: str) -> tuple[list[dict[str, Any]], l
 
     results = on_each(production_replicas(registry, name), read)
     return [r for r in results.values() if isinstance(r, dict)], failures(results)
+
+
+# -- feedback ------------------------------------------------------------------------------
+
+FEEDBACK_OUTCOMES = ("accepted", "retried")
+
+
+def adapter_of_request_id(request_id: str) -> str:
+    """The adapter a replica's signed request id names (read, not trusted: the replica that
+    gets the feedback checks the signature).
+
+    Raises:
+        InvalidInput: INVALID_FEEDBACK, not a request id a replica gave.
+    """
+    try:
+        payload = request_id.split(".")[0]
+        body = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        adapter = body["a"]
+    except (ValueError, KeyError, TypeError, binascii.Error) as e:
+        raise InvalidInput(
+            "not a request id a replica gave (x-loragate-request-id)",
+            code=ErrorCode.INVALID_FEEDBACK,
+            field="request_id",
+        ) from e
+    if not isinstance(adapter, str) or request_id.count(".") != 1:
+        raise InvalidInput(
+            "not a request id a replica gave (x-loragate-request-id)",
+            code=ErrorCode.INVALID_FEEDBACK,
+            field="request_id",
+        )
+    return adapter
+
+
+def send_feedback(registry: Registry, request_id: str, outcome: str) -> dict[str, Any]:
+    """Tell a production replica of the answer's adapter that its user accepted it or asked
+    again; the replica checks the id's signature (any replica can) and counts it once.
+
+    Raises:
+        InvalidInput: INVALID_FEEDBACK, an outcome other than accepted/retried or a
+            malformed id.
+        NotFound: the adapter is unknown or has no production replica.
+        ReplicaError: no replica could be reached, or it refused the id (forged, altered).
+    """
+    if outcome not in FEEDBACK_OUTCOMES:
+        raise InvalidInput(
+            f"outcome must be one of {', '.join(FEEDBACK_OUTCOMES)}", code=ErrorCode.INVALID_FEEDBACK, field="outcome"
+        )
+    name = adapter_of_request_id(request_id)
+    registry.get_adapter(name)
+    replicas = production_replicas(registry, name)
+    if not replicas:
+        raise NotFound(f"{name} has no production replica to take feedback", field="request_id")
+    last: ReplicaError | None = None
+    for replica in replicas:
+        try:
+            with replica_client(registry, replica.url, retries=1) as client:
+                return {**client.feedback(request_id, outcome), "replica": replica.url}
+        except ReplicaError as e:
+            if e.code != ErrorCode.REPLICA_UNAVAILABLE:
+                raise
+            last = e
+    assert last is not None
+    raise last
