@@ -7,6 +7,11 @@ are told to read the routing table at once (``tasks/traffic.py``). A share that 
 number from 0 to 1 is refused before anything is read or changed (exit 2, one line
 naming ``share``).
 
+``canary feedback REQUEST_ID accepted|retried`` feeds "task completion": the id is the
+``x-loragate-request-id`` header of an answer, signed by the replica that gave it; a
+production replica of the adapter checks the signature and counts it once for the version
+that answered.
+
 Traffic alerts -- a tripped breaker, a replica falling back too often -- are audit records
 (``traffic_alert``); ``status`` shows those of the last 15 minutes as ``ALERT`` lines.
 """
@@ -44,6 +49,22 @@ def cmd_canary_share(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_canary_feedback(args: argparse.Namespace) -> int:
+    from tasks.traffic import check_feedback, send_feedback  # the replicas' client: only here
+
+    check_feedback(args.request_id, args.outcome)  # refused before anything is opened
+    with open_registry(args) as reg:
+        answer = send_feedback(reg, args.request_id, args.outcome)
+    emit(
+        args,
+        answer,
+        f"{answer.get('adapter')} {answer.get('version')}: {args.outcome} "
+        + ("counted" if answer.get("counted") else "already counted")
+        + f" (replica {answer.get('replica')})",
+    )
+    return EXIT_OK
+
+
 def recent_alerts(reg: Any) -> list[dict[str, Any]]:
     """The traffic alerts recorded in the last 15 minutes, oldest first."""
     return list(reg.traffic_alerts(utcnow() - RECENT_ALERTS))
@@ -69,3 +90,9 @@ def add_canary_commands(canary: argparse._SubParsersAction, common: argparse.Arg
     p.add_argument("share", help="a fraction from 0 to 1 (0.1) or a percentage (10%%); 0: probes only")
     p.add_argument("--reason", help="why (recorded in the audit log)")
     p.set_defaults(func=cmd_canary_share)
+    p = canary.add_parser(
+        "feedback", parents=[common], help="tell loragate whether a user accepted an answer or asked again"
+    )
+    p.add_argument("request_id", help="the answer's x-loragate-request-id header")
+    p.add_argument("outcome", help="accepted or retried")
+    p.set_defaults(func=cmd_canary_feedback)

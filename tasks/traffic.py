@@ -176,6 +176,19 @@ def adapter_of_request_id(request_id: str) -> str:
     return adapter
 
 
+def check_feedback(request_id: str, outcome: str) -> str:
+    """The adapter the feedback is for, once the outcome and the id's form are right.
+
+    Raises:
+        InvalidInput: INVALID_FEEDBACK naming ``outcome`` or ``request_id``.
+    """
+    if outcome not in FEEDBACK_OUTCOMES:
+        raise InvalidInput(
+            f"outcome must be one of {', '.join(FEEDBACK_OUTCOMES)}", code=ErrorCode.INVALID_FEEDBACK, field="outcome"
+        )
+    return adapter_of_request_id(request_id)
+
+
 def send_feedback(registry: Registry, request_id: str, outcome: str) -> dict[str, Any]:
     """Tell a production replica of the answer's adapter that its user accepted it or asked
     again; the replica checks the id's signature (any replica can) and counts it once.
@@ -186,11 +199,7 @@ def send_feedback(registry: Registry, request_id: str, outcome: str) -> dict[str
         NotFound: the adapter is unknown or has no production replica.
         ReplicaError: no replica could be reached, or it refused the id (forged, altered).
     """
-    if outcome not in FEEDBACK_OUTCOMES:
-        raise InvalidInput(
-            f"outcome must be one of {', '.join(FEEDBACK_OUTCOMES)}", code=ErrorCode.INVALID_FEEDBACK, field="outcome"
-        )
-    name = adapter_of_request_id(request_id)
+    name = check_feedback(request_id, outcome)
     registry.get_adapter(name)
     replicas = production_replicas(registry, name)
     if not replicas:
