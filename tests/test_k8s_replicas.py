@@ -106,12 +106,16 @@ FLEET_CONTROL = {"prefect-worker-canary", "prefect-worker-release", "prefect-wor
 
 
 def test_vllm_replicas_guard_their_admin_api_with_a_key_and_read_the_registry_from_mounted_files():
-    """The admin guard is on, and its key and the registry's read-only URL are files of a
-    Secret mounted read-only: no secret in the environment, only the directory's path."""
+    """The admin guard is on (then the live split), and its key and the registry's read-only
+    URL are files of a Secret mounted read-only: no secret in the environment, only the
+    directory's path."""
     for name, statefulset in vllm_statefulsets().items():
         c = container(statefulset, "vllm")
-        assert arg_after(c["args"], "--middleware") == "loragate_resolver.admin_guard.AdminGuard", name
+        # the guard first: a request the split sees already passed it
+        middleware = [c["args"][i + 1] for i, a in enumerate(c["args"]) if a == "--middleware"]
+        assert middleware == ["loragate_resolver.admin_guard.AdminGuard", "loragate_resolver.traffic.TrafficSplit"]
         env = env_of(c)
+        assert env["LORAGATE_BASE_MODEL_NAME"]["value"] == arg_after(c["args"], "--served-model-name"), name
         assert env["LORAGATE_REPLICA_SECRETS_DIR"]["value"] == REPLICA_SECRETS, name
         assert not any("secretKeyRef" in e.get("valueFrom", {}) for e in env.values()), name
         mount = next(m for m in c["volumeMounts"] if m["mountPath"] == REPLICA_SECRETS)
