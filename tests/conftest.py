@@ -184,6 +184,8 @@ def replicas(tiny_base, replica_adapters, replica_secrets, tmp_path_factory):
     from infra.replica import VllmReplica, start_replicas, stop_replicas
 
     logs = tmp_path_factory.mktemp("vllm-logs")
+    # each replica's injected faults (tests/test_traffic_split.py writes them): none until written
+    faults = tmp_path_factory.mktemp("replica-faults")
     started = {
         key: VllmReplica(
             tiny_base,
@@ -197,6 +199,7 @@ def replicas(tiny_base, replica_adapters, replica_secrets, tmp_path_factory):
             # a switched name in a batch, a client looping through switches killed the engine
             # within two switches at this setting
             max_cpu_loras=4,
+            faults_file=faults / f"{key}.json",
         )
         for key, role in (("prod-a", "production"), ("prod-b", "production"), ("canary", "canary"))
     }
