@@ -9,9 +9,13 @@ differently from what shadow validation recorded for the version.
 
 This module is pure judgement, like ``lifecycle``: from an observation and the ones before
 it, the verdict. Errors above production's or drift above epsilon are not noise: they roll
-the canary back at once. A p95 above ``ratio x production + slack`` must repeat
-``latency_breaches`` times in a row, because one slow sample on a shared host is. The
-window is ready for sign-off once its length has passed with every monitor in band.
+the canary back at once. A p95 above ``ratio x production + slack`` counts as a breach only
+when the rank test over both sides' samples says the canary is slower too (one slow sample
+moves a p95 of 16, not the ranks), and must repeat ``latency_breaches`` times in a row. A
+window that takes live traffic also carries the live judgement (``rules/live.py``): worse
+live errors or a tripped breaker roll back, a live latency breach joins the streak, too few
+live requests (or an unmet A/B bar, when it gates) keep it from ready. The window is ready
+for sign-off once its length has passed with every monitor in band.
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from registry.rules.significance import mann_whitney_greater
+
+if TYPE_CHECKING:
+    from registry.rules.live import LiveJudgement
 
 
 class WindowStatus(StrEnum):
@@ -95,6 +104,8 @@ class SideStats:
     p50_ms: float | None
     p95_ms: float | None
     error_kinds: dict[str, int] = field(default_factory=dict)
+    # the answered requests' latencies, for the rank test (empty in records older than it)
+    latencies_ms: tuple[float, ...] = ()
 
     @property
     def error_rate(self) -> float:
@@ -111,14 +122,22 @@ class SideStats:
             p50_ms=percentile(latencies_ms, 50),
             p95_ms=percentile(latencies_ms, 95),
             error_kinds=kinds,
+            latencies_ms=tuple(round(v, 3) for v in latencies_ms),
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "error_rate": round(self.error_rate, 4)}
+        return {**asdict(self), "latencies_ms": list(self.latencies_ms), "error_rate": round(self.error_rate, 4)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SideStats:
-        return cls(data["requests"], data["errors"], data["p50_ms"], data["p95_ms"], dict(data.get("error_kinds", {})))
+        return cls(
+            data["requests"],
+            data["errors"],
+            data["p50_ms"],
+            data["p95_ms"],
+            dict(data.get("error_kinds", {})),
+            tuple(float(v) for v in data.get("latencies_ms") or ()),
+        )
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -146,13 +165,27 @@ class Monitor:
         return asdict(self)
 
 
+# monitors whose breach counts towards the latency streak (probe and live)
+LATENCY_MONITORS = frozenset({"p95_ms", "live_p95_ms", "live_ms_per_token_p95"})
+
+
+def probe_slower(thresholds: CanaryThresholds, canary: SideStats, production: SideStats) -> bool:
+    """Whether the rank test over the probes' samples finds the canary slower at the
+    confidence; True where either side kept no samples (older records: the p95 decides)."""
+    if not canary.latencies_ms or not production.latencies_ms:
+        return True
+    test = mann_whitney_greater(list(canary.latencies_ms), list(production.latencies_ms))
+    return test is not None and test.p_value < 1 - thresholds.confidence
+
+
 def monitors(thresholds: CanaryThresholds, canary: SideStats, production: SideStats, drift: float) -> list[Monitor]:
-    """The three monitors of one observation, each with its bound."""
+    """The three monitors of one observation, each with its bound. The p95 is out of band
+    above its bound only when the rank test confirms the canary is slower."""
     p95_bound = None
     p95_in_band = True
     if canary.p95_ms is not None and production.p95_ms is not None:
         p95_bound = production.p95_ms * thresholds.p95_ratio + thresholds.p95_slack_ms
-        p95_in_band = canary.p95_ms <= p95_bound
+        p95_in_band = canary.p95_ms <= p95_bound or not probe_slower(thresholds, canary, production)
     elif canary.p95_ms is None and canary.requests:
         p95_in_band = False  # every canary request failed: no latency to judge, and that is not in band
     return [
@@ -208,6 +241,8 @@ class Observation:
     monitors: list[Monitor]
     reasons: list[str]
     id: int | None = None
+    # the live judgement of this evaluation (LiveJudgement.as_dict()); None: probes only
+    live: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -221,7 +256,12 @@ class Observation:
             "verdict": self.verdict.value,
             "monitors": [m.as_dict() for m in self.monitors],
             "reasons": self.reasons,
+            "live": self.live,
         }
+
+
+def _latency_breach(checks: list[Monitor]) -> bool:
+    return any(m.name in LATENCY_MONITORS and not m.in_band for m in checks)
 
 
 def judge(
@@ -231,29 +271,44 @@ def judge(
     drift: float,
     earlier: list[Observation],
     now: datetime,
+    live: LiveJudgement | None = None,
 ) -> tuple[Verdict, list[Monitor], list[str]]:
-    """The verdict on one observation, given the window's earlier ones (oldest first).
+    """The verdict on one observation, given the window's earlier ones (oldest first) and,
+    for a window that takes live traffic, the live judgement of the same evaluation.
 
     Returns (verdict, monitors, reasons); reasons name every monitor out of band, or say
-    why the window is not ready yet.
+    why the window is not ready yet. A window with a share of live traffic and a minimum of
+    live requests is not ready without a live judgement.
     """
     t = window.thresholds
     checks = monitors(t, canary, production, drift)
     by_name = {m.name: m for m in checks}
+    if live is not None:
+        checks += live.monitors
     reasons = [f"{m.describe()} (out of band)" for m in checks if not m.in_band]
-    if not by_name["error_rate"].in_band or not by_name["golden_drift"].in_band:
+    if live is not None:
+        reasons += live.reasons
+    if not by_name["error_rate"].in_band or not by_name["golden_drift"].in_band or (live and live.rollback):
         return Verdict.ROLLBACK, checks, reasons
-    if not by_name["p95_ms"].in_band:
+    if _latency_breach(checks):
         streak = 1
         for previous in reversed(earlier):
-            if any(m.name == "p95_ms" and not m.in_band for m in previous.monitors):
+            if _latency_breach(previous.monitors):
                 streak += 1
             else:
                 break
         if streak >= t.latency_breaches:
             return Verdict.ROLLBACK, checks, [*reasons, f"p95 out of band {streak} observations in a row"]
         return Verdict.CONTINUE, checks, [*reasons, f"p95 out of band {streak}/{t.latency_breaches} in a row"]
+    if live is not None:
+        not_ready = live.not_ready_reasons
+    elif window.share > 0 and t.min_live_requests > 0:
+        not_ready = [f"live: no live figures for a window at share {window.share:g}"]
+    else:
+        not_ready = []
     if now < window.ends_at:
         left = (window.ends_at - now).total_seconds()
-        return Verdict.CONTINUE, checks, [f"in band; window ends in {left:.0f} s"]
+        return Verdict.CONTINUE, checks, [f"in band; window ends in {left:.0f} s", *not_ready]
+    if not_ready:
+        return Verdict.CONTINUE, checks, ["window over but not ready", *not_ready]
     return Verdict.READY, checks, [f"in band for the whole window ({t.length_s:g} s)"]
