@@ -188,7 +188,10 @@ def test_a_window_with_a_share_and_no_live_figures_is_not_ready():
 def test_fallbacks_far_above_production_keep_a_window_from_ready():
     live = sides(LiveSide(200, fallbacks=40, latency_ms=tuple(spread(160, 100.0))), LiveSide(1000, fallbacks=2))
     got = judge_live(BANDS, live, 0.01)
-    assert not got.rollback and any("fell back to the base 40/200" in r for r in got.not_ready_reasons)
+    assert not got.rollback and any("fell back to the base 40 of 240" in r for r in got.not_ready_reasons)
+    # a breaker keeping every request from the canary: more fallbacks than requests handled
+    kept = judge_live(BANDS, sides(LiveSide(3, errors=3, fallbacks=500, trips=1), LiveSide(1000)), 0.01)
+    assert kept.rollback and any("fell back to the base 500 of 503" in r for r in kept.not_ready_reasons)
 
 
 GATED = CanaryThresholds(length_s=60, min_live_requests=100, ab_gate=True, ab_error_margin=0.01)
@@ -277,7 +280,7 @@ def test_figures_are_summed_across_replicas_once_each():
     live = stats(first, second, first)  # r1 reported twice: counted once
     assert live.replicas == 2
     assert (live.canary.requests, live.canary.errors, live.canary.fallbacks) == (30, 3, 1)
-    assert (live.canary.accepted, live.canary.retried, live.canary.answered) == (10, 1, 29)
+    assert (live.canary.accepted, live.canary.retried, live.canary.routed) == (10, 1, 31)
     assert sorted(live.canary.latency_ms) == [100.0, 110.0, 120.0] and live.canary.breaker_open
     assert (live.production.requests, live.production.errors) == (2000, 5)
     assert live.base.requests == 5, "the base's answers are reported apart"

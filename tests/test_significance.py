@@ -174,13 +174,16 @@ NONE_CASES = [
     ("z, empty side", lambda: two_proportion_z(0, 0, 0, 0)),
     ("wilson, no trials", lambda: wilson_interval(0, 0)),
     ("newcombe, empty side", lambda: newcombe_difference(1, 10, 0, 0)),
+    ("fisher, more events than trials", lambda: fisher_exact_greater(11, 10, 0, 10)),
+    ("z, a negative count", lambda: two_proportion_z(-1, 10, 0, 10)),
+    ("wilson, more events than trials", lambda: wilson_interval(3, 2)),
     ("rank test, empty a", lambda: mann_whitney_greater([], [1.0])),
     ("rank test, empty b", lambda: mann_whitney_greater([1.0], [])),
 ]
 
 
 @pytest.mark.parametrize("case, call", NONE_CASES, ids=[c[0] for c in NONE_CASES])
-def test_an_empty_side_gives_no_result(case, call):
+def test_an_empty_or_impossible_side_gives_no_result(case, call):
     assert call() is None
 
 

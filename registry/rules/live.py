@@ -2,11 +2,13 @@
 
 Each production replica counts, per adapter, version and canary window, the requests it
 answered (``GET /loragate/traffic``); ``LiveStats.from_replicas`` sums one such document
-per replica into a canary side and a production side. Field meanings, per version entry:
-``requests`` were routed to the version, ``errors`` and ``fallbacks`` (answered by the base
-instead) are among them, latency samples are of answered requests, ``accepted``/``retried``
-the tenant's feedback. Entries of version ``"base"`` (the base answering for the adapter)
-are reported apart, since a version's own ``fallbacks`` already says which side fell back.
+per replica into a canary side and a production side. Field meanings, per version entry
+(the plugin's ``live_stats.py``): ``requests`` the version handled, ``errors`` among them
+(a failure that fell back included), ``fallbacks`` the requests the base answered for it
+(its failures, and requests its open breaker kept from it, which are not in ``requests``),
+latency samples of its good answers, ``accepted``/``retried`` the tenant's feedback.
+Entries of version ``"base"`` (the base answering for the adapter) are reported apart,
+since a version's own ``fallbacks`` already says which side fell back.
 
 ``judge_live`` turns them into monitors. Both sides are served by the same replicas at the
 same moments, so what differs is the version -- but live counts are small at a 1 % share,
@@ -49,9 +51,11 @@ class LiveSide:
     breaker_open: bool = False
 
     @property
-    def answered(self) -> int:
-        """Requests the version itself answered (not the base for it)."""
-        return max(0, self.requests - self.fallbacks)
+    def routed(self) -> int:
+        """An upper bound of the requests sent its way: those it handled and those its
+        breaker kept from it (a failure that fell back is in both: counted twice, on both
+        sides alike)."""
+        return self.requests + self.fallbacks
 
     @property
     def error_rate(self) -> float | None:
@@ -313,13 +317,13 @@ def judge_live(thresholds: CanaryThresholds, live: LiveStats, share: float) -> L
         per_token,
     ]
     not_ready = []
-    if share > 0 and c.answered < t.min_live_requests:
-        not_ready.append(f"live: {c.answered} of {t.min_live_requests} requests needed")
-    fallbacks = fisher_exact_greater(c.fallbacks, c.requests, p.fallbacks, p.requests)
+    if share > 0 and c.requests < t.min_live_requests:
+        not_ready.append(f"live: {c.requests} of {t.min_live_requests} requests needed")
+    fallbacks = fisher_exact_greater(c.fallbacks, c.routed, p.fallbacks, p.routed)
     if fallbacks is not None and fallbacks.p_value < alpha:
         not_ready.append(
-            f"live: the canary fell back to the base {c.fallbacks}/{c.requests} "
-            f"against production's {p.fallbacks}/{p.requests} (p={fallbacks.p_value:.2g})"
+            f"live: the canary fell back to the base {c.fallbacks} of {c.routed} times "
+            f"against production's {p.fallbacks} of {p.routed} (p={fallbacks.p_value:.2g})"
         )
     ab = compare(t, c, p)
     if t.ab_gate and not ab.meets_bar:

@@ -40,16 +40,22 @@ class ProportionTest:
     method: str  # "z" (pooled normal approximation) or "exact" (Fisher)
 
 
+def _counts(x1: int, n1: int, x2: int, n2: int) -> bool:
+    """Whether both sides are event counts out of at least one trial."""
+    return 0 <= x1 <= n1 and 0 <= x2 <= n2 and n1 > 0 and n2 > 0
+
+
 def two_proportion_z(x1: int, n1: int, x2: int, n2: int) -> ProportionTest | None:
     """Pooled two-proportion z-test, one-sided: is x1/n1 higher than x2/n2?
 
     z = (p1 - p2) / sqrt(p (1 - p) (1/n1 + 1/n2)) with the pooled p = (x1 + x2) / (n1 + n2);
     the p-value is P(Z >= z). With no events or only events on both sides the rates are
-    equal and there is no evidence: z = 0, p = 1. None when a side has no trials. Rare events
+    equal and there is no evidence: z = 0, p = 1. None when a side has no trials (or more
+    events than trials). Rare events
     make it overconfident (1/100 against 0/1000 gives z = 3.2): decide with
     ``fisher_exact_greater`` there.
     """
-    if n1 <= 0 or n2 <= 0:
+    if not _counts(x1, n1, x2, n2):
         return None
     pooled = (x1 + x2) / (n1 + n2)
     variance = pooled * (1 - pooled) * (1 / n1 + 1 / n2)
@@ -69,9 +75,9 @@ def fisher_exact_greater(x1: int, n1: int, x2: int, n2: int) -> ProportionTest |
     Given the events of both sides together, the p-value is the hypergeometric probability
     that side 1 holds x1 of them or more -- exact at any count, so a single error among few
     requests is never "significant" (1/100 against 0/1000: p = 0.091). The statistic is
-    the difference of the rates. None when a side has no trials.
+    the difference of the rates. None when a side has no trials (or more events than trials).
     """
-    if n1 <= 0 or n2 <= 0:
+    if not _counts(x1, n1, x2, n2):
         return None
     total, events = n1 + n2, x1 + x2
     low, high = max(0, events - n2), min(events, n1)
@@ -93,9 +99,9 @@ def wilson_interval(x: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     """Wilson's score interval for the proportion x/n (two-sided, no continuity correction).
 
     Unlike the Wald interval it stays inside [0, 1] and is not empty at x = 0 or x = n.
-    None when n = 0.
+    None when n = 0 (or x is not a count out of n).
     """
-    if n <= 0:
+    if not 0 <= x <= n or n <= 0:
         return None
     z = two_sided_z(confidence)
     p = x / n
