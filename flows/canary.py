@@ -7,7 +7,8 @@ on each verdict in window order:
 out of band rolls the canary back automatically (replicas withdrawn, version
 ``rolled_back`` with the reason, Slack); in band for the whole window announces
 ``loragate.canary.ready``, which starts the promotion that waits for a sign-off. Each
-window's observations are a Prefect table artifact, its verdict a markdown one.
+window's observations are a Prefect table artifact, its verdict a markdown one. A live-traffic
+alert the replicas raise (a tripped breaker, too many fallbacks) goes to Slack once.
 """
 
 from __future__ import annotations
@@ -60,7 +61,14 @@ def canary_evaluate_flow() -> dict[str, str]:
         observed = future.result()
         if observed is None:
             continue
-        observation, observations = observed
+        observation, observations, alerts = observed
+        for alert in alerts:
+            logger.warning("live traffic alert: %s", alert)
+            notify_task(
+                notify.traffic_alert(
+                    alert["name"], alert["version_id"], alert["kind"], alert["replica"], alert["detail"]
+                )
+            )
         verdicts[window.version_id] = observation.verdict.value
         key = artifact_key("canary", window.adapter_name)
         create_table_artifact(

@@ -1,13 +1,21 @@
-"""The canary gate's work: deploy to the canary replicas, observe, withdraw or promote.
+"""The canary gate's work: deploy, open the live split, observe, withdraw or promote.
 
-``observe_window`` is one scheduled evaluation of one open window. It sends the version's
-golden prompts and the configured probe set through every canary replica and every
-production replica over the OpenAI-compatible API -- the logical adapter name as
-``model``, exactly as tenants call it -- interleaving the two sides prompt by prompt, so a
-busy host slows both alike. Production answers with the adapter's production version, or
-with the bare base while the adapter has none. The canary's greedy answers to the golden
-prompts are compared with what shadow validation recorded for the version (golden drift).
-``registry.rules.canary.judge`` decides; the observation is recorded either way.
+``deploy_canary`` puts the version on the canary replicas (a switch, verified), opens its
+window at share 0, warms it on every production replica as ``name@version`` (verified the
+same way) and only then gives it its share of live requests (``tasks/traffic.py``): users
+never reach a version that was not loaded and checked where they are served.
+
+``observe_window`` is one scheduled evaluation of one open window. Probes: the version's
+golden prompts and the configured probe set, sent as the fleet (never split or counted as
+a user's), interleaved prompt by prompt with production's answers so a busy host slows both
+alike: while the canary takes live traffic, as ``name@version`` on the production replicas
+themselves (both versions on the same replicas); a dark canary on the canary replicas. Live: the
+figures every production replica's split counted for both versions in this window.
+``registry.rules.canary.judge`` decides on both; the observation is recorded either way.
+
+A withdrawal sends 0 % to the canary first (pushed to every replica), then moves the pointer
+back; a promotion sends 100 % to the warm canary first, then moves production, then keeps
+the replaced version warm as ``name@version`` so a rollback only moves traffic.
 """
 
 from __future__ import annotations
@@ -18,15 +26,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from registry.errors import ErrorCode, IllegalTransition, InvalidInput, ReplicaError
+from registry.errors import DeployFailed, ErrorCode, IllegalTransition, InvalidInput, LoragateError, ReplicaError
 from registry.intake.jsonio import loads_object
 from registry.records.adapters import utcnow
-from registry.rules.canary import CanaryWindow, Observation, SideStats, WindowStatus, judge
-from registry.rules.fleet import Replica, ReplicaRole
+from registry.rules.canary import ACTIVE, CanaryWindow, Observation, SideStats, WindowStatus, judge
+from registry.rules.fleet import Replica, ReplicaRole, qualified_name
+from registry.rules.live import LiveJudgement, LiveStats, judge_live
 from registry.rules.names import AdapterName
 from registry.service import Registry
 from tasks.fleet import promote_and_switch, replica_client, rollback_and_switch
 from tasks.replicas import ReplicaClient
+from tasks.routes import push_routes
+from tasks.traffic import cool_version, read_traffic, warm_version
+from tasks.traffic_watch import TrafficAlert, alerts_in, record_alerts
 
 Progress = Callable[[str], None]
 
@@ -105,16 +117,28 @@ def deploy_canary(registry: Registry, version_id: str, progress: Progress = _qui
         DeployFailed: a replica could not be switched or verified (nothing moved).
     """
     version = registry.get_version(version_id)
-    canaries, _ = stage_replicas(registry, version.name)
-    if not canaries:
+    canaries, productions = stage_replicas(registry, version.name)
+    share = registry.settings.canary_share
+    if not canaries and not (productions and share > 0):
         raise InvalidInput(
-            f"base {version.base_model_id} has no canary replica (loragate fleet add URL --role canary)",
+            f"base {version.base_model_id} has no canary replica (loragate fleet add URL --role canary) "
+            "and no production replica to split live traffic on (LORAGATE_CANARY_SHARE > 0)",
             code=ErrorCode.INVALID_SETTING,
             field="role",
         )
     _, report = promote_and_switch(registry, version_id, "canary", reason="canary gate", progress=progress)
-    window, created = registry.open_canary_window(version_id)
+    window, created = registry.open_canary_window(version_id, share=0.0)
     progress(f"canary window {window.id} {'opened' if created else 'already open'} until {window.ends_at:%H:%M:%S}")
+    if productions and (share > 0 or window.share > 0):
+        try:
+            report += warm_version(registry, version.name, version_id, progress)
+        except DeployFailed as e:
+            withdraw_canary(registry, window, f"canary could not be warmed on production: {e.message}", progress)
+            raise
+        if created and share > 0:
+            window = registry.set_canary_share(version.name, share, reason="canary gate: live split opened")
+        push_routes(registry, version.name, progress)
+        progress(f"{version.name}: {window.share:.2%} of live requests to {version_id}")
     return CanaryDeployment(window, created, report)
 
 
@@ -132,7 +156,8 @@ class _Side:
 
 def _send(client: ReplicaClient, model: str, probe: Probe, side: _Side) -> str | None:
     try:
-        completion = client.complete(model, probe.prompt, probe.max_tokens)
+        # as the fleet: the replicas' split passes a probe through as named, uncounted
+        completion = client.complete(model, probe.prompt, probe.max_tokens, admin=True)
     except ReplicaError as e:
         side.errors.append(e.code.value)
         return None
@@ -140,8 +165,11 @@ def _send(client: ReplicaClient, model: str, probe: Probe, side: _Side) -> str |
     return completion.text
 
 
-def observe_window(registry: Registry, window: CanaryWindow, progress: Progress = _quiet) -> Observation:
-    """One evaluation of an open window: probe both sides, judge, record.
+def observe_window(
+    registry: Registry, window: CanaryWindow, progress: Progress = _quiet
+) -> tuple[Observation, list[TrafficAlert]]:
+    """One evaluation of an open window: probe both sides, read the live figures, judge,
+    record; returns the observation and the traffic alerts recorded now (to announce).
 
     Raises:
         InvalidInput: the probe set setting is unreadable.
@@ -159,14 +187,19 @@ def observe_window(registry: Registry, window: CanaryWindow, progress: Progress 
     with contextlib.ExitStack() as stack:
         # one connection per replica for the whole observation: latencies are the answers',
         # not TCP set-ups'
-        canary_clients = [stack.enter_context(replica_client(registry, r.url, retries=0)) for r in canaries]
+        canary_clients = [(stack.enter_context(replica_client(registry, r.url, retries=0)), name) for r in canaries]
         production_clients = [(stack.enter_context(replica_client(registry, r.url, retries=0)), r) for r in productions]
+        if window.share > 0 and production_version and production_clients:
+            # warm on the production replicas: the same replicas answer for both versions, so
+            # a canary pool busy with other canaries' probes does not make this one look slow
+            warm_as = qualified_name(name, window.version_id)
+            canary_clients = [(client, warm_as) for client, _ in production_clients]
         for round_ in range(registry.settings.canary_probe_rounds):
             for probe in probes:
                 if probe.case_id is not None and round_ == 0:
                     golden += 1
-                for client in canary_clients:
-                    text = _send(client, name, probe, canary)
+                for client, model in canary_clients:
+                    text = _send(client, model, probe, canary)
                     judged = round_ == 0 and probe.case_id is not None
                     if judged and (text is None or text.strip() != answers.get(probe.case_id or "", "").strip()):
                         drifted.add(probe.case_id or "")
@@ -174,9 +207,10 @@ def observe_window(registry: Registry, window: CanaryWindow, progress: Progress 
                     model = name if production_version else replica.served_model_name
                     _send(client, model, probe, production)
     drift = len(drifted) / golden if golden else 0.0
+    live, alerts = _live_judgement(registry, window, production_version)
     earlier = registry.canary_observations(window.id)
     now = utcnow()
-    verdict, checks, reasons = judge(window, canary.stats(), production.stats(), drift, earlier, now)
+    verdict, checks, reasons = judge(window, canary.stats(), production.stats(), drift, earlier, now, live=live)
     observation = registry.record_canary_observation(
         Observation(
             window_id=window.id,
@@ -188,10 +222,29 @@ def observe_window(registry: Registry, window: CanaryWindow, progress: Progress 
             verdict=verdict,
             monitors=checks,
             reasons=reasons,
+            live=None if live is None else live.as_dict(),
         )
     )
     progress(f"{name} {window.version_id}: {verdict.value} ({'; '.join(reasons)})")
-    return observation
+    return observation, alerts
+
+
+def _live_judgement(
+    registry: Registry, window: CanaryWindow, production_version: str | None
+) -> tuple[LiveJudgement | None, list[TrafficAlert]]:
+    """The live figures of both versions in this window, summed over the production
+    replicas, judged (None while the window's share is 0: a dark canary, probes only), and
+    the traffic alerts they raise that were recorded now."""
+    documents, unreachable = read_traffic(registry, window.adapter_name)
+    raised = alerts_in(documents, window.adapter_name, registry.settings.fallback_alert_rate)
+    alerts = record_alerts(registry, raised)
+    if window.share <= 0:
+        return None, alerts
+    live = LiveStats.from_replicas(documents, window.adapter_name, window.id, window.version_id, production_version)
+    judgement = judge_live(window.thresholds, live, window.share)
+    if unreachable:
+        judgement.not_ready_reasons.append(f"live figures of {len(unreachable)} replica(s) unreadable")
+    return judgement, alerts
 
 
 # -- decide --------------------------------------------------------------------------------
@@ -204,11 +257,17 @@ def withdraw_from_canary(
     version becomes ``rolled_back`` with the reason -- unless it is no longer the canary
     (decided under the adapter's lock), so a repeat after a crash moves nothing and a
     version that replaced it meanwhile is never withdrawn by this decision."""
+    push_routes(registry, name, progress)  # a closed window's canary gets no traffic from here on
     rollback_and_switch(registry, name, "canary", reason=reason, expected_version=version_id, progress=progress)
+    cool_version(registry, name, version_id, progress)
 
 
 def withdraw_canary(registry: Registry, window: CanaryWindow, reason: str, progress: Progress = _quiet) -> CanaryWindow:
-    """Auto-rollback: the canary is withdrawn and its window closes."""
+    """Auto-rollback: the canary gets 0 % of live traffic on every replica at once, then is
+    withdrawn, and its window closes."""
+    current = registry.canary_window(window.id)
+    if current.status in ACTIVE and current.share > 0:
+        registry.set_canary_share(window.adapter_name, 0.0, reason=reason[:200])
     withdraw_from_canary(registry, window.adapter_name, window.version_id, reason, progress)
     return registry.close_canary_window(window.id, WindowStatus.ROLLED_BACK, reason)
 
@@ -238,12 +297,41 @@ def promote_canary(
         raise IllegalTransition(
             f"{version_id}'s canary window is {window.status.value}, not ready for production", field="version_id"
         )
-    _, report = promote_and_switch(
-        registry,
-        version_id,
-        "production",
-        reason=reason,
-        progress=progress,
-        acknowledge_scan_review=acknowledge_scan_review,
-    )
-    return registry.close_canary_window(window.id, WindowStatus.PROMOTED, reason), previous, report
+    share_before = window.share
+    if share_before > 0 and share_before < 1:
+        # every user to the warm canary first: the switch below then moves no user's traffic
+        registry.set_canary_share(name, 1.0, reason="promotion: all live traffic to the canary")
+        push_routes(registry, name, progress)
+    try:
+        _, report = promote_and_switch(
+            registry,
+            version_id,
+            "production",
+            reason=reason,
+            progress=progress,
+            acknowledge_scan_review=acknowledge_scan_review,
+        )
+    except BaseException:
+        if share_before > 0 and share_before < 1:
+            registry.set_canary_share(name, share_before, reason="promotion failed: the split as it was")
+            push_routes(registry, name, progress)
+        raise
+    closed = registry.close_canary_window(window.id, WindowStatus.PROMOTED, reason)
+    push_routes(registry, name, progress)
+    keep_previous_warm(registry, name, previous, version_id, progress)
+    return closed, previous, report
+
+
+def keep_previous_warm(
+    registry: Registry, name: str, previous: str | None, promoted: str, progress: Progress = _quiet
+) -> None:
+    """After a promotion: the replaced version stays warm as ``name@version`` on the
+    production replicas, so rolling back only moves traffic; the promoted one, now served
+    under the plain name, is dropped from its qualified name. Best effort: without a warm
+    previous, a rollback reloads, as it always could."""
+    if previous is not None:
+        try:
+            warm_version(registry, name, previous, progress)
+        except (DeployFailed, LoragateError) as e:
+            progress(f"{name}: previous {previous} not kept warm ({e.one_line()}); a rollback will reload")
+    cool_version(registry, name, promoted, progress)

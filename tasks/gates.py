@@ -135,17 +135,18 @@ def open_canary_windows() -> list[CanaryWindow]:
 
 
 @task(cache_policy=NO_CACHE, name="observe-canary")
-def observe_canary(window_id: int) -> tuple[Observation, list[Observation]] | None:
-    """One observation (recorded: not retried), and the window's observations so far; None
-    when the version is no longer the canary (moved by hand): its window is superseded."""
+def observe_canary(window_id: int) -> tuple[Observation, list[Observation], list[dict[str, Any]]] | None:
+    """One observation (recorded: not retried), the window's observations so far and the
+    live-traffic alerts recorded now; None when the version is no longer the canary (moved
+    by hand): its window is superseded."""
     with registry_as(Role.ACTIVATION) as registry:
         window = registry.canary_window(window_id)
         if registry.get_adapter(window.adapter_name).canary != window.version_id:
             registry.close_canary_window(window_id, WindowStatus.SUPERSEDED, "no longer the canary")
             _log(f"{window.version_id} is no longer the canary of {window.adapter_name}: window closed")
             return None
-        observation = canary.observe_window(registry, window, progress=_progress())
-        return observation, registry.canary_observations(window_id)
+        observation, alerts = canary.observe_window(registry, window, progress=_progress())
+        return observation, registry.canary_observations(window_id), [a.as_dict() for a in alerts]
 
 
 @task(

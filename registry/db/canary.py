@@ -62,6 +62,7 @@ def _observation_from_dict(data: dict[str, Any], observation_id: int) -> Observa
         verdict=Verdict(data["verdict"]),
         monitors=[Monitor(**m) for m in data["monitors"]],
         reasons=list(data["reasons"]),
+        live=data.get("live"),
     )
 
 

@@ -242,6 +242,10 @@ def stack_fixture(prefect_server, pg_template, replicas, replica_adapters, tiny_
         # rollback here would be chance; drift and errors stay strict, and the latency rule
         # is a row of tests/test_canary.py's verdict table
         "LORAGATE_CANARY_P95_SLACK_MS": "5000",
+        # the canary opens its live split (1 %) on the production replicas, but no user sends
+        # traffic here: the minimum of live requests is tests/test_live_verdict.py's (and
+        # tests/test_live_canary.py's, with users)
+        "LORAGATE_CANARY_MIN_LIVE_REQUESTS": "0",
         "LORAGATE_APPROVAL_POLL_S": "1",
         "LORAGATE_UNRESPONSIVE_AFTER_S": str(UNRESPONSIVE_AFTER_S),
         "LORAGATE_UI_URL": prefect_server.ui_url,
