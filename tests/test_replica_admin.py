@@ -2,7 +2,8 @@
 unload, in-place load, any other state-changing path) needs the fleet's admin key, a client's
 key never counts, and even with the admin key a load is only of bytes the registry recorded
 for a version this role may serve. Inference needs no admin key. The resolver, asked for a
-name a volume writer re-pointed at a validated but unapproved version, refuses it."""
+name a volume writer re-pointed at a validated but unapproved version, refuses it (and the
+traffic split answers the client from production's own path instead)."""
 
 from __future__ import annotations
 
@@ -101,8 +102,11 @@ def test_the_resolver_refuses_a_production_entry_a_volume_writer_pointed_at_an_u
     try:
         with admin_client(live.registry, replica.url) as fleet:
             fleet.unload(live.name)  # as a switch or a restart would: the resolver is asked next
-        with pytest.raises(ReplicaError):
-            answer(replica.url, live.name)
+        # the forged entry is never served; the client is not refused either: the traffic
+        # split answers from production's own path (name@version), as the registry says
+        with ReplicaClient(replica.url) as client:
+            served = client.complete(live.name, SUPPORT_PROMPT, 32)
+        assert (served.version, served.text.strip()) == (live.v1, before)
         assert live.name not in {m.id for m in ReplicaClient(replica.url).models()}
     finally:
         replace_entries(adapter_dir, live.name, entries)
