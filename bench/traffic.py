@@ -33,6 +33,7 @@ import argparse
 import datetime
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,7 +49,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 import bench.fleet_setup  # noqa: E402
-from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, promote_back, use_fleet  # noqa: E402
+from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, use_fleet  # noqa: E402
 from bench.harness import emit, replicas_obey  # noqa: E402
 from bench.traffic_balancer import round_robin  # noqa: E402
 from bench.traffic_clients import ADMIN_HEADER  # noqa: E402
@@ -164,9 +165,9 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
 def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="the smallest run: does it still work (figures rough)")
-    parser.add_argument("--users", type=int, help="fresh users per share (default 2000; smoke 150)")
-    parser.add_argument("--sticky-users", type=int, help="of them, how many ask again (default 500; smoke 40)")
-    parser.add_argument("--repeats", type=int, help="how many times more they ask (default 3; smoke 2)")
+    parser.add_argument("--users", type=int, help="fresh users per share (default 2000; smoke 100)")
+    parser.add_argument("--sticky-users", type=int, help="of them, how many ask again (default 500; smoke 30)")
+    parser.add_argument("--repeats", type=int, help="how many times more they ask (default 3; smoke 1)")
     parser.add_argument("--workers", type=int, default=4, help="requests in flight through the balancer (split)")
     parser.add_argument("--clients", type=int, help="concurrent clients of the replica (cost; default 4, smoke 2)")
     parser.add_argument("--block-s", type=float, help="seconds per cost block (default 5, smoke 1.5)")
@@ -188,9 +189,9 @@ def arguments() -> argparse.Namespace:
     if args.replica and not (len(args.replica) == 2 and args.adapter_dir and args.base and args.replica_secrets):
         parser.error("--replica twice, with --adapter-dir, --base and --replica-secrets")
     smoke = args.smoke
-    args.users = args.users or (150 if smoke else 2000)
-    args.sticky_users = min(args.users, args.sticky_users or (40 if smoke else 500))
-    args.repeats = args.repeats or (2 if smoke else 3)
+    args.users = args.users or (100 if smoke else 2000)
+    args.sticky_users = min(args.users, args.sticky_users or (30 if smoke else 500))
+    args.repeats = args.repeats or (1 if smoke else 3)
     args.clients = args.clients or (2 if smoke else 4)
     args.block_s = args.block_s or (1.5 if smoke else 5.0)
     args.cost_rounds = args.rounds or (2 if smoke else 4)
@@ -229,7 +230,9 @@ def main() -> None:
         "machine": machine(),
         "smoke": args.smoke,
     }
-    with tempfile.TemporaryDirectory(prefix="loragate-bench-traffic-") as tmp:
+    # running replicas keep reading the run's registry until told another: a file they open
+    # as it is removed is left behind, and removed again below
+    with tempfile.TemporaryDirectory(prefix="loragate-bench-traffic-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
         setup = build_setup(work, args.base)
         secrets_dir, admin_key = replicas_obey(setup.registry, args.replica_secrets)
@@ -307,12 +310,15 @@ def main() -> None:
             promote_canary(registry, setup.v2, "bench", log)
             log("rollback under load: routing change vs reload")
             result["rollback"] = bench_rollback(setup, urls, args.move_rounds, args.load_threads, args.command, log)
-            if setup.production() != setup.v2:
-                promote_back(setup)
             result["targets"] = targets(result)
         finally:
             stop_replicas(started)
             setup.registry.close()
+    for _ in range(3):
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not Path(tmp).exists():
+            break
+        time.sleep(1.0)
     result["wall_s"] = round(time.perf_counter() - wall, 1)
     emit(result, args.out)
 

@@ -22,6 +22,7 @@ returned still got it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import tasks.fleet
 from bench.fleet_setup import Setup, promote_back
 from bench.traffic_clients import Answer, UserLoop, last_answer_of, wait_for_answers
 from tasks.fleet import rollback_and_switch
@@ -43,6 +45,46 @@ SETTLE_ANSWERS = 3
 SETTLE_DEADLINE_S = 60.0
 CLI_DEADLINE_S = 300.0
 PATHS = ("routing", "reload")
+# where a rollback's time goes, each timed around the call the fleet switch makes (by module
+# or class attribute): the copies checked before the lock; under it, the whole switch, the
+# warm check, each replica's move (unload, or switch and golden completions); after the
+# commit, the routes pushed and every replica confirmed by the version header
+PHASES: dict[str, tuple[Any, str]] = {
+    "copies_before_lock": (tasks.fleet.ReadyCopies, "prepare_rollback"),
+    "fleet_switch_under_lock": (tasks.fleet.FleetSwitch, "apply"),
+    "warm_check": (tasks.fleet.FleetSwitch, "_warm"),
+    "per_replica_move": (tasks.fleet.FleetSwitch, "_move"),
+    "per_replica_golden_completions": (tasks.fleet, "verify_replica"),
+    "after_commit": (tasks.fleet.FleetSwitch, "after_commit"),
+    "push_routes": (tasks.fleet, "push_routes"),
+    "confirm_version": (tasks.fleet, "confirm_version"),
+}
+
+
+@contextlib.contextmanager
+def timed_phases() -> Iterator[dict[str, list[float]]]:
+    """Seconds of every call of each of ``PHASES`` while the block runs."""
+    taken: dict[str, list[float]] = {name: [] for name in PHASES}
+    originals = {name: getattr(owner, attr) for name, (owner, attr) in PHASES.items()}
+
+    def timing(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                taken[name].append(round(time.perf_counter() - started, 3))
+
+        return wrapper
+
+    for name, fn in originals.items():
+        setattr(PHASES[name][0], PHASES[name][1], timing(name, fn))
+    try:
+        yield taken
+    finally:
+        for name, fn in originals.items():
+            setattr(PHASES[name][0], PHASES[name][1], fn)
 
 
 @contextlib.contextmanager
@@ -105,10 +147,11 @@ def _prepare(setup: Setup, path: str, previous: str) -> bool:
     return all(warm) if path == "routing" else not any(warm)
 
 
-def _restore(setup: Setup, rolled_back: str) -> None:
-    """The rolled-back version production again (through canary: a rolled-back version
-    goes there first), the fleet switched and verified."""
-    if setup.production() != rolled_back:
+def _restore(setup: Setup, version: str) -> None:
+    """``version`` production again after a rollback (through canary: a rolled-back version
+    goes there first), the fleet switched and verified; done before the next rollback, not
+    after the last."""
+    if setup.production() != version:
         promote_back(setup)
 
 
@@ -129,15 +172,18 @@ def _cli(setup: Setup) -> tuple[list[dict[str, Any]], float]:
 
 
 def _one_rollback(setup: Setup, loops: list[UserLoop], path: str, cli: bool) -> dict[str, Any]:
-    rolled_back = setup.production()
+    rolled_back = setup.v2
+    _restore(setup, rolled_back)
     previous = setup.previous()
     as_asked = _prepare(setup, path, previous)
     time.sleep(0.5)  # the clients in full swing on the version to be rolled back
+    phases: dict[str, list[float]] = {}
     started = time.perf_counter()
     if cli:
         report, _ = _cli(setup)
     else:
-        _, report = rollback_and_switch(setup.registry, setup.name, "production", reason=f"bench: {path}")
+        with timed_phases() as phases:
+            _, report = rollback_and_switch(setup.registry, setup.name, "production", reason=f"bench: {path}")
     returned = time.perf_counter()
     settled = wait_for_answers(loops, returned, SETTLE_ANSWERS, SETTLE_DEADLINE_S)
     sample = {
@@ -147,9 +193,9 @@ def _one_rollback(setup: Setup, loops: list[UserLoop], path: str, cli: bool) -> 
         **last_answer_of(_all(loops), rolled_back, started, returned, setup.answers),
         "verified": sorted({str(r.get("verified")) for r in report}),
         "confirmed_s": [r.get("confirmed_s") for r in report],
+        **({"phases_s": {name: spent for name, spent in phases.items() if spent}} if phases else {}),
         "settled": settled,
     }
-    _restore(setup, rolled_back)
     return sample
 
 
