@@ -1,9 +1,9 @@
 """A replica serves only bytes that verify, on real vLLM replicas: one byte flipped in the
 copy production replicas load (in place, its mtime put back) is reported by ``fleet status``
 as drift naming the file, refused by the resolver when a replica asks for the name again
-(as after a restart: a 404, never garbage), and repaired by ``fleet reconcile`` --
-quarantined, materialized afresh, reloaded on every replica that served it, answers
-verified. A clean fleet is checked again without reading a byte.
+(as after a restart: never garbage; the client gets the base model's answer, labelled), and
+repaired by ``fleet reconcile`` -- quarantined, materialized afresh, reloaded on every
+replica that served it, answers verified. A clean fleet is checked again without reading a byte.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from infra.tamper import flip_a_byte
-from registry.errors import ReplicaError
 from registry.rules.fleet import ActionKind
 from registry.storage.copies import QUARANTINE_DIR, cache_file
 from tasks.reconcile import CopyChecker, fleet_status, reconcile_fleet
-from tests.support.fleet import admin_client, answer, served
+from tasks.replicas import ReplicaClient
+from tests.support.fleet import SUPPORT_PROMPT, admin_client, answer, served
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +50,10 @@ def test_a_tampered_copy_is_reported_refused_by_the_resolver_and_repaired_by_rec
     # the resolver: a replica that asks for the name again (as after a restart) is refused
     with admin_client(fleet.registry, prod_a.url) as client:
         client.unload(fleet.name)
-    with pytest.raises(ReplicaError):
-        answer(prod_a.url, fleet.name)
+    # ... and its client answered by the base model, with the header saying so (the split)
+    with ReplicaClient(prod_a.url) as user:
+        fell_back = user.complete(fleet.name, SUPPORT_PROMPT, 8)
+    assert (fell_back.version, fell_back.fallback) == ("base", "production_failed:404")
     assert fleet.name not in served(prod_a), "the tampered copy was never loaded"
     assert "refusing" in Path(prod_a.log_path).read_text(errors="replace")
 
