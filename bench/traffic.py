@@ -124,6 +124,11 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
             [s["overall"]["sticky_pct"] for s in stickiness],
             all(s["overall"]["users"] > 0 and s["overall"]["sticky_pct"] == 100 for s in stickiness),
         ),
+        "sticky_decisions_100pct": target(
+            "the same with the answers marked x-loragate-fallback set aside (the split's own choice)",
+            [s["decisions"]["sticky_pct"] for s in stickiness],
+            all(s["decisions"]["users"] > 0 and s["decisions"]["sticky_pct"] == 100 for s in stickiness),
+        ),
         "sticky_across_replicas_100pct": target(
             "the same across 2 replicas behind a round-robin balancer",
             [s["across_replicas"]["sticky_pct"] for s in stickiness],

@@ -62,7 +62,10 @@ def binomial_central(n: int, p: float, mass: float = 0.99) -> tuple[int, int]:
 def stickiness(by_user: dict[str, list[Answer]]) -> dict[str, Any]:
     """Of the users answered more than once: how many always got the same version, on one
     replica alone (answers from one upstream) and across replicas (users answered by more
-    than one upstream: what only a decision every replica makes alike keeps sticky)."""
+    than one upstream: what only a decision every replica makes alike keeps sticky).
+    ``decisions``: the same with the answers that say they are a fallback set aside (a
+    tripped breaker or a failed load sends a user elsewhere on purpose, and says so): the
+    split's own choice."""
 
     def sticky(groups: list[list[Answer]]) -> dict[str, Any]:
         groups = [g for g in groups if len(g) > 1]
@@ -80,8 +83,11 @@ def stickiness(by_user: dict[str, list[Answer]]) -> dict[str, Any]:
         for up in {a.upstream for a in answers}
     ]
     across = [answers for answers in answered.values() if len({a.upstream for a in answers}) > 1]
+    decided = [[a for a in answers if a.fallback is None] for answers in answered.values()]
     return {
         "overall": sticky(list(answered.values())),
+        "decisions": sticky(decided),
+        "users_with_a_fallback": sum(any(a.fallback for a in answers) for answers in answered.values()),
         "one_replica": sticky(one_replica),
         "across_replicas": sticky(across),
         "answers_per_user": max((len(a) for a in answered.values()), default=0),
