@@ -1,0 +1,203 @@
+"""The canary gate on live traffic, end to end on the session's real vLLM replicas.
+
+``deploy_canary`` warms the canary on both production replicas as ``name@version`` --
+loaded, its bytes checked by the replica, its golden answers compared -- and only then gives
+it its share; users of either replica stick to one version. A canary whose live answers fail
+is rolled back on the live figures alone while every probe passes, and its users are
+answered by production with the fallback header, then by production alone. A window with
+too few live requests is not ready and says so. After a promotion the replaced version stays
+warm, so a rollback moves traffic and is confirmed per replica by the version header -- no
+reload, no golden completions behind user traffic.
+
+Latency is not what these tests are about (two cores, three replicas): the slack is wide;
+the latency rules are tests/test_live_verdict.py's tables.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from registry.rules.canary import Verdict, WindowStatus
+from registry.rules.fleet import qualified_name, version_path
+from tasks.canary import deploy_canary, observe_window, promote_canary, withdraw_canary
+from tasks.fleet import rollback_and_switch
+from tasks.reconcile import fleet_status
+from tasks.traffic import check_feedback, send_feedback
+from tests.support.fleet import SUPPORT_PROMPT, admin_client, make_fleet
+
+pytestmark = pytest.mark.slow
+
+# a fixed set of users: the split is a hash of the window and the user, so who gets the
+# canary is decided, not drawn -- each test counts what its users got
+USERS = [f"user-{i}" for i in range(48)]
+
+
+def ask(replica, name: str, user: str) -> httpx.Response:
+    body = {"model": name, "prompt": SUPPORT_PROMPT, "max_tokens": 1, "temperature": 0, "user": user}
+    answered = httpx.post(replica.url + "/v1/completions", json=body, timeout=60)
+    assert answered.status_code == 200, answered.text  # a user never sees an error they did not cause
+    return answered
+
+
+def productions(fleet) -> list:
+    return [r for r in fleet.replicas.values() if r.role == "production"]
+
+
+def served(fleet, replica) -> dict[str, str]:
+    with admin_client(fleet.registry, replica.url) as client:
+        return client.served_adapters()
+
+
+@pytest.fixture
+def live(tmp_path, replicas, replica_adapters, validated_adapters):
+    """v1 in production; v2 deployed as the canary at a 50 % share, window of 1 s."""
+    fleet = make_fleet(
+        tmp_path,
+        replicas,
+        replica_adapters,
+        validated_adapters,
+        canary_share=0.5,
+        canary_min_live_requests=10,
+        canary_window_s=1,
+        canary_p95_slack_ms=60_000,
+    )
+    fleet.promote(fleet.v1, "canary")
+    fleet.promote(fleet.v1, "production")
+    deployment = deploy_canary(fleet.registry, fleet.v2)
+    yield fleet, deployment
+    for replica in productions(fleet):
+        replica.faults_file.write_text("{}")
+    fleet.registry.close()
+
+
+def test_the_canary_is_warm_and_verified_on_every_production_replica_before_users_get_it_and_users_stick(live):
+    fleet, deployment = live
+    assert deployment.window.share == 0.5
+    warm = qualified_name(fleet.name, fleet.v2)
+    for replica in productions(fleet):
+        assert served(fleet, replica)[warm] == version_path(str(replica.adapter_dir), fleet.name, fleet.v2)
+    warmed = [r for r in deployment.replicas if r.get("served_as") == warm]
+    assert sorted(r["replica"] for r in warmed) == sorted(r.url for r in productions(fleet))
+    assert all(r["verified"].endswith("golden outputs") for r in warmed)
+    # opened dark, given its share only once warm: the audit log says so
+    shares = [e for e in fleet.registry.history(fleet.name) if e.action == "canary_share"]
+    assert [float(e.to_value or "nan") for e in shares] == [0.5]
+
+    a, b = productions(fleet)
+    got = {}
+    for user in USERS:
+        versions = {
+            ask(a, fleet.name, user).headers["x-loragate-version"],
+            ask(b, fleet.name, user).headers["x-loragate-version"],
+        }
+        assert len(versions) == 1, f"{user} got {versions} from two replicas"
+        got[user] = versions.pop()
+    assert set(got.values()) == {fleet.v1, fleet.v2}
+    # and a client still cannot pick the canary by its qualified name
+    body = {"model": warm, "prompt": SUPPORT_PROMPT, "max_tokens": 1}
+    assert httpx.post(a.url + "/v1/completions", json=body, timeout=60).status_code == 404
+
+
+def test_a_canary_failing_live_requests_is_rolled_back_on_live_figures_while_every_probe_passes(live):
+    fleet, deployment = live
+    for replica in productions(fleet):
+        # many errors, never a trip: the live error test decides here, not the breaker
+        replica.faults_file.write_text(json.dumps({fleet.v2: {"error": True}, "breaker": {"errors": 10_000}}))
+    fallbacks = 0
+    for user in USERS:
+        for replica in productions(fleet):
+            answered = ask(replica, fleet.name, user)
+            assert answered.headers["x-loragate-version"] == fleet.v1
+            fallbacks += "x-loragate-fallback" in answered.headers
+    assert fallbacks > 10
+
+    observation, _ = observe_window(fleet.registry, deployment.window)
+
+    assert observation.verdict == Verdict.ROLLBACK
+    probe_monitors = {m.name: m for m in observation.monitors}
+    assert probe_monitors["error_rate"].in_band and probe_monitors["golden_drift"].in_band
+    assert observation.canary.errors == 0 and observation.drift == 0.0
+    assert any("live_error_rate" in r for r in observation.reasons), observation.reasons
+    stored = fleet.registry.canary_observations(deployment.window.id)[-1]
+    assert stored.live is not None and stored.live["stats"]["canary"]["errors"] > 0
+
+    window = withdraw_canary(fleet.registry, deployment.window, "live errors")
+    assert window.status == WindowStatus.ROLLED_BACK and window.share == 0.0
+    for replica in productions(fleet):
+        assert qualified_name(fleet.name, fleet.v2) not in served(fleet, replica)
+        for user in USERS[:8]:
+            answered = ask(replica, fleet.name, user)
+            assert answered.headers["x-loragate-version"] == fleet.v1
+            assert "x-loragate-fallback" not in answered.headers
+
+
+def test_a_window_with_too_few_live_requests_is_not_ready_and_says_so_until_enough_came(live):
+    fleet, deployment = live
+    time.sleep(1.1)  # the window's length is over: only live traffic is missing
+    a, b = productions(fleet)
+    ask(a, fleet.name, USERS[0])
+
+    observation, _ = observe_window(fleet.registry, deployment.window)
+    assert observation.verdict == Verdict.CONTINUE
+    assert any("of 10" in r and "live" in r for r in observation.reasons), observation.reasons
+
+    canary_requests = 0
+    for user in USERS:
+        for replica in (a, b):
+            canary_requests += ask(replica, fleet.name, user).headers["x-loragate-version"] == fleet.v2
+    assert canary_requests >= 10  # what the fixed users get: decided by the hash, not drawn
+    observation, _ = observe_window(fleet.registry, deployment.window)
+    assert observation.verdict == Verdict.READY, observation.reasons
+    assert observation.live is not None and observation.live["stats"]["canary"]["requests"] >= 10
+
+
+def test_rolling_back_a_promotion_moves_users_to_the_warm_previous_version_confirmed_per_replica(live):
+    fleet, deployment = live
+    time.sleep(1.1)
+    for user in USERS:
+        for replica in productions(fleet):
+            ask(replica, fleet.name, user)
+    observation, _ = observe_window(fleet.registry, deployment.window)
+    assert observation.verdict == Verdict.READY, observation.reasons
+    window, previous, _ = promote_canary(fleet.registry, fleet.v2, "signed off")
+    assert window.status == WindowStatus.PROMOTED and previous == fleet.v1
+    for replica in productions(fleet):
+        paths = served(fleet, replica)
+        assert paths[qualified_name(fleet.name, fleet.v1)] == version_path(
+            str(replica.adapter_dir), fleet.name, fleet.v1
+        )
+        assert qualified_name(fleet.name, fleet.v2) not in paths  # served under the plain name now
+        assert ask(replica, fleet.name, USERS[0]).headers["x-loragate-version"] == fleet.v2
+
+    plan, report = rollback_and_switch(fleet.registry, fleet.name, "production", reason="bad answers")
+
+    assert plan.audit_to == fleet.v1
+    moved = {row["replica"]: row for row in report}
+    for replica in productions(fleet):
+        assert moved[replica.url]["verified"] == "warm: a routing change"
+        assert moved[replica.url]["confirmed_s"] is not None
+        for user in USERS[:8]:
+            assert ask(replica, fleet.name, user).headers["x-loragate-version"] == fleet.v1
+    # what the fleet reads agrees: nothing for reconcile to do on production
+    for state in fleet_status(fleet.registry):
+        if state.replica.role.value == "production":
+            assert not [a for a in state.actions if a.name == fleet.name], [a.describe() for a in state.actions]
+
+
+def test_feedback_reaches_a_production_replica_and_bad_feedback_is_refused_before_anything(live):
+    fleet, _ = live
+    answered = ask(productions(fleet)[0], fleet.name, USERS[1])
+    request_id = answered.headers["x-loragate-request-id"]
+    first = send_feedback(fleet.registry, request_id, "accepted")
+    assert first["counted"] is True and first["adapter"] == fleet.name
+    assert first["version"] == answered.headers["x-loragate-version"]
+    from registry.errors import InvalidInput
+
+    for bad_id, outcome, field in ((request_id, "maybe", "outcome"), ("not-an-id", "accepted", "request_id")):
+        with pytest.raises(InvalidInput) as refused:
+            check_feedback(bad_id, outcome)
+        assert refused.value.field == field
