@@ -108,18 +108,23 @@ class CanaryDeployment:
 
 
 def deploy_canary(registry: Registry, version_id: str, progress: Progress = _quiet) -> CanaryDeployment:
-    """Put a validated version on the canary replicas (switched and verified in place) and
-    open its window. Safe to repeat: a version already in canary keeps its window.
+    """Put a validated version on the canary replicas (switched and verified in place), open
+    its window, and -- once the adapter has a production version to split with -- warm it
+    on the production replicas and give it its share of live requests. Safe to repeat: a
+    version already in canary keeps its window.
 
     Raises:
-        InvalidInput: INVALID_SETTING when the base has no canary replica; the promotion is
+        InvalidInput: INVALID_SETTING when the version would be served nowhere (no canary
+            replica, and no live split: no production replica, version or share); the promotion is
             illegal (VALIDATION_REQUIRED for a version that did not pass).
         DeployFailed: a replica could not be switched or verified (nothing moved).
     """
     version = registry.get_version(version_id)
     canaries, productions = stage_replicas(registry, version.name)
     share = registry.settings.canary_share
-    if not canaries and not (productions and share > 0):
+    # nothing to split while the adapter has no production version: its first canary is dark
+    splits = bool(productions) and registry.get_adapter(version.name).production is not None
+    if not canaries and not (splits and share > 0):
         raise InvalidInput(
             f"base {version.base_model_id} has no canary replica (loragate fleet add URL --role canary) "
             "and no production replica to split live traffic on (LORAGATE_CANARY_SHARE > 0)",
@@ -129,7 +134,7 @@ def deploy_canary(registry: Registry, version_id: str, progress: Progress = _qui
     _, report = promote_and_switch(registry, version_id, "canary", reason="canary gate", progress=progress)
     window, created = registry.open_canary_window(version_id, share=0.0)
     progress(f"canary window {window.id} {'opened' if created else 'already open'} until {window.ends_at:%H:%M:%S}")
-    if productions and (share > 0 or window.share > 0):
+    if splits and (share > 0 or window.share > 0):
         try:
             report += warm_version(registry, version.name, version_id, progress)
         except DeployFailed as e:
