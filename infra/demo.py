@@ -4,13 +4,15 @@ Builds a tiny Llama base and trains tenant adapters offline (good ones, one with
 layer prefix the registry refuses at the door, one whose 4-bit compute dtype overflows,
 which only shadow validation sees). Starts a local Prefect server with loragate's
 deployments, a worker per work pool (each holding only its role's token, never on the
-Prefect server) and two vLLM CPU replicas (canary, production). Then it emits
-``loragate.training.completed`` events and follows each gate: register, shadow validation
-(which signs what passed), canary, the scheduled evaluations, the promotion waiting for a
+Prefect server) and two vLLM CPU replicas (canary, production), with a dozen users looping on
+production (``demo_traffic``). Then it emits ``loragate.training.completed`` events and
+follows each gate: register, shadow validation (which signs what passed), canary -- half the
+users' requests answered by it, sticky per user --, the scheduled evaluations, the promotion waiting for a
 sign-off -- a forged one through the Prefect API refused, the release worker's own token
 refused a direct move, then alice's from the CLI with an approval code of her own --,
-production switched in place, a rollback, and a replica copy tampered on disk (seen by
-``fleet status``, refused by the resolver, repaired by ``fleet reconcile``). It ends with a
+production switched in place, a rollback that only moves users to the previous version kept
+warm, a canary rolled back on its users' failed requests alone, and a replica copy tampered
+on disk (seen by ``fleet status``, answered by the base, repaired by ``fleet reconcile``). It ends with a
 summary and stops what it started, also on Ctrl-C. History stays under ``.loragate/``;
 ``make ui`` reopens the Prefect UI on it.
 """
@@ -50,7 +52,7 @@ def build_models() -> dict[str, Path]:
     base = build_base(MODELS / "tiny-llama")
     say(f"built the tiny Llama base (hidden 128, 2 heads x 64, 2 layers) in {time.perf_counter() - t0:.1f}s")
     bundles = {"base": base}
-    for key, seed in (("support-v1", 0), ("support-v2", 1)):
+    for key, seed in (("support-v1", 0), ("support-v2", 1), ("support-v3", 2)):
         t0 = time.perf_counter()
         bundles[key] = train_adapter(base, "support", MODELS / key, seed=seed)
         loss = json.loads((bundles[key] / "manifest.json").read_text())["training_metadata"]["final_loss"]
@@ -173,7 +175,9 @@ def forged_sign_off_refused(pipeline, run_id: str, version: str) -> None:
         loragate(*argv, expect=3, env={**pipeline.env, "LORAGATE_TOKEN": POOL_TOKENS["fleet"]})
 
 
-def through_the_pipeline(pipeline, bundle: Path, golden: Path, ui_url: str, label: str, *, forge: bool = False) -> str:
+def through_the_pipeline(
+    pipeline, bundle: Path, golden: Path, ui_url: str, label: str, *, forge: bool = False, users: Any = None
+) -> str:
     banner(f"{label}: training finished -> register -> shadow-validate -> canary")
     loragate(
         "training-completed",
@@ -199,6 +203,8 @@ def through_the_pipeline(pipeline, bundle: Path, golden: Path, ui_url: str, labe
         lambda: follow_canary(version),
         timeout_s=300,
     )
+    if users is not None:
+        users.report(WINDOW_S, f"{label}'s canary window")
     say(f"a person signs off in the Prefect UI ({ui_url}/runs/flow-run/{run_id}) with `loragate approve-code`")
     loragate("canary", "show", version)
     if forge:
@@ -210,17 +216,6 @@ def through_the_pipeline(pipeline, bundle: Path, golden: Path, ui_url: str, labe
         "promoted: production replica switched in place and verified", lambda: stage_of(version)[0] == "production"
     )
     return version
-
-
-def ask(urls: dict[str, str], prompt: str) -> None:
-    import httpx
-
-    for role, url in urls.items():
-        cards = httpx.get(f"{url}/v1/models", timeout=60).json()["data"]
-        served = next((Path(c["root"]).name for c in cards if c["id"] == SUPPORT), "(not served)")
-        body = {"model": SUPPORT, "prompt": prompt, "max_tokens": 8, "temperature": 0}
-        text = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
-        say(f"{role:<10} {url} serves {SUPPORT} = {served}: {text!r}")
 
 
 def summary(pipeline) -> None:
@@ -251,7 +246,8 @@ def summary(pipeline) -> None:
 
 
 def main() -> None:
-    from infra.demo_replicas import demo_replica_secrets, direct_load_refused, tampered_copy_repaired
+    from infra.demo_replicas import ask, demo_replica_secrets, direct_load_refused, tampered_copy_repaired
+    from infra.demo_traffic import LoopingUsers, live_errors_rolled_back
     from infra.pipeline import POOLS, PipelineSecrets, start_pipeline
     from infra.prefect_local import start_prefect_server
     from infra.replica import VllmReplica, hand_admin_key, start_replicas, stop_replicas
@@ -270,6 +266,10 @@ def main() -> None:
         # strict; the latency rule is a row of tests/test_canary.py's verdict table)
         "LORAGATE_CANARY_P95_SLACK_MS": "3000",
         "LORAGATE_APPROVAL_POLL_S": "1",
+        # half the users on the canary, so a few dozen requests show the split; the looping
+        # users bring the live requests a window needs
+        "LORAGATE_CANARY_SHARE": "0.5",
+        "LORAGATE_CANARY_MIN_LIVE_REQUESTS": "20",
     }
     os.environ.update(settings_env)
     for var in ("LORAGATE_DATABASE_URL", "LORAGATE_ARTIFACTS"):
@@ -320,10 +320,11 @@ def main() -> None:
             secrets_dir=replica_secrets,
             log_path=HOME / f"replica-{role}.log",
             die_with_parent=True,
+            faults_file=HOME / "replica-faults.json",
         )
         for role in ("production", "canary")
     ]
-    pipeline = None
+    pipeline = users = None
     try:
         banner("start: Prefect server, deployments, workers; two vLLM CPU replicas (about a minute)")
         import concurrent.futures
@@ -375,6 +376,9 @@ def main() -> None:
         v1 = through_the_pipeline(pipeline, m["support-v1"], m["golden"], ui, "support v1", forge=True)
         prompt = json.loads(m["golden"].read_text().splitlines()[0])["prompt"]
         ask(urls, prompt)
+        banner("users: a dozen of them loop on the production replica; every answer names its version")
+        users = LoopingUsers(urls["production"], SUPPORT, prompt).start()
+        users.show_one()
         banner("separation of duties: a training token cannot touch production")
         loragate("rollback", SUPPORT, "--stage", "production", expect=3, env={"LORAGATE_TOKEN": tokens[Role.TRAINING]})
         loragate("verify", v1)
@@ -390,10 +394,10 @@ def main() -> None:
         for failure in shown["manifest"]["validation_report"]["failures"]:
             say(f"why: {failure}")
 
-        v2 = through_the_pipeline(pipeline, m["support-v2"], m["golden"], ui, "support v2")
+        v2 = through_the_pipeline(pipeline, m["support-v2"], m["golden"], ui, "support v2", users=users)
         ask(urls, prompt)
 
-        banner("rollback: production back to the previous version in one pointer move, reloaded in place")
+        banner("rollback: production back to the previous version, kept warm: the users move, nothing reloads")
         say("the rollback deployment moves nothing without a rollback code a person got with their own token:")
         made = loragate("approve-code", v2, "--rollback", "--json", quiet=True, env={"LORAGATE_TOKEN": PEOPLE["alice"]})
         params = {"name": SUPPORT, "expected_version": v2, "reason": "tenant reports regressions"}
@@ -402,7 +406,9 @@ def main() -> None:
         run = [prefect_bin, "deployment", "run", "rollback/rollback", *(a for p in args for a in ("--param", p))]
         subprocess.run(run, env={**os.environ, **pipeline.env}, check=True, capture_output=True)
         wait_for(f"rollback flow: production is {v1} again", lambda: stage_of(v1)[0] == "production")
-        ask(urls, prompt)
+        time.sleep(3)
+        users.report(3, "after the rollback")
+        live_errors_rolled_back(pipeline, m["support-v3"], m["golden"], users, HOME / "replica-faults.json")
 
         banner("a direct load on a replica, without the fleet's admin key: refused")
         direct_load_refused(urls["production"], SUPPORT, v2)
@@ -415,6 +421,8 @@ def main() -> None:
         summary(pipeline)
     finally:
         banner("stop everything this demo started")
+        if users is not None:
+            users.stop()
         if pipeline is not None:
             pipeline.stop()
         stop_replicas(replicas)

@@ -1,7 +1,7 @@
 """The demo's replicas obey only the fleet: their secrets directory (the admin key the
 fleet-control pools hold, the registry's SQLite file they read what they may serve from),
-a load from a caller without the key, refused, and a copy tampered on disk, refused and
-repaired."""
+a load from a caller without the key, refused, and a copy tampered on disk, refused (its
+users answered by the base, with the fallback header) and repaired."""
 
 from __future__ import annotations
 
@@ -59,8 +59,26 @@ def tampered_copy_repaired(
     with ReplicaClient(urls["production"], admin_key=admin_key) as client:
         client.unload(name)
         try:
-            client.complete(name, prompt, 8)
+            client.complete(name, prompt, 8, admin=True)
             raise SystemExit("the production replica served the tampered copy")
         except ReplicaError as e:
-            say(f"production replica, asked again: {e.one_line()} (refused, not garbage)")
+            say(f"production replica, asked by the fleet: {e.one_line()} (refused, not garbage)")
+        answered = client.complete(name, prompt, 8, user="tenant-user-0")
+        if answered.version != "base":
+            raise SystemExit(f"a user of the tampered copy was answered by {answered.version}, not the base")
+        say(f"a user asking: answered by the base model, x-loragate-fallback: {answered.fallback}")
     loragate("fleet", "reconcile", env=as_fleet)  # the fleet pool's role: no admin needed
+
+
+def ask(urls: dict[str, str], prompt: str) -> None:
+    """What each replica serves the demo's adapter from, and its answer to ``prompt``."""
+    import httpx
+
+    from infra.demo import SUPPORT
+
+    for role, url in urls.items():
+        cards = httpx.get(f"{url}/v1/models", timeout=60).json()["data"]
+        served = next((Path(c["root"]).name for c in cards if c["id"] == SUPPORT), "(not served)")
+        body = {"model": SUPPORT, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+        text = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+        say(f"{role:<10} {url} serves {SUPPORT} = {served}: {text!r}")
