@@ -8,7 +8,13 @@ burst     N tenants' ``loragate.training.completed`` events emitted at once: tim
           a small N, for N, and for N with the ``canary`` trigger's automation paused -- its
           action never runs, and the scheduled ``advance`` sweep must carry every version.
 evaluate  one ``canary-evaluate`` run over the N open windows: its wall time against the
-          default interval, and the requests sent per observation.
+          default interval, and the requests sent per observation; more runs while windows
+          stay open (a first latency breach), up to MAX_EVALUATIONS.
+verdicts  with the product's canary thresholds (no slack): how many of the N good tenants --
+          all the same good adapter -- were rolled back, and why (noise: 0 is the bar), and
+          whether the slow control tenant -- one more tenant, the same adapter answered
+          CONTROL_DELAY_MS later by a proxy in front of each replica (bench/delay_proxy.py) --
+          was rolled back, as a really slower canary must be.
 sign-off  the N ``promote`` runs the ready windows start, all waiting for a person: the
           processes (and their memory) they hold on the worker.
 restart   a production replica restarted with K adapters in production (the small N, N
@@ -34,6 +40,7 @@ adapter of that base to register, instead of training one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import secrets
@@ -51,11 +58,14 @@ sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
 
 import httpx  # noqa: E402
 
+from bench.delay_proxy import DelayProxy  # noqa: E402
 from bench.harness import Databases, ServingReplica, emit, production_and_canary, replicas_obey  # noqa: E402
+from bench.scale_prefect import flow_run_states, pause_trigger, promote_runs  # noqa: E402
 from bench.scale_restart import bench_restart  # noqa: E402
+from bench.scale_verdicts import CONTROL_DELAY_MS, verdicts  # noqa: E402
 from bench.timing import ratio, spread  # noqa: E402
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
-from infra.pipeline import SWEEPS_EVERY_S, LocalPipeline, PipelineSecrets, set_interval, start_pipeline  # noqa: E402
+from infra.pipeline import SWEEPS_EVERY_S, PipelineSecrets, set_interval, start_pipeline  # noqa: E402
 from infra.prefect_local import start_prefect_server  # noqa: E402
 from infra.replica import (  # noqa: E402
     VllmReplica,
@@ -65,6 +75,7 @@ from infra.replica import (  # noqa: E402
     write_replica_secrets,
 )
 from registry.rules.access import Principal, Role  # noqa: E402
+from registry.rules.canary import WindowStatus  # noqa: E402
 from registry.service import Registry  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 from registry.storage.signing import generate_key_pair  # noqa: E402
@@ -74,8 +85,10 @@ BASE_ID = "tiny-llama"
 # canary-evaluate's schedule in prefect.yaml: 50 windows must be evaluated within it
 DEFAULT_EVALUATE_INTERVAL_S = 600.0
 SWEEP_EVERY_S = 10.0
-PAGE = 200  # the most flow runs the API returns at once
 RESTART_FIGURES = ("restart_all_answer_production_s", "fleet_status_s")
+# a window needs ``latency_breaches`` (2) slow observations in a row to be rolled back:
+# canary-evaluate runs again while windows are still open, at most this often
+MAX_EVALUATIONS = 4
 
 
 def log(message: str) -> None:
@@ -88,69 +101,6 @@ def served_names(url: str) -> set[str]:
     except (httpx.HTTPError, ValueError, KeyError):
         return set()
     return {c["id"] for c in cards}
-
-
-def flow_run_states(pipeline: LocalPipeline) -> dict[str, dict[str, Any]]:
-    """Every flow run the server holds, by flow: how many ended in each state, and how long
-    they queued (from when they were due to when they ran: trigger, worker poll, process
-    start) and ran (scheduled runs not yet due left out)."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import temporary_settings
-
-    counts: dict[str, Counter[str]] = {}
-    queued: dict[str, list[float]] = {}
-    ran: dict[str, list[float]] = {}
-    with temporary_settings(pipeline.server.client_settings()), get_client(sync_client=True) as client:
-        flows = {f.id: f.name for f in client.read_flows()}
-        offset = 0
-        while True:
-            page = client.read_flow_runs(limit=PAGE, offset=offset)
-            for run in page:
-                state = run.state.name if run.state else "?"
-                if state == "Scheduled":
-                    continue
-                flow = flows.get(run.flow_id, "?")
-                counts.setdefault(flow, Counter())[state] += 1
-                due = run.expected_start_time or run.created
-                if run.start_time and due:
-                    queued.setdefault(flow, []).append((run.start_time - due).total_seconds())
-                if run.start_time and run.end_time:
-                    ran.setdefault(flow, []).append((run.end_time - run.start_time).total_seconds())
-            if len(page) < PAGE:
-                break
-            offset += PAGE
-    return {
-        flow: {
-            "states": dict(c),
-            "queued_s": median_max(queued.get(flow, [])),
-            "ran_s": median_max(ran.get(flow, [])),
-        }
-        for flow, c in sorted(counts.items())
-    }
-
-
-def median_max(samples: list[float]) -> dict[str, float] | None:
-    if not samples:
-        return None
-    return {"median": round(statistics.median(samples), 1), "max": round(max(samples), 1)}
-
-
-def promote_runs(pipeline: LocalPipeline) -> list[tuple[str, str]]:
-    """(flow run id, state name) of every ``promote`` run."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-    from prefect.settings import temporary_settings
-
-    runs = []
-    with temporary_settings(pipeline.server.client_settings()), get_client(sync_client=True) as client:
-        while True:
-            page = client.read_flow_runs(
-                flow_filter=FlowFilter(name=FlowFilterName(any_=["promote"])), limit=PAGE, offset=len(runs)
-            )
-            runs += page
-            if len(page) < PAGE:
-                break
-    return [(str(r.id), r.state.name if r.state else "?") for r in runs]
 
 
 def wait_for(what: str, check: Any, deadline_s: float, every_s: float = 0.5) -> float:
@@ -191,21 +141,28 @@ def burst(
         "LORAGATE_ACTOR": "bench",
         "HF_HUB_OFFLINE": "1",
         # a window is ready at its first in-band observation after 1 s: the evaluation is
-        # started by hand once every tenant serves, so each is observed exactly once
+        # started by hand once every tenant serves, and again while a window stays open (a
+        # first latency breach); the latency thresholds are the product's defaults (ratio
+        # 1.10, no slack, rank test, 2 breaches in a row): noise must not roll back a good one
         "LORAGATE_CANARY_WINDOW_S": "1",
-        "LORAGATE_CANARY_P95_SLACK_MS": "60000",
         "LORAGATE_ADVANCE_AFTER_S": "10" if drop_canary_trigger else "120",
     }
     settings = Settings(home=home, database_url=registry_url, artifacts=env["LORAGATE_ARTIFACTS"])
     registry = Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
     pipeline = None
+    proxies = contextlib.ExitStack()
+    # one extra tenant, the same adapter, answered CONTROL_DELAY_MS later: the rules must
+    # still roll a really slower canary back
+    control = f"slow{uuid.uuid4().hex[:6]}-control/{BASE_ID}/support"
     try:
         registry.init()
         registry.add_base(str(base_dir), BASE_ID)
         # the replicas read this registry; the pools that switch them hold their admin key
         _, admin_key = replicas_obey(registry, next(r.secrets_dir for r in replicas))
+        delays = {control: CONTROL_DELAY_MS}
+        proxied = {r.url: proxies.enter_context(DelayProxy(r.url, delays)) for r in replicas}
         for r in replicas:
-            registry.add_replica(r.url, BASE_ID, r.role, str(r.adapter_dir))
+            registry.add_replica(proxied[r.url].url, BASE_ID, r.role, str(r.adapter_dir))
         tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}", pipeline=True)[1] for role in Role}
         key = generate_key_pair()
         registry.add_signing_key(key.public_pem, "signing", "pipeline")
@@ -227,9 +184,10 @@ def burst(
             set_interval(server, "advance/advance", SWEEP_EVERY_S)
             log(f"{label}: {paused} canary trigger automation(s) paused; advance every {SWEEP_EVERY_S:g} s")
         log(f"{label}: every pool's worker online after {pipeline.wait_for_workers():.1f} s")
-        names = [f"s{uuid.uuid4().hex[:6]}-{i}/{BASE_ID}/support" for i in range(tenants)]
+        good = [f"s{uuid.uuid4().hex[:6]}-{i}/{BASE_ID}/support" for i in range(tenants)]
+        names = [*good, control]
         canary_url = next(r.url for r in replicas if r.role == "canary")
-        log(f"{label}: {tenants} training events at once")
+        log(f"{label}: {tenants} training events at once, and the slow control's")
         t0 = time.monotonic()
         with temporary_settings(server.client_settings()):
             for name in names:
@@ -244,11 +202,11 @@ def burst(
             return len(seen) == len(names)
 
         try:
-            wait_for(f"{tenants} tenants on the canary", all_on_canary, deadline_s, every_s=1.0)
+            wait_for(f"{len(names)} tenants on the canary", all_on_canary, deadline_s, every_s=1.0)
         except SystemExit as e:
             log(str(e))
-        on_canary = spread(list(seen.values()))
-        log(f"{label}: {len(seen)}/{tenants} on the canary {on_canary}")
+        on_canary = spread([t for n, t in seen.items() if n != control])
+        log(f"{label}: {len(seen)}/{len(names)} on the canary {on_canary}")
         time.sleep(5)  # the canary runs report their end
         result: dict[str, Any] = {
             "tenants": tenants,
@@ -257,32 +215,45 @@ def burst(
             "flow_runs": flow_run_states(pipeline),
             "waiting_between_gates": Counter(w.gate.value for w in registry.waiting()),
         }
-        if len(seen) < tenants or drop_canary_trigger:
+        if len(seen) < len(names) or drop_canary_trigger:
             return result
-        log(f"{label}: one canary-evaluate over {tenants} windows")
-        with temporary_settings(server.client_settings()):
-            run = run_deployment("canary-evaluate/canary-evaluate", timeout=1800)
-        evaluate_s = (run.end_time - run.start_time).total_seconds() if run.end_time and run.start_time else None
+        walls: list[float | None] = []
+        states: list[str] = []
+        for n in range(MAX_EVALUATIONS):
+            still_open = len(registry.canary_windows((WindowStatus.OPEN,)))
+            if not still_open:
+                break
+            log(f"{label}: canary-evaluate {n + 1} over {still_open} open windows")
+            with temporary_settings(server.client_settings()):
+                run = run_deployment("canary-evaluate/canary-evaluate", timeout=1800)
+            ran = run.end_time and run.start_time and (run.end_time - run.start_time).total_seconds()
+            walls.append(round(ran, 1) if ran else None)
+            states.append(run.state.name if run.state else "?")
+        evaluate_s = walls[0] if walls else None
         windows = registry.canary_windows()
-        requests = [
-            o.canary.requests + o.production.requests for w in windows for o in registry.canary_observations(w.id)
-        ]
+        observations = {w.id: registry.canary_observations(w.id) for w in windows}
+        first = [obs[0] for obs in observations.values() if obs]
+        requests = [o.canary.requests + o.production.requests for o in first]
         result["evaluate"] = {
-            "state": run.state.name if run.state else "?",
+            "state": states[0] if states else "?",
             "windows": len(windows),
-            "wall_s": round(evaluate_s, 1) if evaluate_s is not None else None,
+            "wall_s": evaluate_s,
             "per_window_s": round(evaluate_s / max(1, len(windows)), 2) if evaluate_s is not None else None,
             "default_interval_s": DEFAULT_EVALUATE_INTERVAL_S,
             "requests_per_observation": round(statistics.mean(requests), 1) if requests else None,
+            "runs": [{"state": st, "wall_s": w} for st, w in zip(states, walls, strict=True)],
         }
         log(f"{label}: evaluate {result['evaluate']}")
+        result["verdicts"] = verdicts(windows, observations, control, proxied.values())
+        log(f"{label}: verdicts {result['verdicts']['summary']}")
+        ready = sum(1 for w in registry.canary_windows() if w.status == WindowStatus.READY)
 
         def all_waiting() -> bool:
             runs = promote_runs(pipeline)
-            return len(runs) >= tenants and all(state == "Suspended" for _, state in runs)
+            return len(runs) >= ready and all(state == "Suspended" for _, state in runs)
 
         try:
-            waited = wait_for(f"{tenants} promote runs suspended", all_waiting, deadline_s, every_s=2.0)
+            waited = wait_for(f"{ready} promote runs suspended", all_waiting, deadline_s, every_s=2.0)
         except SystemExit as e:
             log(str(e))
             waited = None
@@ -313,26 +284,9 @@ def burst(
     finally:
         if pipeline is not None:
             pipeline.stop()
+        proxies.close()
         registry.close()
         databases.drop()
-
-
-def pause_trigger(pipeline: LocalPipeline, deployment: str) -> int:
-    """Pause the automations that run ``deployment`` (its triggers): events arrive, and
-    nothing acts on them -- as when a trigger's action fails."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import temporary_settings
-
-    paused = 0
-    with temporary_settings(pipeline.server.client_settings()), get_client(sync_client=True) as client:
-        target = client.read_deployment_by_name(f"{deployment}/{deployment}").id
-        for automation in client.read_automations():
-            if any(getattr(a, "deployment_id", None) == target for a in automation.actions):
-                client.pause_automation(automation.id)
-                paused += 1
-    if not paused:
-        raise SystemExit(f"bench/scale: no automation runs the {deployment} deployment")
-    return paused
 
 
 def growth(result: dict[str, Any], small_n: int, large_n: int) -> dict[str, Any]:
