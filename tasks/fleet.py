@@ -38,7 +38,7 @@ from registry.service import PointerMove, Registry
 from registry.storage.resolver_index import Entries, adapter_entries, replace_entries
 from tasks.copies import ReadyCopies
 from tasks.replicas import ReplicaClient, replica_client
-from tasks.routes import confirm_version, push_routes, serves_warm
+from tasks.routes import confirm_version, on_each, push_routes, serves_warm
 
 Progress = Callable[[str], None]
 # a move retried after a lost compare-and-set, as the store retries its own writes
@@ -214,8 +214,9 @@ class FleetSwitch:
         if not moves:
             return
         self._check_ranks(moves)
+        warm = on_each([m.replica for m in moves], lambda r: self._warm(next(m for m in moves if m.replica == r)))
         for move in moves:
-            move.routed = self._warm(move)
+            move.routed = warm.get(move.replica.url) is True
         expected = {}
         for move in moves:
             if move.after is not None and not move.routed:

@@ -56,15 +56,26 @@ def warm_version(registry: Registry, name: str, version_id: str, progress: Progr
     expected = registry.expected_outputs(version_id)
     agreement = registry.settings.deploy_agreement
 
+    def placement(replica: Replica) -> Placement:
+        return Placement(served_as, version_id, version_path(replica.adapter_dir, name, version_id))
+
+    replicas = production_replicas(registry, name)
+    # one copy per adapter directory, written before the loads: replicas sharing a volume
+    # must not race to publish the same path
+    written: set[str] = set()
+    for replica in replicas:
+        if placement(replica).path not in written:
+            materialize_for(registry, replica, placement(replica))
+            written.add(placement(replica).path)
+
     def warm(replica: Replica) -> dict[str, Any]:
-        placement = Placement(served_as, version_id, version_path(replica.adapter_dir, name, version_id))
-        materialize_for(registry, replica, placement)
         started = time.perf_counter()
+        wanted = placement(replica)
         with replica_client(registry, replica.url) as client:
-            if client.served_adapters().get(served_as) != placement.path:
+            if client.served_adapters().get(served_as) != wanted.path:
                 client.unload(served_as)
-                client.load(served_as, placement.path)
-            verification = verify_replica(client, replica, placement, expected, agreement)
+                client.load(served_as, wanted.path)
+            verification = verify_replica(client, replica, wanted, expected, agreement)
         return {
             "replica": replica.url,
             "served_as": served_as,
@@ -72,7 +83,7 @@ def warm_version(registry: Registry, name: str, version_id: str, progress: Progr
             "seconds": round(time.perf_counter() - started, 3),
         }
 
-    results = on_each(production_replicas(registry, name), warm)
+    results = on_each(replicas, warm)
     failed = failures(results)
     if failed:
         raise DeployFailed(f"{served_as} could not be warmed on every production replica: {'; '.join(failed)}")
