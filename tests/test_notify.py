@@ -26,6 +26,7 @@ from tasks.notify import (
     rejected,
     rolled_back,
     stuck,
+    traffic_alert,
     validation_failed,
 )
 from tests.support.slack import Failure, RecordingSlack, slack  # noqa: F401  (the fixture)
@@ -77,6 +78,10 @@ CASES = {
     NoticeKind.STUCK: Case(
         stuck(NAME, V1, "canary", 5400.0, "started"),
         (NAME, V1, "canary", "1h 30m", "started"),
+    ),
+    NoticeKind.TRAFFIC_ALERT: Case(
+        traffic_alert(NAME, V2, "breaker_open", "http://127.0.0.1:8001", "5 errors in a row <500>"),
+        (NAME, V2, "breaker_open", "http://127.0.0.1:8001", "5 errors in a row &lt;500&gt;"),
     ),
 }
 
