@@ -31,6 +31,7 @@ from registry.intake.jsonio import loads_object
 from registry.records.adapters import utcnow
 from registry.rules.canary import ACTIVE, CanaryWindow, Observation, SideStats, WindowStatus, judge
 from registry.rules.fleet import Replica, ReplicaRole, qualified_name
+from registry.rules.formats import declared_schemas, schema_check
 from registry.rules.live import LiveJudgement, LiveStats, judge_live
 from registry.rules.names import AdapterName
 from registry.service import Registry
@@ -239,14 +240,17 @@ def _live_judgement(
 ) -> tuple[LiveJudgement | None, list[TrafficAlert]]:
     """The live figures of both versions in this window, summed over the production
     replicas, judged (None while the window's share is 0: a dark canary, probes only), and
-    the traffic alerts they raise that were recorded now."""
+    the traffic alerts they raise that were recorded now. Where the canary's golden set
+    declares output schemas, the sampled live answers are checked against them."""
     documents, unreachable = read_traffic(registry, window.adapter_name)
     raised = alerts_in(documents, window.adapter_name, registry.settings.fallback_alert_rate)
     alerts = record_alerts(registry, raised)
     if window.share <= 0:
         return None, alerts
     live = LiveStats.from_replicas(documents, window.adapter_name, window.id, window.version_id, production_version)
-    judgement = judge_live(window.thresholds, live, window.share)
+    expected = registry.expected_outputs(window.version_id)
+    check = schema_check(declared_schemas(None if expected is None else expected[0]))
+    judgement = judge_live(window.thresholds, live, window.share, format_check=check)
     if unreachable:
         judgement.not_ready_reasons.append(f"live figures of {len(unreachable)} replica(s) unreadable")
     return judgement, alerts

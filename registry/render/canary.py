@@ -1,7 +1,8 @@
 """A canary window as a person signing it off reads it: the observations table's rows and
 the window's evidence in markdown (the approval form's text, ``loragate canary show``).
 Where an observation carries the live judgement, the probes' and the live requests' figures
-stand side by side per side, followed by the A/B lines (metric, both values, the difference
+stand side by side per side (with each side's format compliance where the golden set
+declares an output schema), followed by the A/B lines (metric, both values, the difference
 with its interval, the one-sided p, whether the bar is met)."""
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _live_row(name: str, side: dict[str, Any]) -> str:
 def _value(name: str, value: float | None) -> str:
     if value is None:
         return "-"
-    return f"{value:.4f}" if name.endswith("_rate") else f"{value:.1f}"
+    return f"{value:.4f}" if name.endswith("_rate") or name == "format_compliance" else f"{value:.1f}"
 
 
 def _difference(metric: dict[str, Any]) -> str:
@@ -90,6 +91,15 @@ def _bar(metric: dict[str, Any]) -> str:
         return "not measured"
     verdict = "yes" if meets else "no"
     return f"{verdict} (significantly worse)" if metric.get("worse") else verdict
+
+
+def _format_row(name: str, f: dict[str, Any] | None) -> str:
+    """A side's format compliance: sampled live answers satisfying the golden set's output
+    schema, of those checked (in the errors column, the table's count column)."""
+    if not f:
+        return f"| {name} | format compliance | - | - | - | - | - | - | - |"
+    rate = "-" if f.get("rate") is None else f"{f['rate']:.0%}"
+    return f"| {name} | format compliance | {f['compliant']}/{f['checked']} ({rate}) | - | - | - | - | - | - |"
 
 
 def live_evidence_lines(o: Observation, window: CanaryWindow) -> list[str]:
@@ -115,6 +125,9 @@ def live_evidence_lines(o: Observation, window: CanaryWindow) -> list[str]:
     base = stats.get("base") or {}
     if base.get("requests"):
         lines.append(_live_row("base (fallbacks)", base))
+    formats = live.get("format_compliance")
+    if formats:
+        lines += [_format_row(side, formats.get(side)) for side in ("canary", "production")]
     lines += [
         "",
         f"### A/B (live, {confidence:.0%} confidence; bar: "

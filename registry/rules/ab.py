@@ -17,7 +17,9 @@ test and bounded with Newcombe's interval; latency with the Mann-Whitney rank te
 whole distribution and the percentile's distribution-free order-statistic intervals
 (each side at 1 - (1 - confidence)/2, combined: conservative). A metric nobody measured
 (no feedback, no streaming) is reported and gates nothing; errors and end-to-end latency
-are always required.
+are always required. ``format_compliance`` (the share of sampled answers that satisfy the
+golden set's output schema, ``rules/formats.py``) is a proportion like acceptance, present
+only where the golden set declares a schema.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from registry.rules.significance import (
 )
 
 if TYPE_CHECKING:
+    from registry.rules.formats import FormatCompliance
     from registry.rules.live import LiveSide
 
 # what a gate needs measured; the others gate only when measured
@@ -136,8 +139,14 @@ def _latency(name: str, canary: list[float], production: list[float], q: float, 
     )  # fmt: skip
 
 
-def compare(thresholds: CanaryThresholds, canary: LiveSide, production: LiveSide) -> ABReport:
-    """The A/B report of the canary's live figures against production's."""
+def compare(
+    thresholds: CanaryThresholds,
+    canary: LiveSide,
+    production: LiveSide,
+    formats: dict[str, FormatCompliance | None] | None = None,
+) -> ABReport:
+    """The A/B report of the canary's live figures against production's; with ``formats``
+    (each side's format compliance, where a schema is declared) also ``format_compliance``."""
     t = thresholds
     metrics = [
         _proportion("error_rate", (canary.errors, canary.requests), (production.errors, production.requests), t, True),
@@ -153,4 +162,10 @@ def compare(thresholds: CanaryThresholds, canary: LiveSide, production: LiveSide
         _latency("ms_per_token_p95", list(canary.ms_per_token), list(production.ms_per_token), 95, t),
         _latency("ttft_p95_ms", list(canary.ttft_ms), list(production.ttft_ms), 95, t),
     ]
+    if formats is not None:
+        c, p = formats.get("canary"), formats.get("production")
+        if c is not None and p is not None:
+            metrics.append(
+                _proportion("format_compliance", (c.compliant, c.checked), (p.compliant, p.checked), t, False)
+            )
     return ABReport(metrics, t.confidence)

@@ -6,7 +6,8 @@ per replica into a canary side and a production side. Field meanings, per versio
 (the plugin's ``live_stats.py``): ``requests`` the version handled, ``errors`` among them
 (a failure that fell back included), ``fallbacks`` the requests the base answered for it
 (its failures, and requests its open breaker kept from it, which are not in ``requests``),
-latency samples of its good answers, ``accepted``/``retried`` the tenant's feedback.
+latency samples of its good answers, ``accepted``/``retried`` the tenant's feedback,
+``samples`` the texts of its last good non-streaming answers (``rules/formats.py``).
 Entries of version ``"base"`` (the base answering for the adapter) are reported apart,
 since a version's own ``fallbacks`` already says which side fell back.
 
@@ -16,7 +17,9 @@ so every rule is a test at the window's confidence, never a bare comparison: one
 100 against none in 1000 is noise (Fisher p = 0.09), ten is not. Worse errors or a tripped
 breaker roll back; a p95 (or per-token p95) above ``ratio x production + slack`` that the
 rank test confirms is a latency breach for the streak rule; too few live requests, or
-(with the A/B gate on) an unmet bar, keep the window from becoming ready.
+(with the A/B gate on) an unmet bar, keep the window from becoming ready. Where the golden
+set declares an output schema, the sampled answers' format compliance is reported per
+version and compared as an A/B metric.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 from registry.errors import ErrorCode, ReplicaError
 from registry.rules.ab import ABReport, compare
 from registry.rules.canary import CanaryThresholds, Monitor, percentile
+from registry.rules.formats import FormatCheck, FormatCompliance, measure
 from registry.rules.significance import fisher_exact_greater, mann_whitney_greater
 
 BASE = "base"  # the version of an entry the base model answered
@@ -49,6 +53,7 @@ class LiveSide:
     ms_per_token: tuple[float, ...] = ()
     trips: int = 0
     breaker_open: bool = False
+    samples: tuple[str, ...] = ()  # answer texts, pooled over replicas
 
     @property
     def routed(self) -> int:
@@ -99,6 +104,7 @@ class LiveSide:
             ms_per_token=self.ms_per_token + other.ms_per_token,
             trips=self.trips + other.trips,
             breaker_open=self.breaker_open or other.breaker_open,
+            samples=self.samples + other.samples,
         )
 
     @classmethod
@@ -111,12 +117,19 @@ class LiveSide:
         try:
             counts = {name: int(entry.get(name) or 0) for name in _COUNTS}
             samples = {name: tuple(float(v) for v in entry.get(name) or ()) for name in _SAMPLES}
+            texts = tuple(entry.get("samples") or ())
         except (TypeError, ValueError) as e:
             raise ReplicaError(
                 f"{where} of a traffic report holds a count or sample that is not a number",
                 code=ErrorCode.REPLICA_REFUSED,
                 field=where,
             ) from e
+        if not all(isinstance(t, str) for t in texts):
+            raise ReplicaError(
+                f"{where} of a traffic report holds an answer sample that is not a text",
+                code=ErrorCode.REPLICA_REFUSED,
+                field=where,
+            )
         if any(v < 0 for v in counts.values()):
             raise ReplicaError(f"{where} of a traffic report holds a negative count", field=where)
         return cls(
@@ -130,6 +143,7 @@ class LiveSide:
             ms_per_token=samples["ms_per_token"],
             trips=counts["trips"],
             breaker_open=entry.get("breaker") == "open",
+            samples=texts,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -148,6 +162,7 @@ class LiveSide:
             "ms_per_token_p95": self.ms_per_token_p95,
             "ttft_p95_ms": self.ttft_p95_ms,
             "samples": len(self.latency_ms),
+            "answers_sampled": len(self.samples),
             "trips": self.trips,
             "breaker_open": self.breaker_open,
         }
@@ -164,6 +179,7 @@ class LiveStats:
     alerts: list[dict[str, Any]] = field(default_factory=list)
     replicas: int = 0
     canary_version: str | None = None
+    production_version: str | None = None  # None: the base answers for the adapter
 
     @classmethod
     def from_replicas(
@@ -210,7 +226,7 @@ class LiveStats:
                     and alert.get("window") in (window_id, None)
                 ):
                     alerts.append({**alert, "replica": name})
-        return cls(canary, production, base, alerts, len(latest), canary_version)
+        return cls(canary, production, base, alerts, len(latest), canary_version, production_version)
 
     @property
     def canary_trips(self) -> int:
@@ -243,6 +259,8 @@ class LiveJudgement:
     stats: LiveStats
     share: float
     reasons: list[str] = field(default_factory=list)  # why it rolls back or breaches, with p
+    # side ("canary", "production") -> its sampled answers' compliance; None: no schema declared
+    format_compliance: dict[str, FormatCompliance] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON-able record kept on the observation (``Observation.live``)."""
@@ -255,6 +273,9 @@ class LiveJudgement:
             "not_ready_reasons": self.not_ready_reasons,
             "reasons": self.reasons,
             "ab": self.ab.as_dict(),
+            "format_compliance": None
+            if self.format_compliance is None
+            else {side: f.as_dict() for side, f in self.format_compliance.items()},
         }
 
 
@@ -277,7 +298,9 @@ def _latency_monitor(
     )
 
 
-def judge_live(thresholds: CanaryThresholds, live: LiveStats, share: float) -> LiveJudgement:
+def judge_live(
+    thresholds: CanaryThresholds, live: LiveStats, share: float, format_check: FormatCheck | None = None
+) -> LiveJudgement:
     """The live monitors of one evaluation of a window opened at ``share``.
 
     - ``live_error_rate``: out of band (ROLLBACK) when the canary's error rate is higher
@@ -289,7 +312,10 @@ def judge_live(thresholds: CanaryThresholds, live: LiveStats, share: float) -> L
       slower at the confidence;
     - not ready while a canary with a share answered fewer than ``min_live_requests`` (a
       dark canary, share 0, is exempt), its fallbacks are significantly more frequent than
-      production's, or (``ab_gate``) the A/B bar is not met.
+      production's, or (``ab_gate``) the A/B bar is not met;
+    - ``format_check`` (``formats.schema_check`` of the golden set's schemas; None: no
+      schema, not measured): each side's sampled answers' format compliance, reported and
+      compared in the A/B report (``format_compliance``).
     """
     t = thresholds
     alpha = 1 - t.confidence
@@ -325,7 +351,13 @@ def judge_live(thresholds: CanaryThresholds, live: LiveStats, share: float) -> L
             f"live: the canary fell back to the base {c.fallbacks} of {c.routed} times "
             f"against production's {p.fallbacks} of {p.routed} (p={fallbacks.p_value:.2g})"
         )
-    ab = compare(t, c, p)
+    formats = None
+    if format_check is not None:
+        formats = {
+            "canary": measure(live.canary_version, c.samples, format_check),
+            "production": measure(live.production_version or BASE, p.samples, format_check),
+        }
+    ab = compare(t, c, p, formats)
     if t.ab_gate and not ab.meets_bar:
         not_ready += ab.failing()
     return LiveJudgement(
@@ -337,4 +369,5 @@ def judge_live(thresholds: CanaryThresholds, live: LiveStats, share: float) -> L
         stats=live,
         share=share,
         reasons=reasons,
+        format_compliance=None if formats is None else {k: v for k, v in formats.items() if v is not None},
     )

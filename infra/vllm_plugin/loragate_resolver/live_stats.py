@@ -1,7 +1,10 @@
 """Live figures per (adapter, version, window) from the replica's real requests, in memory.
 
 Counters (requests, errors, fallbacks, accepted, retried) and the last ``SAMPLES`` samples of
-end-to-end latency, time to first token and milliseconds per token. loragate reads them from
+end-to-end latency, time to first token and milliseconds per token, and the texts of the
+last ``ANSWER_SAMPLES`` good non-streaming answers (every ``ANSWER_SAMPLE_EVERY``-th, each cut
+to ``ANSWER_SAMPLE_CHARS``) for the format check against the golden set's schemas; streamed
+answers are never sampled (the split does not keep their bodies). loragate reads them from
 every replica (``GET /loragate/traffic``) and aggregates them when it judges a window; a
 restarted replica starts from zero, which the reader sees as a smaller count, never as a
 wrong one. Also: the breaker trips (alerts) and a 15-minute ring of (time, adapter, fell
@@ -10,6 +13,7 @@ back) for the replica's fallback rate.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,6 +25,10 @@ SAMPLES = 4096
 FALLBACK_WINDOW_S = 15 * 60
 # production needs this many per-token samples before "3x its p99" means anything
 MIN_PRODUCTION_SAMPLES = 20
+# answer texts kept per entry: enough for a format-compliance rate, bounded in memory
+ANSWER_SAMPLES = 32
+ANSWER_SAMPLE_CHARS = 2000
+ANSWER_SAMPLE_EVERY = max(1, int(os.environ.get("LORAGATE_ANSWER_SAMPLE_EVERY", "1") or 1))
 _RING_MAX = 1 << 20
 _ALERTS_MAX = 1000
 
@@ -40,6 +48,8 @@ class VersionStats:
     latency_ms: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
     ttft_ms: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
     ms_per_token: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    answers: deque = field(default_factory=lambda: deque(maxlen=ANSWER_SAMPLES))
+    texts_seen: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +64,7 @@ class VersionStats:
             "latency_ms": [round(x, 3) for x in self.latency_ms],
             "ttft_ms": [round(x, 3) for x in self.ttft_ms],
             "ms_per_token": [round(x, 4) for x in self.ms_per_token],
+            "samples": list(self.answers),
         }
 
 
@@ -84,13 +95,19 @@ class LiveStats:
         latency_ms: float,
         ttft_ms: float | None,
         tokens: int | None,
+        text: str | None = None,
     ) -> float | None:
-        """One answer the client got from ``version``; its ms per token (None when unknown)."""
+        """One answer the client got from ``version``; its ms per token (None when unknown).
+        ``text``: the answer's text where the split kept it (good, non-streaming answers)."""
         stats = self.of(adapter, version, window)
         stats.requests += 1
         stats.errors += int(error)
         if error:
             return None
+        if text is not None:
+            stats.texts_seen += 1
+            if stats.texts_seen % ANSWER_SAMPLE_EVERY == 0:
+                stats.answers.append(text[:ANSWER_SAMPLE_CHARS])
         stats.latency_ms.append(latency_ms)
         if ttft_ms is not None:
             stats.ttft_ms.append(ttft_ms)

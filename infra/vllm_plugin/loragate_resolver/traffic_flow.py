@@ -7,7 +7,9 @@ skipped (``breaker_open``); one that answers 404, 400 or 5xx (its start message 
 back, never sent) is counted as failed and the next one is asked with the same buffered
 body. The last one's answer goes to the client whatever it is: by then the error is the
 client's own (a 400 every version gave is not counted against any version). Only the
-answer's start message is held; its body streams through as it comes.
+answer's start message is held; its body streams through as it comes. A good
+non-streaming answer's body (already kept for its usage) also gives its text, sampled for
+the format check (``live_stats``); streamed answers are not sampled.
 """
 
 from __future__ import annotations
@@ -53,17 +55,40 @@ class Attempt:
         self.events = 0
         self.kept: list[bytes] = []
         self.kept_size = 0
+        self._parsed: dict | None = None
+        self._was_parsed = False
+
+    def parsed(self) -> dict | None:
+        """The kept non-streaming answer as JSON, parsed once (None: cut or not an object)."""
+        if not self._was_parsed:
+            self._was_parsed = True
+            try:
+                found = json.loads(b"".join(self.kept))
+            except (ValueError, RecursionError):
+                found = None
+            self._parsed = found if isinstance(found, dict) else None
+        return self._parsed
 
     def tokens(self, streaming: bool) -> int | None:
         """Completion tokens: a stream's ``data:`` events, else the answer's usage."""
         if streaming:
             return self.events or None
-        try:
-            usage = json.loads(b"".join(self.kept)).get("usage") or {}
-            tokens = usage.get("completion_tokens")
-        except (ValueError, AttributeError):
-            return None
+        usage = (self.parsed() or {}).get("usage")
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
         return tokens if isinstance(tokens, int) and tokens > 0 else None
+
+    def text(self) -> str | None:
+        """The first choice's text: ``choices[0].text`` (completions) or
+        ``choices[0].message.content`` (chat); None where the answer has neither."""
+        choices = (self.parsed() or {}).get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return None
+        choice = choices[0]
+        if isinstance(choice.get("text"), str):
+            return choice["text"]
+        message = choice.get("message")
+        content = message.get("content") if isinstance(message, dict) else None
+        return content if isinstance(content, str) else None
 
 
 def failed(status: int) -> bool:
@@ -239,6 +264,7 @@ def _account(
         metrics.fallback(adapter, reason)
     ttft_ms = (attempt.first_chunk_at - t0) * 1000 if attempt.first_chunk_at is not None else None
     error = attempt.status >= 500
+    good = attempt.status < 400
     per_token = split.stats.answered(
         adapter,
         step.label,
@@ -246,7 +272,8 @@ def _account(
         error=error,
         latency_ms=latency_ms,
         ttft_ms=ttft_ms,
-        tokens=attempt.tokens(streaming) if attempt.status < 400 else None,
+        tokens=attempt.tokens(streaming) if good else None,
+        text=attempt.text() if good and not streaming else None,
     )
     if split.role == "production" and step.version is not None:
         p99 = split.stats.production_p99(adapter, route.production) if per_token is not None else None
