@@ -13,7 +13,7 @@ evaluate  one ``canary-evaluate`` run over the N open windows: its wall time aga
 verdicts  with the product's canary thresholds (no slack): how many of the N good tenants --
           all the same good adapter -- were rolled back, and why (noise: 0 is the bar), and
           whether the slow control tenant -- one more tenant, the same adapter answered
-          CONTROL_DELAY_MS later by a proxy in front of each replica (bench/delay_proxy.py) --
+          CONTROL_SLOWDOWN x as slowly by a proxy in front of each replica (bench/delay_proxy.py) --
           was rolled back, as a really slower canary must be.
 sign-off  the N ``promote`` runs the ready windows start, all waiting for a person: the
           processes (and their memory) they hold on the worker.
@@ -26,7 +26,8 @@ Growth from the small N to N is reported as ratios. Prints JSON on stdout; progr
 stderr.
 
     .venv/bin/python bench/scale.py [--tenants 50] [--small 10] [--restart-adapters 200]
-                                    [--skip-paused-trigger] [--restart-only | --burst-only] [--smoke]
+                                    [--skip-paused-trigger] [--skip-sign-off]
+                                    [--restart-only | --burst-only] [--smoke]
                                     [--out FILE]
                                     [--production URL --canary URL --adapter-dir DIR --base DIR]
                                     [--bundle DIR]
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import secrets
@@ -62,7 +64,7 @@ from bench.delay_proxy import DelayProxy  # noqa: E402
 from bench.harness import Databases, ServingReplica, emit, production_and_canary, replicas_obey  # noqa: E402
 from bench.scale_prefect import flow_run_states, pause_trigger, promote_runs  # noqa: E402
 from bench.scale_restart import bench_restart  # noqa: E402
-from bench.scale_verdicts import CONTROL_DELAY_MS, verdicts  # noqa: E402
+from bench.scale_verdicts import CONTROL_SLOWDOWN, verdicts  # noqa: E402
 from bench.timing import ratio, spread  # noqa: E402
 from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
 from infra.pipeline import SWEEPS_EVERY_S, PipelineSecrets, set_interval, start_pipeline  # noqa: E402
@@ -124,6 +126,7 @@ def burst(
     drop_canary_trigger: bool = False,
     deadline_s: float = 3600.0,
     sweeps_every_s: float | None = SWEEPS_EVERY_S,
+    sign_off: bool = True,
 ) -> dict[str, Any]:
     from prefect.deployments import run_deployment
     from prefect.events.worker import EventsWorker
@@ -151,7 +154,7 @@ def burst(
     registry = Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
     pipeline = None
     proxies = contextlib.ExitStack()
-    # one extra tenant, the same adapter, answered CONTROL_DELAY_MS later: the rules must
+    # one extra tenant, the same adapter, answered CONTROL_SLOWDOWN x as slowly: the rules must
     # still roll a really slower canary back
     control = f"slow{uuid.uuid4().hex[:6]}-control/{BASE_ID}/support"
     try:
@@ -159,7 +162,7 @@ def burst(
         registry.add_base(str(base_dir), BASE_ID)
         # the replicas read this registry; the pools that switch them hold their admin key
         _, admin_key = replicas_obey(registry, next(r.secrets_dir for r in replicas))
-        delays = {control: CONTROL_DELAY_MS}
+        delays = {control: CONTROL_SLOWDOWN}
         proxied = {r.url: proxies.enter_context(DelayProxy(r.url, delays)) for r in replicas}
         for r in replicas:
             registry.add_replica(proxied[r.url].url, BASE_ID, r.role, str(r.adapter_dir))
@@ -245,7 +248,10 @@ def burst(
         }
         log(f"{label}: evaluate {result['evaluate']}")
         result["verdicts"] = verdicts(windows, observations, control, proxied.values())
-        log(f"{label}: verdicts {result['verdicts']['summary']}")
+        log(f"{label}: verdicts {json.dumps(result['verdicts'])}")
+        if not sign_off:
+            result["flow_runs"] = flow_run_states(pipeline)
+            return result
         ready = sum(1 for w in registry.canary_windows() if w.status == WindowStatus.READY)
 
         def all_waiting() -> bool:
@@ -317,6 +323,9 @@ def main() -> None:
     parser.add_argument(
         "--burst-only", action="store_true", help="the burst of --tenants alone (no small N, no restart)"
     )
+    parser.add_argument(
+        "--skip-sign-off", action="store_true", help="end each burst at its verdicts (no wait for the promote runs)"
+    )
     parser.add_argument("--production", help="a running production replica to drive (needs --canary)")
     parser.add_argument("--canary", help="a running canary replica to drive (needs --production)")
     parser.add_argument("--adapter-dir", type=Path, help="the running replicas' adapter directory")
@@ -364,7 +373,17 @@ def main() -> None:
             # the test session's two cores
             sweeps_every_s = None if args.smoke else SWEEPS_EVERY_S
             bursts = {
-                k: burst(k, n, bundle, golden, base_dir, serving, work, sweeps_every_s=sweeps_every_s)
+                k: burst(
+                    k,
+                    n,
+                    bundle,
+                    golden,
+                    base_dir,
+                    serving,
+                    work,
+                    sweeps_every_s=sweeps_every_s,
+                    sign_off=not args.skip_sign_off,
+                )
                 for k, n in sizes.items()
             }
             if sizes and not args.skip_paused_trigger:

@@ -1,6 +1,6 @@
 """What bench/scale.py's canary watch decided over a burst: how many of the good tenants
 (all the same good adapter) were rolled back and why -- noise, since they are all alike --
-and whether the slow control tenant (the same adapter answered ``CONTROL_DELAY_MS`` later,
+and whether the slow control tenant (the same adapter answered ``CONTROL_SLOWDOWN`` x slower,
 bench/delay_proxy.py) was rolled back, as a really slower canary must be.
 """
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from registry.rules.canary import LATENCY_MONITORS, CanaryWindow, Observation, WindowStatus
 
-# the slow control tenant: its canary answers this much later than the same adapter would
-# (bench/delay_proxy.py says why a delay on the wire: the probes must see it)
-CONTROL_DELAY_MS = 300.0
+# the slow control tenant: its canary answers this many times as slowly as the same adapter
+# would (bench/delay_proxy.py says why on the wire, and why a factor: the probes must see it)
+CONTROL_SLOWDOWN = 3.0
 
 
 def verdicts(
@@ -67,7 +67,7 @@ def verdicts(
         ),
         "slow_control": {
             "name": control,
-            "delay_ms": CONTROL_DELAY_MS,
+            "slowdown": CONTROL_SLOWDOWN,
             "requests_delayed": sum(p.delayed for p in proxies),
             **control_fate,
         },

@@ -97,7 +97,7 @@ def test_scale_benchmark_runs_in_smoke_mode_on_the_session_replicas(
     result = run_bench("bench/scale.py", "--smoke", *argv, "--out", str(tmp_path / "s.json"), timeout=900)
     burst = result["burst"]["large"]
     assert burst["event_to_canary_serving"]["n"] == 2
-    # the two tenants and the slow control (the same adapter answered 300 ms later)
+    # the two tenants and the slow control (the same adapter answered 3x as slowly)
     assert burst["evaluate"]["windows"] == 3 and burst["evaluate"]["requests_per_observation"] > 0
     assert burst["verdicts"]["summary"]["slow_control_rolled_back"], burst["verdicts"]["slow_control"]
     assert burst["sign_off"]["promote_runs"] == 2 and burst["sign_off"]["processes_held"] == 0
