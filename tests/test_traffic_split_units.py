@@ -359,6 +359,21 @@ def test_the_breaker_recloses_after_the_cooldown_the_faults_file_sets(split_env)
     assert split.breaker(NAME, "c1").state(split.current_limits()) == CLOSED
 
 
+def test_slowness_trips_a_canary_against_productions_p99_but_never_production_itself(split_env):
+    split_env.write_text(json.dumps({"breaker": {"slow": 2}}))
+    split = _split(FakeVllm(), routing.Route(NAME, "p1", 9, "c1", 0.0))
+    for i in range(25):  # production's p99 per token, from fast answers
+        ask(split, user=f"fast-{i}")
+    split_env.write_text(json.dumps({"c1": {"delay_ms": 60}, "p1": {"delay_ms": 60}, "breaker": {"slow": 2}}))
+    split.routes = {NAME: routing.Route(NAME, "p1", 9, "c1", 1.0)}
+    reasons = [ask(split, user=f"canary-{i}")[1].get(b"x-loragate-fallback") for i in range(3)]
+    assert split.breaker(NAME, "c1").trips == 1 and reasons == [None, None, b"breaker_open"]
+    # production as slow, many times in a row: its own tail is no reason to send its users to the base
+    split.routes = {NAME: routing.Route(NAME, "p1", 9, "c1", 0.0)}
+    answers = [ask(split, user=f"slow-{i}")[1][b"x-loragate-version"] for i in range(5)]
+    assert split.breaker(NAME, "p1").trips == 0 and answers == [b"p1"] * 5
+
+
 def test_a_stream_is_forwarded_and_its_events_counted_as_tokens(split_env):
     split = _split(FakeVllm(), routing.Route(NAME, "p1"))
     status, headers, body = ask(split, stream=True)

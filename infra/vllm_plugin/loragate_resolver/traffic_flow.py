@@ -276,8 +276,11 @@ def _account(
         text=attempt.text() if good and not streaming else None,
     )
     if split.role == "production" and step.version is not None:
-        p99 = split.stats.production_p99(adapter, route.production) if per_token is not None else None
-        slow = per_token is not None and p99 is not None and per_token > 3 * p99
+        # slowness is judged against production: production itself trips on errors only (on
+        # contended cores its own tail would otherwise send its users to the base for noise)
+        judged = per_token is not None and step.version != route.production
+        p99 = split.stats.production_p99(adapter, route.production) if judged else None
+        slow = judged and p99 is not None and per_token is not None and per_token > 3 * p99
         _breaker(split, adapter, step, ok=not error, slow=slow)
     split.stats.finished(adapter, reason is not None)
     metrics.request(
