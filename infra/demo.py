@@ -2,7 +2,8 @@
 
 Builds a tiny Llama base and trains tenant adapters offline (good ones, one with a renamed
 layer prefix the registry refuses at the door, one whose 4-bit compute dtype overflows,
-which only shadow validation sees). Starts a local Prefect server with loragate's
+which only shadow validation sees). Starts a local Prefect server (on the local Postgres
+when one answers, SQLite otherwise) with loragate's
 deployments, a worker per work pool (each holding only its role's token, never on the
 Prefect server) and two vLLM CPU replicas (canary, production), with a dozen users looping on
 production (``demo_traffic``). Then it emits ``loragate.training.completed`` events and
@@ -249,7 +250,7 @@ def main() -> None:
     from infra.demo_replicas import ask, demo_replica_secrets, direct_load_refused, tampered_copy_repaired
     from infra.demo_traffic import LoopingUsers, live_errors_rolled_back
     from infra.pipeline import POOLS, PipelineSecrets, start_pipeline
-    from infra.prefect_local import start_prefect_server
+    from infra.prefect_local import fresh_local_database, start_prefect_server
     from infra.replica import VllmReplica, hand_admin_key, start_replicas, stop_replicas
     from registry.rules.access import Role
 
@@ -331,7 +332,8 @@ def main() -> None:
 
         # the replicas die with the thread that starts them (PR_SET_PDEATHSIG): the main one
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            server_f = pool.submit(start_prefect_server, HOME / "prefect", 4200)
+            prefect_db = fresh_local_database(HOME / "prefect", "loragate_demo_prefect")
+            server_f = pool.submit(start_prefect_server, HOME / "prefect", 4200, database_url=prefect_db)
             start_replicas(replicas)
             server = server_f.result()
         ui = server.ui_url

@@ -32,6 +32,7 @@ from infra.prefect_local import (
     AUTH_FILE,
     HEARTBEAT_ENV,
     PrefectServer,
+    kept_database_url,
     prefect_bin,
     start_prefect_server,
     start_worker,
@@ -290,9 +291,10 @@ def reopen_ui(home: Path = Path(".loragate/prefect"), port: int = 4200) -> None:
     """``make ui``: the Prefect server on the demo's history, until Ctrl-C."""
     import time
 
-    if not (home / "prefect.db").exists():
+    database_url = kept_database_url(home)
+    if database_url is None and not (home / "prefect.db").exists():
         raise SystemExit(f"no Prefect history under {home}: run `make demo` first")
-    server = start_prefect_server(home, port)
+    server = start_prefect_server(home, port, database_url=database_url)
     print(f"Prefect UI on the demo's history: {server.ui_url}  (Ctrl-C stops it)", flush=True)
     print(f"log in with the server's credential, kept in {server.home / AUTH_FILE}", flush=True)
     try:

@@ -277,3 +277,36 @@ def start_worker(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+# the local Postgres a developer machine (and CI) has; the demo's Prefect server keeps its
+# state there when it answers, SQLite under its home otherwise
+LOCAL_POSTGRES = os.environ.get("LORAGATE_DEMO_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+DATABASE_URL_FILE = "database-url"
+
+
+def fresh_local_database(home: Path, name: str) -> str | None:
+    """A new empty database ``name`` on the local Postgres for a Prefect server whose home is
+    ``home`` (its URL kept in ``home/database-url`` for ``make ui``), or None -- SQLite, then
+    -- when no Postgres answers within 3 s. A SQLite Prefect server locks under a pipeline's
+    workers on two busy cores ("database is locked", runs that never start); Postgres does not."""
+    import psycopg
+    from psycopg import sql
+
+    try:
+        with psycopg.connect(LOCAL_POSTGRES, connect_timeout=3, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    except psycopg.Error:
+        return None
+    server, _, _ = LOCAL_POSTGRES.rpartition("/")
+    url = f"{server.replace('postgresql://', 'postgresql+asyncpg://', 1)}/{name}"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / DATABASE_URL_FILE).write_text(url)
+    return url
+
+
+def kept_database_url(home: Path) -> str | None:
+    """The database a Prefect server whose home is ``home`` used (``fresh_local_database``)."""
+    path = home / DATABASE_URL_FILE
+    return path.read_text().strip() if path.exists() else None
