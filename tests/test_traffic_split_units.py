@@ -1,7 +1,8 @@
 """The live split's rules outside vLLM: the sticky bucket and its share, signed request ids,
-the breaker's states, the routing table from the registry's rows, and the middleware's
+the routing table from the registry's rows, and the middleware's
 behaviour over a fake ASGI app (which version answers, the fallback chain, the headers, the
-figures, feedback counted once). tests/test_traffic_split.py drives real replicas."""
+figures, feedback counted once). The breaker's states: tests/test_traffic_breaker.py;
+tests/test_traffic_split.py drives real replicas."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ PLUGIN_DIR = Path(__file__).resolve().parents[1] / "infra" / "vllm_plugin"
 if str(PLUGIN_DIR) not in sys.path:
     sys.path.insert(0, str(PLUGIN_DIR))
 from loragate_resolver import request_ids, routing  # noqa: E402
-from loragate_resolver.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, Limits  # noqa: E402
+from loragate_resolver.breaker import CLOSED  # noqa: E402
 from loragate_resolver.traffic import TrafficSplit  # noqa: E402
 
 KEY = "k" * 43
@@ -114,58 +115,6 @@ def test_a_tampered_or_foreign_request_id_does_not_verify():
         assert request_ids.verify(KEY, bad) is None
     assert request_ids.verify("other-key", rid) is None
     assert request_ids.verify(None, rid) is None
-
-
-# -- the breaker ----------------------------------------------------------------------------
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_errors_in_a_row_open_the_breaker_and_a_success_in_between_resets_the_count():
-    clock, limits = Clock(), Limits(errors=3, slow=2, cooldown_s=10)
-    breaker = Breaker(clock)
-    assert [breaker.record(False, False, limits) for _ in range(2)] == [None, None]
-    assert breaker.record(True, False, limits) is None
-    assert [breaker.record(False, False, limits) is not None for _ in range(3)] == [False, False, True]
-    assert breaker.state(limits) == OPEN and not breaker.allow(limits) and breaker.trips == 1
-
-
-def test_slow_answers_in_a_row_open_the_breaker():
-    limits = Limits(errors=3, slow=2, cooldown_s=10)
-    breaker = Breaker(Clock())
-    assert breaker.record(True, True, limits) is None
-    assert "slower" in (breaker.record(True, True, limits) or "")
-
-
-def test_after_the_cooldown_one_request_probes_and_its_outcome_closes_or_reopens():
-    clock, limits = Clock(), Limits(errors=1, slow=1, cooldown_s=10)
-    breaker = Breaker(clock)
-    breaker.record(False, False, limits)
-    clock.now += 10
-    assert breaker.state(limits) == HALF_OPEN
-    assert breaker.allow(limits) and not breaker.allow(limits)  # one probe at a time
-    assert breaker.record(False, False, limits) is not None and breaker.trips == 2
-    assert breaker.state(limits) == OPEN
-    clock.now += 10
-    assert breaker.allow(limits)
-    assert breaker.record(True, False, limits) is None
-    assert breaker.state(limits) == CLOSED and breaker.allow(limits)
-
-
-def test_a_probe_that_never_reports_does_not_hold_the_breaker_forever():
-    clock, limits = Clock(), Limits(errors=1, slow=1, cooldown_s=10)
-    breaker = Breaker(clock)
-    breaker.record(False, False, limits)
-    clock.now += 10
-    assert breaker.allow(limits)
-    clock.now += 11
-    assert breaker.allow(limits)
 
 
 # -- the middleware over a fake app -----------------------------------------------------------
