@@ -45,7 +45,7 @@ def tampered_copy_repaired(
     """One byte flipped in the copy the replicas serve: seen, refused, repaired."""
     from infra.tamper import flip_a_byte
     from registry.errors import ReplicaError
-    from registry.rules.fleet import version_path
+    from registry.rules.fleet import qualified_name, version_path
     from tasks.replicas import ReplicaClient
 
     weights = Path(version_path(str(HOME / "adapters"), name, version)) / "adapter_model.safetensors"
@@ -58,6 +58,7 @@ def tampered_copy_repaired(
     admin_key = (HOME / "replica-secrets" / "admin-key").read_text()
     with ReplicaClient(urls["production"], admin_key=admin_key) as client:
         client.unload(name)
+        client.unload(qualified_name(name, version))  # the copy kept warm for a rollback, too
         try:
             client.complete(name, prompt, 8, admin=True)
             raise SystemExit("the production replica served the tampered copy")

@@ -130,7 +130,7 @@ def live_errors_rolled_back(pipeline, bundle, golden, users: LoopingUsers, fault
     with registry() as reg:
         window = reg.latest_canary_window(version)
         observed = reg.canary_observations(window.id)[-1]
-    say(f"why: {window.reason}")
+    say(f"why: {'; '.join(observed.reasons)}")
     say(
         f"its probes: {observed.canary.errors}/{observed.canary.requests} errors, golden drift {observed.drift:.2f} "
         "-- only live traffic showed it"
