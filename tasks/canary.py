@@ -327,20 +327,18 @@ def promote_canary(
         raise
     closed = registry.close_canary_window(window.id, WindowStatus.PROMOTED, reason)
     push_routes(registry, name, progress)
-    keep_previous_warm(registry, name, previous, version_id, progress)
+    keep_previous_warm(registry, name, previous, progress)
     return closed, previous, report
 
 
-def keep_previous_warm(
-    registry: Registry, name: str, previous: str | None, promoted: str, progress: Progress = _quiet
-) -> None:
+def keep_previous_warm(registry: Registry, name: str, previous: str | None, progress: Progress = _quiet) -> None:
     """After a promotion: the replaced version stays warm as ``name@version`` on the
-    production replicas, so rolling back only moves traffic; the promoted one, now served
-    under the plain name, is dropped from its qualified name. Best effort: without a warm
-    previous, a rollback reloads, as it always could."""
-    if previous is not None:
-        try:
-            warm_version(registry, name, previous, progress)
-        except (DeployFailed, LoragateError) as e:
-            progress(f"{name}: previous {previous} not kept warm ({e.one_line()}); a rollback will reload")
-    cool_version(registry, name, promoted, progress)
+    production replicas, so rolling back only moves traffic. The promoted one stays as it is:
+    where it was warm, the promotion was a routing change and users are answered by that warm
+    copy. Best effort: without a warm previous, a rollback reloads, as it always could."""
+    if previous is None:
+        return
+    try:
+        warm_version(registry, name, previous, progress)
+    except (DeployFailed, LoragateError) as e:
+        progress(f"{name}: previous {previous} not kept warm ({e.one_line()}); a rollback will reload")
