@@ -72,14 +72,14 @@ def tampered_copy_repaired(
 
 
 def ask(urls: dict[str, str], prompt: str) -> None:
-    """What each replica serves the demo's adapter from, and its answer to ``prompt``."""
+    """Which version each replica answers the demo's adapter with (its version header: under
+    the plain name or a warm ``name@version``), and its answer to ``prompt``."""
     import httpx
 
     from infra.demo import SUPPORT
 
     for role, url in urls.items():
-        cards = httpx.get(f"{url}/v1/models", timeout=60).json()["data"]
-        served = next((Path(c["root"]).name for c in cards if c["id"] == SUPPORT), "(not served)")
-        body = {"model": SUPPORT, "prompt": prompt, "max_tokens": 8, "temperature": 0}
-        text = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
-        say(f"{role:<10} {url} serves {SUPPORT} = {served}: {text!r}")
+        body = {"model": SUPPORT, "prompt": prompt, "max_tokens": 8, "temperature": 0, "user": "demo"}
+        answered = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        version = answered.headers.get("x-loragate-version", "(no header)")
+        say(f"{role:<10} {url} answers {SUPPORT} with {version}: {answered.json()['choices'][0]['text']!r}")
