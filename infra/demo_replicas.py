@@ -61,14 +61,30 @@ def tampered_copy_repaired(
         client.unload(qualified_name(name, version))  # the copy kept warm for a rollback, too
         try:
             client.complete(name, prompt, 8, admin=True)
-            raise SystemExit("the production replica served the tampered copy")
+            if not intact(weights, version):
+                raise SystemExit("the production replica served the tampered copy")
+            say("the fleet pool's scheduled reconcile had already repaired the copy: served as it should be")
         except ReplicaError as e:
             say(f"production replica, asked by the fleet: {e.one_line()} (refused, not garbage)")
         answered = client.complete(name, prompt, 8, user="tenant-user-0")
-        if answered.version != "base":
+        if answered.version == "base":
+            say(f"a user asking: answered by the base model, x-loragate-fallback: {answered.fallback}")
+        elif intact(weights, version):
+            say(f"a user asking: answered by {answered.version} from the repaired copy")
+        else:
             raise SystemExit(f"a user of the tampered copy was answered by {answered.version}, not the base")
-        say(f"a user asking: answered by the base model, x-loragate-fallback: {answered.fallback}")
     loragate("fleet", "reconcile", env=as_fleet)  # the fleet pool's role: no admin needed
+
+
+def intact(weights: Path, version: str) -> bool:
+    """Whether the weights file holds the bytes the registry recorded for the version."""
+    import hashlib
+
+    from infra.demo import registry
+
+    with registry() as reg:
+        expected = reg.bundle_digests(version)[weights.name]
+    return hashlib.sha256(weights.read_bytes()).hexdigest() == expected
 
 
 def ask(urls: dict[str, str], prompt: str) -> None:
