@@ -136,7 +136,8 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
     # the validate gate signed both with the pipeline's key; production verified it
     assert [s.key_id for s in stack.registry.signatures(v2)] == [key_id(SIGNING_KEY.public_pem)]
     path_v2 = version_path(str(stack.registry.list_replicas()[0].adapter_dir), name, v2)
-    assert all(stack.served(k)[name] == path_v2 for k in ("prod-a", "prod-b", "canary"))
+    # production's users moved to the canary warm there: no reload (docs/live-traffic.md)
+    assert all(stack.serves_version(k, name, v2, path_v2) for k in ("prod-a", "prod-b", "canary"))
 
     # rollback: the deployment, as anyone who reaches the Prefect API runs it -- without a
     # code it fails and moves nothing; with alice's rollback code it rolls back
@@ -156,7 +157,7 @@ def test_a_training_event_goes_through_every_gate_to_production_and_back(
     assert run.state is not None and run.state.is_completed(), run.state
     assert stack.registry.get_adapter(name).production == v1
     path_v1 = version_path(str(stack.registry.list_replicas()[0].adapter_dir), name, v1)
-    assert all(stack.served(k)[name] == path_v1 for k in ("prod-a", "prod-b", "canary"))
+    assert all(stack.serves_version(k, name, v1, path_v1) for k in ("prod-a", "prod-b", "canary"))
 
     # the record: audit, events, artifacts, Slack
     approvals = [e for e in stack.registry.history(name) if e.action == "approval"]

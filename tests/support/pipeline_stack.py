@@ -105,6 +105,14 @@ class Stack:
         with ReplicaClient(self.replicas[key].url) as client:
             return client.served_adapters()
 
+    def serves_version(self, key: str, name: str, version: str, path: str) -> bool:
+        """Whether the replica answers ``name`` from ``path``: under the plain name, or -- where
+        a move only sent users there -- the warm ``name@version`` with the plain name gone."""
+        served = self.served(key)
+        if name in served:
+            return served[name] == path
+        return served.get(f"{name}@{version}") == path
+
     def loragate(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
             [str(Path(sys.executable).parent / "loragate"), *args],
