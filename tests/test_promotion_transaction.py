@@ -14,7 +14,7 @@ from registry.rules.access import Role
 from registry.rules.canary import Monitor, Observation, SideStats, Verdict, WindowStatus
 from registry.service import Registry
 from tasks.gates import promote_production
-from tests.support.fleet import make_fleet, served
+from tests.support.fleet import make_fleet, serves_version
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,8 @@ def test_a_failure_after_the_production_move_rolls_it_back_in_place(
         adapter = registry.get_adapter(fleet.name)
         assert adapter.production == fleet.v1, "the transaction's rollback restored the previous production"
         for key in ("prod-a", "prod-b"):
-            assert served(replicas[key])[fleet.name] == fleet.path(fleet.v1)
+            # the previous version was kept warm: the undo only moved users back to it
+            assert serves_version(replicas[key], fleet.name, fleet.v1, fleet.path(fleet.v1))
         undo = [e for e in registry.history(fleet.name) if e.action == "rollback"]
         assert undo and "promotion rolled back" in (undo[-1].reason or "")
         assert registry.canary_window(window.id).status == WindowStatus.ROLLED_BACK

@@ -83,6 +83,15 @@ def served(replica) -> dict[str, str]:
         return client.served_adapters()
 
 
+def serves_version(replica, name: str, version: str, path: str) -> bool:
+    """Whether the replica answers ``name`` from ``path``: under the plain name, or -- where a
+    move only sent users there -- the warm ``name@version`` with the plain name gone."""
+    found = served(replica)
+    if name in found:
+        return found[name] == path
+    return found.get(f"{name}@{version}") == path
+
+
 def answer(url: str, name: str, prompt: str = SUPPORT_PROMPT, max_tokens: int = 32) -> str:
     with ReplicaClient(url) as client:
         return client.complete(name, prompt, max_tokens).text.strip()
