@@ -397,6 +397,25 @@ def test_an_index_newer_than_the_table_makes_the_split_read_the_table_again_befo
     assert headers[b"x-loragate-version"] == b"p1" and app.asked == [NAME] and len(reads) == 1
 
 
+def test_an_adapter_the_table_has_not_seen_but_the_index_names_is_routed_after_a_fresh_read(split_env, monkeypatch):
+    # an adapter's first production (or a table read from another registry): without the
+    # read the request would pass the split by, unlabelled, to whatever the index says
+    from loragate_resolver import registry_reader
+
+    reads = []
+
+    def routes(secrets_dir):
+        reads.append(secrets_dir)
+        return [(NAME, "p1")], []
+
+    monkeypatch.setattr(registry_reader, "routes", routes)
+    app = FakeVllm()
+    split = _split(app, None)
+    split.table_started = -1.0
+    _, headers, _ = ask(split)
+    assert headers[b"x-loragate-version"] == b"p1" and len(reads) == 1
+
+
 def test_a_registry_that_cannot_be_read_keeps_the_last_table(split_env, monkeypatch):
     from loragate_resolver import registry_reader
 

@@ -288,10 +288,11 @@ class TrafficSplit:
             await self.refresh()  # the first read (in flight since start-up, as a rule)
         route = self.routes.get(model)
         index_version = self.index.version(model)
-        stale = route is not None and index_version not in (None, route.production)
+        stale = index_version is not None and (route is None or index_version != route.production)
         if stale and self.role == "production" and not self._read_failed:
-            # the index moved since the table was read (a switch, or a move the table has
-            # not seen yet): read it again before sending anyone to the older version
+            # the index moved since the table was read (a switch, a move the table has not
+            # seen yet, an adapter's first production): read it again before sending anyone
+            # to the older version, or past the split
             await self.fresh(arrived)
             route = self.routes.get(model)
         if route is None or route.production is None:
