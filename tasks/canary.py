@@ -36,7 +36,7 @@ from registry.rules.live import LiveJudgement, LiveStats, judge_live
 from registry.rules.names import AdapterName
 from registry.service import Registry
 from tasks.fleet import promote_and_switch, replica_client, rollback_and_switch
-from tasks.replicas import ReplicaClient
+from tasks.replicas import Completion, ReplicaClient
 from tasks.routes import push_routes
 from tasks.traffic import cool_version, read_traffic, warm_version
 from tasks.traffic_watch import TrafficAlert, alerts_in, record_alerts
@@ -160,7 +160,7 @@ class _Side:
         return SideStats.from_samples(self.latencies_ms, self.errors)
 
 
-def _send(client: ReplicaClient, model: str, probe: Probe, side: _Side) -> str | None:
+def _send(client: ReplicaClient, model: str, probe: Probe, side: _Side) -> Completion | None:
     try:
         # as the fleet: the replicas' split passes a probe through as named, uncounted
         completion = client.complete(model, probe.prompt, probe.max_tokens, admin=True)
@@ -168,7 +168,7 @@ def _send(client: ReplicaClient, model: str, probe: Probe, side: _Side) -> str |
         side.errors.append(e.code.value)
         return None
     side.latencies_ms.append(completion.seconds * 1000)
-    return completion.text
+    return completion
 
 
 def observe_window(
@@ -189,6 +189,7 @@ def observe_window(
     canary, production = _Side([], []), _Side([], [])
     answers = expected[1] if expected is not None else {}
     drifted: set[str] = set()
+    pairs: list[tuple[float, float]] = []
     golden = 0
     with contextlib.ExitStack() as stack:
         # one connection per replica for the whole observation: latencies are the answers',
@@ -204,19 +205,32 @@ def observe_window(
             for probe in probes:
                 if probe.case_id is not None and round_ == 0:
                     golden += 1
+                canary_answers = []
                 for client, model in canary_clients:
-                    text = _send(client, model, probe, canary)
+                    answered = _send(client, model, probe, canary)
+                    canary_answers.append(answered)
                     judged = round_ == 0 and probe.case_id is not None
+                    text = None if answered is None else answered.text
                     if judged and (text is None or text.strip() != answers.get(probe.case_id or "", "").strip()):
                         drifted.add(probe.case_id or "")
+                production_answers = []
                 for client, replica in production_clients:
                     model = name if production_version else replica.served_model_name
-                    _send(client, model, probe, production)
+                    production_answers.append(_send(client, model, probe, production))
+                # the j-th canary answer with the j-th production one: the same prompt, moments apart
+                pairs += [
+                    (c.seconds * 1000, p.seconds * 1000)
+                    for c, p in zip(canary_answers, production_answers, strict=False)
+                    if c is not None and p is not None
+                ]
     drift = len(drifted) / golden if golden else 0.0
     live, alerts = _live_judgement(registry, window, production_version)
     earlier = registry.canary_observations(window.id)
     now = utcnow()
-    verdict, checks, reasons = judge(window, canary.stats(), production.stats(), drift, earlier, now, live=live)
+    paired = tuple((round(c, 3), round(p, 3)) for c, p in pairs)
+    verdict, checks, reasons = judge(
+        window, canary.stats(), production.stats(), drift, earlier, now, live=live, pairs_ms=paired
+    )
     observation = registry.record_canary_observation(
         Observation(
             window_id=window.id,
@@ -229,6 +243,7 @@ def observe_window(
             monitors=checks,
             reasons=reasons,
             live=None if live is None else live.as_dict(),
+            pairs_ms=paired,
         )
     )
     progress(f"{name} {window.version_id}: {verdict.value} ({'; '.join(reasons)})")

@@ -125,7 +125,18 @@ ALICE: list[str] = []
 def observe(registry, window_id: int, verdict: Verdict) -> Observation:
     now = datetime.now(UTC)
     return registry.record_canary_observation(
-        Observation(window_id, now, side(), side(), 0.0, [], verdict, [Monitor("p95_ms", 1.0, 2.0, True)], ["why"])
+        Observation(
+            window_id,
+            now,
+            side(),
+            side(),
+            0.0,
+            [],
+            verdict,
+            [Monitor("p95_ms", 1.0, 2.0, True)],
+            ["why"],
+            pairs_ms=((150.5, 100.25), (300.0, 210.0)),
+        )
     )
 
 

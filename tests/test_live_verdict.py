@@ -340,3 +340,53 @@ def test_the_evidence_shows_live_and_probe_figures_side_by_side_and_the_ab_lines
     assert "| error_rate | 0.0010 | 0.0010 |" in text and "meets bar" in text
     row = observation_row(o)
     assert row["canary live errors"] == "3/3000" and row["live verdict"] == "in band"
+
+
+# -- back-to-back pairs: a host's swinging load moves both halves of a pair alike -----------
+
+
+def golden(i: int, seed: int) -> float:
+    return ((i + seed) * 0.6180339887498949) % 1
+
+
+def swinging_load(n: int, seed: int) -> list[float]:
+    """Production's answers on a host whose load swings them between 1x and 8x."""
+    return [round(100 * 8 ** golden(i, seed), 3) for i in range(n)]
+
+
+def paired_with(production: list[float], factor: float, seed: int) -> list[float]:
+    """The canary's answer to each of production's prompts, moments apart: ``factor`` times
+    as slow, give or take 25 % either way (symmetric in the log)."""
+    return [
+        round(p * factor * math.exp(math.log(1.25) * (2 * golden(i, seed) - 1)), 3) for i, p in enumerate(production)
+    ]
+
+
+def paired_verdict(canary: list[float], production: list[float], pairs: bool = True) -> Verdict:
+    dark, c, p = window(0.0), probe(canary), probe(production)
+    pairs_ms = tuple(zip(canary, production, strict=True)) if pairs else ()
+    verdict, checks, _ = judge(dark, c, p, 0.0, [], EARLY, pairs_ms=pairs_ms)
+    earlier = [Observation(WINDOW, EARLY, c, p, 0.0, [], verdict, checks, [], pairs_ms=pairs_ms)]
+    return judge(dark, c, p, 0.0, earlier, EARLY + timedelta(seconds=5), pairs_ms=pairs_ms)[0]
+
+
+def test_a_canary_half_again_as_slow_under_a_swinging_load_is_rolled_back_on_its_pairs():
+    paired, pooled = [], []
+    for tenant in range(5):
+        production = swinging_load(16, tenant)
+        canary = paired_with(production, 1.5, tenant + 50)
+        paired.append(paired_verdict(canary, production))
+        pooled.append(paired_verdict(canary, production, pairs=False))
+    assert paired == [Verdict.ROLLBACK] * 5
+    # the same samples pooled: the load's swing drowns the difference for most tenants
+    assert pooled.count(Verdict.ROLLBACK) <= 1
+
+
+def test_fifty_good_tenants_under_a_swinging_load_are_not_rolled_back_on_their_pairs():
+    verdicts = []
+    for tenant in range(50):
+        production = swinging_load(16, tenant)
+        canary = paired_with(production, 1.0, tenant + 50)
+        canary[-1] *= 10  # one answer caught behind a stall
+        verdicts.append(paired_verdict(canary, production))
+    assert verdicts.count(Verdict.ROLLBACK) == 0

@@ -10,6 +10,8 @@ scratch environment; the registry runs without them):
 - Newcombe: ``confint_proportions_2indep(x1, n1, x2, n2, method="newcomb", compare="diff")``
 - Mann-Whitney: ``scipy.stats.mannwhitneyu(a, b, alternative="greater", use_continuity=True,
   method=...)`` with the method named in the row
+- Wilcoxon signed-rank: ``scipy.stats.wilcoxon(d, alternative="greater", correction=True,
+  zero_method="wilcox", method=...)`` with the method named in the row
 - quantile intervals: ``scipy.stats.quantile_test(x, q=0, p=q).confidence_interval(c)``
 """
 
@@ -26,6 +28,7 @@ from registry.rules.significance import (
     quantile_interval,
     two_proportion_z,
     two_sided_z,
+    wilcoxon_greater,
     wilson_interval,
 )
 
@@ -103,6 +106,27 @@ RANKS = [
     ("slower-16-16", 256.0, 1.66367097752e-09, "exact"),
     ("one-one", 1.0, 0.5, "exact"),
 ]
+
+
+def paired(n: int, first: int, second: int, shift: float = 0.0) -> list[float]:
+    return [a - b + shift for a, b in zip(golden_sample(n, first), golden_sample(n, second), strict=True)]
+
+
+# differences, W+, p, scipy's method
+SIGNED_RANKS = [
+    ("shifted-16", paired(16, 1, 40, 60), 106.0, 0.02532958984375, "exact"),
+    ("null-12", paired(12, 3, 9), 47.0, 0.28466796875, "exact"),
+    (
+        "log-ratio-30",
+        [math.log((a * 1.2 + 1) / (b + 1)) for a, b in zip(golden_sample(30, 5), golden_sample(30, 77), strict=True)],
+        291.0,
+        0.11832617223262787,
+        "exact",
+    ),
+    ("normal-60", paired(60, 2, 33, 30), 971.0, 0.3414280044150732, "approx"),
+    ("ties-10", [1, 1, 2, 2, -1, 3, 3, 3, -2, 4], 48.0, 0.019955831939763816, "approx"),
+    ("zeros-9", [0, 0, 1.5, 2.5, -0.5, 3.5, 4.5, -5.5, 6.5], 21.0, 0.1484375, "exact"),
+]
 # n, quantile, confidence, interval of golden_sample(n, n)
 QUANTILES = [
     (100, 0.95, 0.95, 228.862, 577.454),
@@ -153,6 +177,20 @@ def test_mann_whitney_matches_scipy(name, u, p, method):
     assert got.superiority == pytest.approx(u / (len(a) * len(b)))
 
 
+@pytest.mark.parametrize("name, differences, w, p, method", SIGNED_RANKS, ids=[r[0] for r in SIGNED_RANKS])
+def test_wilcoxon_signed_rank_matches_scipy(name, differences, w, p, method):
+    got = wilcoxon_greater(differences)
+    assert got is not None
+    assert got.w == w and close(got.p_value, p)
+    assert got.method == {"exact": "exact", "approx": "normal"}[method]
+
+
+def test_the_exact_signed_rank_distribution_sums_to_every_sign_pattern():
+    # every difference positive: exactly one of the 2^n sign patterns is as extreme
+    got = wilcoxon_greater([float(i) for i in range(1, 11)])
+    assert got is not None and got.p_value == pytest.approx(1 / 2**10)
+
+
 @pytest.mark.parametrize("n, q, confidence, low, high", QUANTILES, ids=str)
 def test_quantile_intervals_match_scipy(n, q, confidence, low, high):
     assert quantile_interval(golden_sample(n, n), q, confidence) == (low, high)
@@ -179,6 +217,8 @@ NONE_CASES = [
     ("wilson, more events than trials", lambda: wilson_interval(3, 2)),
     ("rank test, empty a", lambda: mann_whitney_greater([], [1.0])),
     ("rank test, empty b", lambda: mann_whitney_greater([1.0], [])),
+    ("signed-rank test, no pairs", lambda: wilcoxon_greater([])),
+    ("signed-rank test, only zeros", lambda: wilcoxon_greater([0.0, 0.0])),
 ]
 
 

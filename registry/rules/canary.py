@@ -10,8 +10,12 @@ differently from what shadow validation recorded for the version.
 This module is pure judgement, like ``lifecycle``: from an observation and the ones before
 it, the verdict. Errors above production's or drift above epsilon are not noise: they roll
 the canary back at once. A p95 above ``ratio x production + slack`` counts as a breach only
-when the rank test over both sides' samples says the canary is slower too (one slow sample
-moves a p95 of 16, not the ranks), and must repeat ``latency_breaches`` times in a row. A
+when a rank test says the canary is slower too (one slow sample moves a p95 of 16, not the
+ranks), and must repeat ``latency_breaches`` times in a row. The probes go in back-to-back
+pairs (the canary, then production, on the same prompt), so the test is Wilcoxon's
+signed-rank test on each pair's log ratio: a host's load shifts both halves of a pair alike,
+where it drowns a difference between two pooled samples (Mann-Whitney, kept for
+observations with too few pairs). A
 window that takes live traffic also carries the live judgement (``rules/live.py``): worse
 live errors or a tripped breaker roll back, a live latency breach joins the streak, too few
 live requests (or an unmet A/B bar, when it gates) keep it from ready. The window is ready
@@ -26,7 +30,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from registry.rules.significance import mann_whitney_greater
+from registry.rules.significance import mann_whitney_greater, wilcoxon_greater
 
 if TYPE_CHECKING:
     from registry.rules.live import LiveJudgement
@@ -51,6 +55,8 @@ WINDOW_MOVES: dict[WindowStatus, frozenset[WindowStatus]] = {
     WindowStatus.PROMOTED: frozenset({WindowStatus.ROLLED_BACK}),
 }
 ACTIVE = (WindowStatus.OPEN, WindowStatus.READY)
+
+Pairs = tuple[tuple[float, float], ...]
 
 
 class Verdict(StrEnum):
@@ -169,23 +175,34 @@ class Monitor:
 LATENCY_MONITORS = frozenset({"p95_ms", "live_p95_ms", "live_ms_per_token_p95"})
 
 
-def probe_slower(thresholds: CanaryThresholds, canary: SideStats, production: SideStats) -> bool:
-    """Whether the rank test over the probes' samples finds the canary slower at the
-    confidence; True where either side kept no samples (older records: the p95 decides)."""
+# fewer back-to-back pairs than this: the pooled samples' rank test instead
+MIN_PAIRS = 8
+
+
+def probe_slower(thresholds: CanaryThresholds, canary: SideStats, production: SideStats, pairs_ms: Pairs = ()) -> bool:
+    """Whether a rank test finds the canary slower at the confidence: the signed-rank test
+    on the pairs' log ratios where there are MIN_PAIRS of them, else Mann-Whitney on the
+    pooled samples; True where neither has samples (older records: the p95 decides)."""
+    ratios = [math.log(c / p) for c, p in pairs_ms if c > 0 and p > 0]
+    if len(ratios) >= MIN_PAIRS:
+        paired = wilcoxon_greater(ratios)
+        return paired is not None and paired.p_value < 1 - thresholds.confidence
     if not canary.latencies_ms or not production.latencies_ms:
         return True
     test = mann_whitney_greater(list(canary.latencies_ms), list(production.latencies_ms))
     return test is not None and test.p_value < 1 - thresholds.confidence
 
 
-def monitors(thresholds: CanaryThresholds, canary: SideStats, production: SideStats, drift: float) -> list[Monitor]:
+def monitors(
+    thresholds: CanaryThresholds, canary: SideStats, production: SideStats, drift: float, pairs_ms: Pairs = ()
+) -> list[Monitor]:
     """The three monitors of one observation, each with its bound. The p95 is out of band
     above its bound only when the rank test confirms the canary is slower."""
     p95_bound = None
     p95_in_band = True
     if canary.p95_ms is not None and production.p95_ms is not None:
         p95_bound = production.p95_ms * thresholds.p95_ratio + thresholds.p95_slack_ms
-        p95_in_band = canary.p95_ms <= p95_bound or not probe_slower(thresholds, canary, production)
+        p95_in_band = canary.p95_ms <= p95_bound or not probe_slower(thresholds, canary, production, pairs_ms)
     elif canary.p95_ms is None and canary.requests:
         p95_in_band = False  # every canary request failed: no latency to judge, and that is not in band
     return [
@@ -243,6 +260,8 @@ class Observation:
     id: int | None = None
     # the live judgement of this evaluation (LiveJudgement.as_dict()); None: probes only
     live: dict[str, Any] | None = None
+    # (canary ms, production ms) of each probe both sides answered, back to back
+    pairs_ms: Pairs = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -257,6 +276,7 @@ class Observation:
             "monitors": [m.as_dict() for m in self.monitors],
             "reasons": self.reasons,
             "live": self.live,
+            "pairs_ms": [list(pair) for pair in self.pairs_ms],
         }
 
 
@@ -272,16 +292,18 @@ def judge(
     earlier: list[Observation],
     now: datetime,
     live: LiveJudgement | None = None,
+    pairs_ms: Pairs = (),
 ) -> tuple[Verdict, list[Monitor], list[str]]:
     """The verdict on one observation, given the window's earlier ones (oldest first) and,
-    for a window that takes live traffic, the live judgement of the same evaluation.
+    for a window that takes live traffic, the live judgement of the same evaluation, and
+    the probes' back-to-back pairs.
 
     Returns (verdict, monitors, reasons); reasons name every monitor out of band, or say
     why the window is not ready yet. A window with a share of live traffic and a minimum of
     live requests is not ready without a live judgement.
     """
     t = window.thresholds
-    checks = monitors(t, canary, production, drift)
+    checks = monitors(t, canary, production, drift, pairs_ms)
     by_name = {m.name: m for m in checks}
     if live is not None:
         checks += live.monitors

@@ -4,8 +4,9 @@ Two questions are asked of a canary against production: *is it worse?* (a one-si
 whose p-value rolls back or not) and *by how much at most?* (an interval on the difference,
 whose bound says whether the canary meets production's bar). Proportions (errors,
 acceptance) get Fisher's exact test, the pooled two-proportion z-test, Wilson's interval
-and Newcombe's interval on the difference; latencies get the Mann-Whitney rank test, exact
-for small samples without ties, otherwise the normal approximation with tie and continuity
+and Newcombe's interval on the difference; latencies get the Mann-Whitney rank test, or
+Wilcoxon's signed-rank test where they come in back-to-back pairs, each exact for small
+samples without ties, otherwise the normal approximation with tie and continuity
 corrections. Every function answers None where there is nothing to compare (an empty side),
 never an exception. Reference values (scipy, statsmodels): tests/test_significance.py.
 """
@@ -19,6 +20,8 @@ from statistics import NormalDist
 _NORMAL = NormalDist()
 # the exact distribution of U is counted while it is this cheap (m * n polynomial terms)
 EXACT_MAX_CELLS = 2500
+# the exact distribution of W+ is counted up to this many pairs (scipy's own bound)
+EXACT_MAX_PAIRS = 50
 
 
 def normal_sf(z: float) -> float:
@@ -205,6 +208,53 @@ def mann_whitney_greater(a: list[float], b: list[float]) -> RankTest | None:
         return RankTest(u, 0.0, 1.0, superiority, "normal")
     z = (u - m * n / 2 - 0.5) / math.sqrt(variance)
     return RankTest(u, z, normal_sf(z), superiority, "normal")
+
+
+@dataclass(frozen=True)
+class SignedRankTest:
+    """Wilcoxon's signed-rank test of paired differences, one-sided "the differences tend to
+    be above zero". ``w`` is the sum of the ranks of |d| over the positive differences (ties
+    as mid-ranks) among the ``n`` non-zero ones; ``z`` as in ``RankTest``."""
+
+    w: float
+    n: int
+    z: float | None
+    p_value: float
+    method: str  # "exact" or "normal"
+
+
+def _w_counts(n: int) -> list[int]:
+    """How many of the 2^n sign patterns give each W+ = 0..n(n+1)/2 (no ties)."""
+    counts = [1] + [0] * (n * (n + 1) // 2)
+    for rank in range(1, n + 1):
+        for total in range(len(counts) - 1, rank - 1, -1):
+            counts[total] += counts[total - rank]
+    return counts
+
+
+def wilcoxon_greater(differences: list[float]) -> SignedRankTest | None:
+    """Wilcoxon's signed-rank test, one-sided: do the paired ``differences`` tend to be
+    positive? Zeros are dropped (scipy's ``zero_method="wilcox"``). Without ties and with at
+    most EXACT_MAX_PAIRS pairs the p-value is P(W+ >= w) under the exact null distribution;
+    otherwise the normal approximation, its variance corrected for ties and corrected for
+    continuity (scipy's ``wilcoxon(d, alternative="greater", correction=True)``). None when
+    no difference is non-zero.
+    """
+    nonzero = [d for d in differences if d != 0]
+    n = len(nonzero)
+    if n == 0:
+        return None
+    ranks, ties = _ranks([abs(d) for d in nonzero])
+    w = math.fsum(r for r, d in zip(ranks, nonzero, strict=True) if d > 0)
+    if all(t == 1 for t in ties) and n <= EXACT_MAX_PAIRS:
+        counts = _w_counts(n)
+        return SignedRankTest(w, n, None, min(1.0, sum(counts[math.ceil(w) :]) / 2**n), "exact")
+    mean = n * (n + 1) / 4
+    variance = n * (n + 1) * (2 * n + 1) / 24 - sum(t**3 - t for t in ties) / 48
+    if variance <= 0:
+        return SignedRankTest(w, n, 0.0, 1.0, "normal")
+    z = (w - mean - 0.5) / math.sqrt(variance)
+    return SignedRankTest(w, n, z, normal_sf(z), "normal")
 
 
 def _binomial_cdfs(n: int, q: float) -> list[float]:
