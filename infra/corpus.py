@@ -1,9 +1,9 @@
 """The silent-failure corpus: real adapter bundles broken the ways LoRA breaks quietly.
 
-Each builder copies a working bundle and damages one thing, reproducing a row of the
-silent-failure table in DESIGN.md or one of the seed's six modes. None of them makes
-PEFT or vLLM raise an error by itself (except the fully missing target module); the
-shadow-validation gate has to notice.
+Each builder copies a working bundle and damages one thing, reproducing one of the silent
+failures shadow validation's checks name (docs/concepts/gates.md) or one of the seed's six
+modes. None of them makes PEFT or vLLM raise an error by itself (except the fully missing
+target module); the shadow-validation gate has to notice.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The layer rules of DESIGN.md, checked on the source: who may import and touch whom."""
+"""The layer rules (docs/reference/layout.md), checked on the source: who may import and touch whom."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ MAX_MODULE_LINES = 450
 
 
 def test_no_module_above_infra_is_longer_than_one_sitting():
-    """One concern per module, small enough to read in one sitting (DEVELOPERS.md)."""
+    """One concern per module, small enough to read in one sitting (docs/reference/layout.md)."""
     long = {
         str(p.relative_to(ROOT)): n
         for layer in ("registry", "tasks", "flows", "cli")
