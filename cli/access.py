@@ -11,14 +11,14 @@ import argparse
 from pathlib import Path
 
 from cli.output import EXIT_OK, emit, open_registry, write_secret_file
-from registry.intake.bundle import read_regular_file
 from registry.rules.access import SIGNING_KEY_ROLES, Role
-from registry.storage.signing import generate_key_pair, key_id
 
 MAX_KEY_BYTES = 64 * 1024
 
 
 def _read_key(path: str, field: str) -> bytes:
+    from registry.intake.bundle import read_regular_file  # pydantic: only when a key is read
+
     return read_regular_file(Path(path), MAX_KEY_BYTES, field=field)
 
 
@@ -47,6 +47,8 @@ def cmd_token_list(args: argparse.Namespace) -> int:
 
 
 def cmd_key_generate(args: argparse.Namespace) -> int:
+    from registry.storage.signing import generate_key_pair, key_id  # cryptography: only here
+
     pair = generate_key_pair()
     out = Path(args.out)
     private = write_secret_file(out / "signing.key", pair.private_pem.decode())

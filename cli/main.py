@@ -9,6 +9,13 @@ stderr as ``error: <code> [field]: <what>``.
 Argparse, not typer or cyclopts: it is in the standard library, costs nothing to import
 (read-only commands stay fast), and subparsers with parent parsers already give every
 group its own module.
+
+Building the parser imports only the standard library and the registry's stdlib-only
+modules (``registry.errors``, ``registry.rules``, ``registry.intake.jsonio``). SQLAlchemy,
+pydantic, the settings, the store, Prefect and the replicas' clients cost about a second
+to import, so each is imported inside the handler that needs it (``open_registry``
+imports ``Registry``; ``main`` imports ``Settings`` once the arguments parsed): ``--help``
+and bad arguments never pay for them. ``tests/test_cli_startup.py`` keeps it so.
 """
 
 from __future__ import annotations
@@ -24,7 +31,6 @@ from collections.abc import Sequence
 from cli import access, base, fleet, golden, maintenance, pipeline, registry, replicas, validate
 from cli.output import EXIT_BAD_INPUT, EXIT_DENIED, EXIT_FAILED, common_options
 from registry.errors import InvalidInput, LoragateError, PermissionDenied
-from registry.settings import Settings
 
 COMMAND_GROUPS = (registry, base, golden, validate, fleet, replicas, pipeline, access, maintenance)
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -73,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     with _sigterm_unwinds():
         try:
+            from registry.settings import Settings  # pydantic-settings: only once a command runs
+
             args.settings = Settings(token=args.token) if args.token else Settings()
             return int(args.func(args))
         except LoragateError as e:

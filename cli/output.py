@@ -1,4 +1,9 @@
-"""What every command shares: the common options, progress lines, text or ``--json`` output."""
+"""What every command shares: the common options, progress lines, text or ``--json`` output.
+
+Standard library only at import time: every command group imports this module while the
+parser is built, so ``Registry`` (SQLAlchemy, pydantic, the whole store) is imported by
+``open_registry`` when a command runs, not here.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,10 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from registry.service import Registry
+if TYPE_CHECKING:
+    from registry.service import Registry
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -65,6 +71,8 @@ def emit(args: argparse.Namespace, payload: Any, text: str | Callable[[], str]) 
 
 
 def open_registry(args: argparse.Namespace, *, check_schema: bool = True) -> Registry:
+    from registry.service import Registry
+
     return Registry.open(args.settings, check_schema=check_schema)
 
 

@@ -20,11 +20,7 @@ from cli.output import EXIT_OK, emit, open_registry
 from cli.traffic import add_canary_commands, alert_line, recent_alerts
 from registry.errors import ErrorCode, IllegalTransition, InvalidInput, PermissionDenied, Unavailable
 from registry.intake.jsonio import loads_object
-from registry.records.adapters import utcnow
 from registry.rules.access import Action
-from registry.rules.approvals import Decision
-from registry.rules.canary import ACTIVE, WindowStatus
-from registry.rules.lifecycle import check_scan_acknowledged
 
 
 def _waiting_window(reg, version: str):
@@ -34,6 +30,8 @@ def _waiting_window(reg, version: str):
         IllegalTransition: the window is not waiting for a sign-off.
         InvalidInput: ILLEGAL_TRANSITION, no promote run has paused for it yet.
     """
+    from registry.rules.canary import WindowStatus
+
     window = reg.latest_canary_window(version)
     if window.status != WindowStatus.READY:
         raise IllegalTransition(
@@ -49,6 +47,8 @@ def _waiting_window(reg, version: str):
 
 
 def cmd_approve_code(args: argparse.Namespace) -> int:
+    from registry.rules.approvals import Decision
+
     if args.reject and args.rollback:
         raise InvalidInput("--reject and --rollback are two different decisions: give one", field="rollback")
     decision = Decision.ROLLBACK if args.rollback else Decision.of(not args.reject)
@@ -66,6 +66,9 @@ def cmd_approve_code(args: argparse.Namespace) -> int:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
+    from registry.rules.approvals import Decision
+    from registry.rules.lifecycle import check_scan_acknowledged
+
     with open_registry(args) as reg:
         window = _waiting_window(reg, args.version)
         # the caller signs off as the holder of their own activation token, nobody else
@@ -138,6 +141,8 @@ def _window_lines(reg, windows) -> str:
 
 
 def cmd_canary_list(args: argparse.Namespace) -> int:
+    from registry.rules.canary import ACTIVE
+
     with open_registry(args) as reg:
         windows = reg.canary_windows(None if args.all else ACTIVE)
         text = _window_lines(reg, windows)
@@ -153,6 +158,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         waiting = reg.waiting(longer_than_s=args.longer_than)
         alert_s = reg.settings.stuck_alert_s
         alerts = recent_alerts(reg)
+    from registry.records.adapters import utcnow  # pydantic records: imported by the registry already
+
     now = utcnow()
 
     def lines() -> str:

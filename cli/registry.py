@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.output import ADMIN_TOKEN_FILE, EXIT_OK, emit, open_registry, progress_printer, write_secret_file
-from registry.records.adapters import AdapterVersion
-from registry.rules.lifecycle import Plan
 from registry.rules.text import printable
+
+if TYPE_CHECKING:  # annotations only: the records are pydantic, imported when a command runs
+    from registry.records.adapters import AdapterVersion
+    from registry.rules.lifecycle import Plan
 
 
 def cmd_init(args: argparse.Namespace) -> int:

@@ -17,10 +17,13 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cli.output import EXIT_OK, emit, open_registry, progress_printer
 from registry.errors import DeployFailed, ErrorCode, InvalidInput, NotFound
-from registry.settings import Settings
+
+if TYPE_CHECKING:
+    from registry.settings import Settings
 
 
 def _state_dir(args: argparse.Namespace) -> Path:

@@ -23,7 +23,6 @@ from datetime import timedelta
 from typing import Any
 
 from cli.output import EXIT_OK, emit, open_registry, progress_printer
-from registry.records.adapters import utcnow
 from registry.rules.share import parse_share
 from registry.rules.text import check_text
 
@@ -67,6 +66,8 @@ def cmd_canary_feedback(args: argparse.Namespace) -> int:
 
 def recent_alerts(reg: Any) -> list[dict[str, Any]]:
     """The traffic alerts recorded in the last 15 minutes, oldest first."""
+    from registry.records.adapters import utcnow  # pydantic records: only once the registry is open
+
     return list(reg.traffic_alerts(utcnow() - RECENT_ALERTS))
 
 

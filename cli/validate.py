@@ -7,10 +7,12 @@ never pays for importing Prefect.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from cli.output import EXIT_FAILED, EXIT_OK, emit, open_registry, progress_printer
-from registry.records.reports import ValidationReport
-from registry.render.validation import report_row
+
+if TYPE_CHECKING:  # pydantic records: imported when a validation runs
+    from registry.records.reports import ValidationReport
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -38,6 +40,8 @@ def _regression_cell(report: ValidationReport) -> str:
 
 def validation_table(reports: list[ValidationReport]) -> str:
     """One row per version, then what failed, each regressed slice and the scan's reasons."""
+    from registry.render.validation import report_row
+
     rows = [("VERSION", "ADAPTER", "STATUS", "GOLDEN", "REGRESSION", "SCAN")]
     for r in reports:
         row = report_row(r)
