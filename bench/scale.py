@@ -233,7 +233,7 @@ def burst(
             walls.append(round(ran, 1) if ran else None)
             states.append(run.state.name if run.state else "?")
         evaluate_s = walls[0] if walls else None
-        windows = registry.canary_windows()
+        windows = registry.canary_windows(None)  # every window: a rolled-back one is a verdict too
         observations = {w.id: registry.canary_observations(w.id) for w in windows}
         first = [obs[0] for obs in observations.values() if obs]
         requests = [o.canary.requests + o.production.requests for o in first]

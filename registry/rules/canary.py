@@ -181,9 +181,13 @@ MIN_PAIRS = 8
 
 def probe_slower(thresholds: CanaryThresholds, canary: SideStats, production: SideStats, pairs_ms: Pairs = ()) -> bool:
     """Whether a rank test finds the canary slower at the confidence: the signed-rank test
-    on the pairs' log ratios where there are MIN_PAIRS of them, else Mann-Whitney on the
-    pooled samples; True where neither has samples (older records: the p95 decides)."""
-    ratios = [math.log(c / p) for c, p in pairs_ms if c > 0 and p > 0]
+    on the pairs' log ratios beyond log(p95_ratio) where there are MIN_PAIRS of them, else
+    Mann-Whitney on the pooled samples; True where neither has samples (older records: the
+    p95 decides)."""
+    # beyond the band, pair by pair: slower than ratio x production, not merely slower (an
+    # adapter's own LoRA arithmetic makes it a little slower than a bare base, every time)
+    margin = math.log(thresholds.p95_ratio) if thresholds.p95_ratio > 0 else 0.0
+    ratios = [math.log(c / p) - margin for c, p in pairs_ms if c > 0 and p > 0]
     if len(ratios) >= MIN_PAIRS:
         paired = wilcoxon_greater(ratios)
         return paired is not None and paired.p_value < 1 - thresholds.confidence
