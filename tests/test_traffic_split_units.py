@@ -380,7 +380,16 @@ def test_a_warm_qualified_copy_is_used_where_the_plain_name_was_unloaded():
     assert routing.served_name(NAME, "v1", "v1", warm | {NAME}) == NAME
 
 
-def test_an_index_newer_than_the_table_makes_the_split_read_the_table_again_before_routing(split_env, monkeypatch):
+# the table the split holds when a request comes: read before production moved to p1, or
+# before the adapter's first production (or from another registry) -- without a fresh read
+# the request would go to the older version, or pass the split by unlabelled
+STALE_TABLES = [("read-before-the-move", routing.Route(NAME, "p0")), ("adapter-not-seen-yet", None)]
+
+
+@pytest.mark.parametrize("case, held", STALE_TABLES, ids=[c[0] for c in STALE_TABLES])
+def test_an_index_newer_than_the_table_makes_the_split_read_the_table_again_before_routing(
+    split_env, monkeypatch, case, held
+):
     from loragate_resolver import registry_reader
 
     reads = []
@@ -391,29 +400,10 @@ def test_an_index_newer_than_the_table_makes_the_split_read_the_table_again_befo
 
     monkeypatch.setattr(registry_reader, "routes", routes)
     app = FakeVllm()
-    split = _split(app, routing.Route(NAME, "p0"))  # read before production moved to p1
+    split = _split(app, held)
     split.table_started = -1.0
     _, headers, _ = ask(split)
     assert headers[b"x-loragate-version"] == b"p1" and app.asked == [NAME] and len(reads) == 1
-
-
-def test_an_adapter_the_table_has_not_seen_but_the_index_names_is_routed_after_a_fresh_read(split_env, monkeypatch):
-    # an adapter's first production (or a table read from another registry): without the
-    # read the request would pass the split by, unlabelled, to whatever the index says
-    from loragate_resolver import registry_reader
-
-    reads = []
-
-    def routes(secrets_dir):
-        reads.append(secrets_dir)
-        return [(NAME, "p1")], []
-
-    monkeypatch.setattr(registry_reader, "routes", routes)
-    app = FakeVllm()
-    split = _split(app, None)
-    split.table_started = -1.0
-    _, headers, _ = ask(split)
-    assert headers[b"x-loragate-version"] == b"p1" and len(reads) == 1
 
 
 def test_a_registry_that_cannot_be_read_keeps_the_last_table(split_env, monkeypatch):
