@@ -13,9 +13,10 @@ the canary back at once. A p95 above ``ratio x production + slack`` counts as a 
 when a rank test says the canary is slower too (one slow sample moves a p95 of 16, not the
 ranks), and must repeat ``latency_breaches`` times in a row. The probes go in back-to-back
 pairs (the canary, then production, on the same prompt), so the test is Wilcoxon's
-signed-rank test on each pair's log ratio: a host's load shifts both halves of a pair alike,
-where it drowns a difference between two pooled samples (Mann-Whitney, kept for
-observations with too few pairs). A
+signed-rank test on each pair's log ratio beyond log(ratio): a host's load shifts both
+halves of a pair alike, where it drowns a difference between two pooled samples
+(Mann-Whitney, kept for observations with too few pairs -- a first canary's has none: its
+other side is the bare base). A
 window that takes live traffic also carries the live judgement (``rules/live.py``): worse
 live errors or a tripped breaker roll back, a live latency breach joins the streak, too few
 live requests (or an unmet A/B bar, when it gates) keep it from ready. The window is ready
