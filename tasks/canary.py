@@ -217,15 +217,12 @@ def observe_window(
                 for client, replica in production_clients:
                     model = name if production_version else replica.served_model_name
                     production_answers.append(_send(client, model, probe, production))
-                # the j-th canary answer with the j-th production one: the same prompt, moments
-                # apart. Only against a production version: a first canary's other side is the
-                # bare base, which its own LoRA arithmetic makes it slower than on every prompt
-                if production_version:
-                    pairs += [
-                        (c.seconds * 1000, p.seconds * 1000)
-                        for c, p in zip(canary_answers, production_answers, strict=False)
-                        if c is not None and p is not None
-                    ]
+                # the j-th canary answer with the j-th production one: the same prompt, moments apart
+                pairs += [
+                    (c.seconds * 1000, p.seconds * 1000)
+                    for c, p in zip(canary_answers, production_answers, strict=False)
+                    if c is not None and p is not None
+                ]
     drift = len(drifted) / golden if golden else 0.0
     live, alerts = _live_judgement(registry, window, production_version)
     earlier = registry.canary_observations(window.id)

@@ -15,8 +15,7 @@ ranks), and must repeat ``latency_breaches`` times in a row. The probes go in ba
 pairs (the canary, then production, on the same prompt), so the test is Wilcoxon's
 signed-rank test on each pair's log ratio beyond log(ratio): a host's load shifts both
 halves of a pair alike, where it drowns a difference between two pooled samples
-(Mann-Whitney, kept for observations with too few pairs -- a first canary's has none: its
-other side is the bare base). A
+(Mann-Whitney, kept for observations with too few pairs). A
 window that takes live traffic also carries the live judgement (``rules/live.py``): worse
 live errors or a tripped breaker roll back, a live latency breach joins the streak, too few
 live requests (or an unmet A/B bar, when it gates) keep it from ready. The window is ready
