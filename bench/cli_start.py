@@ -2,10 +2,10 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/cli_start.py                 # 10 runs of each command on each side
-    .venv/bin/python bench/cli_start.py --runs 5 --against HEAD~3
+    .venv/bin/python -m bench.cli_start                 # 10 runs of each command on each side
+    .venv/bin/python -m bench.cli_start --runs 5 --against HEAD~3
 
-Each command is a fresh process, ``python -m cli.main ...`` in the code's root with
+Each command is a fresh process, ``python -m loragate.cli.main ...`` in the code's root with
 ``PYTHONPATH`` set to it, in this same Python environment:
 
 * ``--help``: the top-level help (target: 0.3 s or less);
@@ -70,11 +70,16 @@ def side_env(code: Path, home: Path) -> dict[str, str]:
     return env
 
 
+def cli_module(code: Path) -> str:
+    """The CLI's module on that side: ``loragate.cli.main``, or ``cli.main`` before the package moved."""
+    return "loragate.cli.main" if (code / "loragate" / "cli" / "main.py").is_file() else "cli.main"
+
+
 def run_command(code: Path, env: dict[str, str], argv: list[str]) -> float:
-    """Wall seconds of ``python -m cli.main *argv`` in ``code``, a fresh process."""
+    """Wall seconds of ``python -m <cli module> *argv`` in ``code``, a fresh process."""
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "cli.main", *argv], cwd=code, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", cli_module(code), *argv], cwd=code, env=env, capture_output=True, text=True, timeout=120
     )
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
@@ -83,8 +88,10 @@ def run_command(code: Path, env: dict[str, str], argv: list[str]) -> float:
 
 
 def code_root_of(code: Path, env: dict[str, str]) -> str:
-    """Where ``cli.main`` is imported from on that side (the editable install must not win)."""
-    probe = "import cli.main, pathlib; print(pathlib.Path(cli.main.__file__).resolve().parents[1])"
+    """Where the CLI is imported from on that side (the editable install must not win)."""
+    module = cli_module(code)
+    depth = module.count(".")
+    probe = f"import {module} as m, pathlib; print(pathlib.Path(m.__file__).resolve().parents[{depth}])"
     return subprocess.run(
         [sys.executable, "-c", probe], cwd=code, env=env, check=True, capture_output=True, text=True
     ).stdout.strip()
@@ -108,7 +115,7 @@ def bench(against: str, runs: int) -> dict:
             roots = {side: code_root_of(code, envs[side]) for side, code in sides.items()}
             for side, code in sides.items():
                 if roots[side] != str(code.resolve()):
-                    raise SystemExit(f"{side}: cli.main imported from {roots[side]}, not {code}")
+                    raise SystemExit(f"{side}: {cli_module(code)} imported from {roots[side]}, not {code}")
                 log(f"{side}: loragate init in a fresh SQLite registry; one warm-up of each command")
                 run_command(code, envs[side], ["init"])
                 for argv in COMMANDS.values():

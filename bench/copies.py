@@ -3,8 +3,8 @@ check ``fleet status`` / ``fleet reconcile`` add, on a fleet of 50 adapters.
 
 Run from the repository root::
 
-    .venv/bin/python bench/copies.py             # 50 adapters, a 64 MiB weights file
-    .venv/bin/python bench/copies.py --smoke     # 5 adapters, 4 MiB: does it still run
+    .venv/bin/python -m bench.copies             # 50 adapters, a 64 MiB weights file
+    .venv/bin/python -m bench.copies --smoke     # 5 adapters, 4 MiB: does it still run
 
 1. The resolver plugin (``infra/vllm_plugin``, loaded from its file as vLLM loads it):
    ``lookup`` of a name whose copy it has not hashed yet (a first load after a restart),
@@ -33,18 +33,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.timing import summarize
+from loragate.registry.rules.access import Principal
+from loragate.registry.rules.fleet import Placement, Replica, ReplicaRole, version_path
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from loragate.registry.storage.copies import cache_file
+from loragate.registry.storage.resolver_index import INDEX_FORMAT, index_entry, write_index
+from loragate.tasks.reconcile import CopyChecker
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.timing import summarize  # noqa: E402
-from registry.rules.access import Principal  # noqa: E402
-from registry.rules.fleet import Placement, Replica, ReplicaRole, version_path  # noqa: E402
-from registry.service import Registry  # noqa: E402
-from registry.settings import Settings  # noqa: E402
-from registry.storage.copies import cache_file  # noqa: E402
-from registry.storage.resolver_index import INDEX_FORMAT, index_entry, write_index  # noqa: E402
-from tasks.reconcile import CopyChecker  # noqa: E402
-
 BASE_ID = "tiny-llama"
 PLUGIN = ROOT / "infra" / "vllm_plugin" / "loragate_resolver" / "__init__.py"
 FILES = ("adapter_model.safetensors", "adapter_config.json", "manifest.json")
@@ -54,15 +52,25 @@ def log(msg: str) -> None:
     print(f"[copies] {msg}", file=sys.stderr, flush=True)
 
 
-def load_plugin():
-    # its sibling modules (registry_reader) import as the installed package's would
-    if str(PLUGIN.parents[1]) not in sys.path:
-        sys.path.insert(0, str(PLUGIN.parents[1]))
-    spec = importlib.util.spec_from_file_location("loragate_resolver_bench", PLUGIN)
+def _exec_plugin(name: str, *, installed: bool) -> Any:
+    """The plugin's ``__init__.py`` run as package ``name`` (its folder its path); ``installed``:
+    the one its sibling modules import from (``from loragate_resolver import registry_reader``)."""
+    spec = importlib.util.spec_from_file_location(name, PLUGIN)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    if installed:
+        sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_plugin():
+    """A fresh copy of the plugin's module; its siblings import as the installed package's
+    would, from that package loaded once from its folder (it is installed in the replicas'
+    venv, not this one)."""
+    if "loragate_resolver" not in sys.modules:
+        _exec_plugin("loragate_resolver", installed=True)
+    return _exec_plugin("loragate_resolver_bench", installed=False)
 
 
 def _digests(directory: Path) -> dict[str, str]:
@@ -133,8 +141,9 @@ def big_bundle(bundle: Path, work: Path, mib: int) -> Path:
 
 
 def fleet_costs(work: Path, adapters: int) -> tuple[dict[str, Any], Path]:
-    from infra.corpus import copy_bundle, edit_tensors
-    from infra.modelkit import build_base, random_adapter
+    from kit.basekit import build_base
+    from kit.corpus import copy_bundle, edit_tensors
+    from kit.modelkit import random_adapter
 
     log(f"registering and materializing {adapters} adapters")
     base = build_base(work / BASE_ID)

@@ -22,8 +22,8 @@ restart    time from a replica's restart to its first correct answer for the nam
            the loragate resolver, against reconcile alone (no resolver, one reconcile pass
            as soon as the replica answers), and the failed requests a client saw meanwhile.
 
-    .venv/bin/python bench/fleet.py [--rounds 5] [--smoke] [--under-load-only] [--split-cores]
-    .venv/bin/python bench/fleet.py --smoke --replica URL --replica URL --adapter-dir DIR --base DIR
+    .venv/bin/python -m bench.fleet [--rounds 5] [--smoke] [--under-load-only] [--split-cores]
+    .venv/bin/python -m bench.fleet --smoke --replica URL --replica URL --adapter-dir DIR --base DIR
 
 With ``--replica`` it drives replicas that are already running (production role, their
 resolver told DIR, serving the base in DIR as ``tiny-llama``) and measures no restarts.
@@ -36,8 +36,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -46,15 +44,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# this script's directory comes first on sys.path, where bench/registry.py would shadow the
-# registry package: look from the repository root instead
-sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
-
-from bench.fleet_setup import (  # noqa: E402
+from bench.fleet_load import under_load_sections
+from bench.fleet_setup import (
     BASE_ID,
     LOGS,
     Setup,
+    bench_cli_rollback,
     build_setup,
     check_verified,
     log,
@@ -63,16 +58,16 @@ from bench.fleet_setup import (  # noqa: E402
     seconds,
     use_fleet,
 )
-from bench.fleet_traffic import LoopingClient, latency  # noqa: E402
-from bench.harness import emit, replicas_obey  # noqa: E402
-from infra.modelkit import golden_cases  # noqa: E402
-from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
-from registry.errors import ReplicaError  # noqa: E402
-from registry.rules.fleet import version_path  # noqa: E402
-from registry.storage.resolver_index import index_entry, read_index, write_index  # noqa: E402
-from tasks.fleet import promote_and_switch, replica_client, switch_replica  # noqa: E402
-from tasks.reconcile import reconcile_fleet  # noqa: E402
-from tasks.replicas import ReplicaClient  # noqa: E402
+from bench.fleet_traffic import LoopingClient, latency
+from bench.harness import emit, replicas_obey
+from kit.tenant_tasks import golden_cases
+from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.registry.errors import ReplicaError
+from loragate.registry.rules.fleet import version_path
+from loragate.registry.storage.resolver_index import index_entry, read_index, write_index
+from loragate.tasks.fleet import promote_and_switch, replica_client, switch_replica
+from loragate.tasks.reconcile import reconcile_fleet
+from loragate.tasks.replicas import ReplicaClient
 
 SPEEDUP_TARGET = 20.0
 # the switch is parallel: 3 replicas may take this much longer than 1
@@ -167,19 +162,6 @@ def bench_parallelism(setup: Setup, urls: list[str], adapter_dir: Path, rounds: 
     result = {f"{way}_s": seconds(samples) for way, samples in timings.items()}
     log(f"{len(urls)} replicas, switch work one at a time vs all at once: {result}")
     return {"replicas": len(urls), **result}
-
-
-def bench_cli_rollback(setup: Setup) -> float:
-    """``loragate rollback`` as a user runs it: a process of its own, imports included."""
-    env = {**os.environ, **setup.env(), "LORAGATE_TOKEN": setup.registry.create_token("activation", "bench")[1]}
-    command = [str(Path(sys.executable).parent / "loragate"), "rollback", setup.name, "--json"]
-    started = time.perf_counter()
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    took = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"bench: loragate rollback exited {proc.returncode}: {proc.stderr[-2000:]}")
-    promote_back(setup)
-    return took
 
 
 def bench_latency(setup: Setup, url: str, adapter_dir: Path, steady_s: float, switches: int, rounds: int) -> dict:
@@ -338,11 +320,6 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    # bench/fleet_load.py imports this module's pieces by name: it finds this run's, not a
-    # second copy of the script
-    sys.modules.setdefault("bench.fleet", sys.modules[__name__])
-    from bench.fleet_load import under_load_sections
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="rollbacks (and promotions back) per fleet size")
     parser.add_argument("--smoke", action="store_true", help="one round, short phases: does it still run")

@@ -20,12 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import tasks.fleet
+import loragate.tasks.fleet
 from bench.cores import cores_split
-from bench.fleet import bench_cli_rollback
-from bench.fleet_setup import Setup, check_verified, log, promote_back, rollback, seconds, use_fleet
+from bench.fleet_setup import Setup, bench_cli_rollback, check_verified, log, promote_back, rollback, seconds, use_fleet
 from bench.fleet_traffic import LoopingClient, latency
-from infra.replica import VllmReplica
+from loragate.infra.replica import VllmReplica
 
 # item 3 of issue 18: a rollback under traffic serves the previous version everywhere within this
 ROLLBACK_TARGET_S = 3.0
@@ -36,12 +35,12 @@ ROLLBACK_TARGET_S = 3.0
 # the whole fleet switch: the resolver indexes written, then each replica's move (its client,
 # the unload-and-load, the card and golden completions), the replicas in parallel
 PHASES: dict[str, tuple[Any, str]] = {
-    "copies_before_lock": (tasks.fleet.ReadyCopies, "prepare_rollback"),
-    "fleet_switch_under_lock": (tasks.fleet.FleetSwitch, "apply"),
-    "index_write": (tasks.fleet.FleetSwitch, "_write_indexes"),
-    "per_replica_move": (tasks.fleet.FleetSwitch, "_move"),
-    "per_replica_switch": (tasks.fleet, "switch_replica"),
-    "per_replica_golden_completions": (tasks.fleet, "verify_replica"),
+    "copies_before_lock": (loragate.tasks.fleet.ReadyCopies, "prepare_rollback"),
+    "fleet_switch_under_lock": (loragate.tasks.fleet.FleetSwitch, "apply"),
+    "index_write": (loragate.tasks.fleet.FleetSwitch, "_write_indexes"),
+    "per_replica_move": (loragate.tasks.fleet.FleetSwitch, "_move"),
+    "per_replica_switch": (loragate.tasks.fleet, "switch_replica"),
+    "per_replica_golden_completions": (loragate.tasks.fleet, "verify_replica"),
 }
 
 

@@ -24,7 +24,7 @@ is created:
               and the time of each state the run passed through (the claim is Pending)
   tasks       the flow's task runs: the code redeemed, the move and switch, the check
 
-    .venv/bin/python bench/fleet_prefect.py [--rounds 3] [--smoke] [--warm-only]
+    .venv/bin/python -m bench.fleet_prefect [--rounds 3] [--smoke] [--warm-only]
         [--prefect-db sqlite|postgres|both] [--renice-replicas] [--split-cores]
 
 Prints JSON on stdout; progress on stderr.
@@ -44,21 +44,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
-
-
-from bench.cores import REPLICA_NICENESS, cores_split, replicas_yielding  # noqa: E402
-from bench.fleet_setup import BASE_ID, Setup, build_setup, log, promote_back, seconds, use_fleet  # noqa: E402
-from bench.fleet_traffic import LoopingClient, latency  # noqa: E402
-from bench.harness import Databases, emit, replicas_obey, serving_path  # noqa: E402
-from infra.pipeline import ROOT, deploy  # noqa: E402
-from infra.prefect_local import PrefectServer, start_prefect_server, start_worker, stop, stop_process  # noqa: E402
-from infra.replica import VllmReplica, hand_admin_key, start_replicas, stop_replicas  # noqa: E402
-from registry.rules.access import Role  # noqa: E402
-from registry.rules.fleet import version_path  # noqa: E402
-from tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets  # noqa: E402
-from tasks.fleet import promote_and_switch  # noqa: E402
+from bench.cores import REPLICA_NICENESS, cores_split, replicas_yielding
+from bench.fleet_setup import BASE_ID, Setup, build_setup, log, promote_back, seconds, use_fleet
+from bench.fleet_traffic import LoopingClient, latency
+from bench.harness import Databases, emit, replicas_obey, serving_path
+from loragate.infra.pipeline import ROOT, deploy
+from loragate.infra.prefect_local import PrefectServer, start_prefect_server, start_worker, stop, stop_process
+from loragate.infra.replica import VllmReplica, hand_admin_key, start_replicas, stop_replicas
+from loragate.registry.rules.access import Role
+from loragate.registry.rules.fleet import version_path
+from loragate.tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets
+from loragate.tasks.fleet import promote_and_switch
 
 TARGET_S = 3.0
 RUN_DEADLINE_S = 180.0

@@ -1,27 +1,33 @@
 """What every fleet benchmark starts from (``bench/fleet.py``, ``fleet_load.py``,
 ``fleet_prefect.py``, ``stuck.py``): a registry holding one adapter name with two signed,
 validated versions that answer a probe prompt differently, so any replica's answer says
-which version it serves; and the fleet of replicas it is made to drive.
+which version it serves; the fleet of replicas it is made to drive; and the moves they
+time on it, ``loragate rollback`` as a process of its own among them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.modelkit import build_base, golden_cases, train_adapter
-from registry.rules.access import Principal
-from registry.service import Registry
-from registry.settings import Settings
-from registry.storage.signing import KeyPair, generate_key_pair
-from tasks.fleet import promote_and_switch, rollback_and_switch
-from tasks.reconcile import reconcile_fleet
-from tasks.validation import ValidationPolicy, validate_versions
+from kit.basekit import build_base
+from kit.modelkit import train_adapter
+from kit.tenant_tasks import golden_cases
+from loragate.registry.rules.access import Principal
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from loragate.registry.storage.signing import KeyPair, generate_key_pair
+from loragate.tasks.fleet import promote_and_switch, rollback_and_switch
+from loragate.tasks.reconcile import reconcile_fleet
+from loragate.tasks.validation import ValidationPolicy, validate_versions
 
 BASE_ID = "tiny-llama"
 # the replicas' logs outlive the run: what an engine said when a section failed
@@ -139,6 +145,19 @@ def promote_back(setup: Setup) -> list[dict[str, Any]]:
     promote_and_switch(setup.registry, version, "canary")
     _, report = promote_and_switch(setup.registry, version, "production")
     return report
+
+
+def bench_cli_rollback(setup: Setup) -> float:
+    """``loragate rollback`` as a user runs it: a process of its own, imports included."""
+    env = {**os.environ, **setup.env(), "LORAGATE_TOKEN": setup.registry.create_token("activation", "bench")[1]}
+    command = [str(Path(sys.executable).parent / "loragate"), "rollback", setup.name, "--json"]
+    started = time.perf_counter()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    took = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"bench: loragate rollback exited {proc.returncode}: {proc.stderr[-2000:]}")
+    promote_back(setup)
+    return took
 
 
 def check_verified(report: list[dict[str, Any]], replicas: int) -> None:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.timing import summarize
-from registry.errors import ReplicaError
-from tasks.replicas import ReplicaClient
+from loragate.registry.errors import ReplicaError
+from loragate.tasks.replicas import ReplicaClient
 
 
 @dataclass

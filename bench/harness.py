@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from infra.replica import VllmReplica
+from loragate.infra.replica import VllmReplica
 from tests.support.postgres import admin_engine, drop_database, pg_url
 
 
@@ -24,7 +24,7 @@ class ServingReplica:
     url: str
     role: str
     adapter_dir: Path
-    # its admin key and registry URL (infra.replica.write_replica_secrets)
+    # its admin key and registry URL (loragate.infra.replica.write_replica_secrets)
     secrets_dir: Path | None = None
 
 
@@ -53,8 +53,8 @@ def replicas_obey(registry, directory: Path | None = None) -> tuple[Path, str]:
     control holds (``LORAGATE_REPLICA_ADMIN_KEY_FILE``), else a new one -- also under its home,
     where ``loragate`` finds it; the registry's URL; owner-moves (the benchmark's owner moves
     production in process)."""
-    from infra.replica import replica_registry_url, write_replica_secrets
-    from tasks.replicas import replica_admin_key
+    from loragate.infra.replica import replica_registry_url, write_replica_secrets
+    from loragate.tasks.replicas import replica_admin_key
 
     held = directory / "admin-key" if directory else None
     key = (held.read_text() if held and held.exists() else None) or replica_admin_key(registry.settings)

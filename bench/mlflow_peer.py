@@ -1,7 +1,9 @@
 """The peer side of the registry benchmark: MLflow's model registry on Postgres.
 
-Runs inside ``.venv-mlflow`` (MLflow's pins clash with the project's), started by
-``bench/registry.py`` with the URL of an empty database that the caller creates and drops.
+Runs inside ``.venv-mlflow`` (MLflow's pins clash with the project's) as
+``python -m bench.mlflow_peer`` from the repository root, started by ``bench.registry`` with
+the URL of an empty database that the caller creates and drops. It imports nothing of the
+project but ``bench`` itself and ``bench.timing``, both standard library only.
 It talks to Postgres through ``MlflowClient`` directly, with no tracking server, and
 prints one JSON object to stdout (progress goes to stderr).
 
@@ -28,7 +30,8 @@ import time
 import mlflow
 import sqlalchemy as sa
 from mlflow import MlflowClient
-from timing import measure, summarize
+
+from bench.timing import measure, summarize
 
 VERSIONS_PER_MODEL = 10
 PRODUCTION = 8  # 1-based version numbers: 8 is production, 9 and 10 take turns as canary

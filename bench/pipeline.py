@@ -19,7 +19,7 @@ worker per pool: ``infra/pipeline.POOLS``); the same with a process worker on ev
 (the peer: a process start per gate); and Prefect's default polls. The target is 8 s for
 the whole minus the forward passes on the lowered configuration (issue 18).
 
-    .venv/bin/python bench/pipeline.py [--trials 3] [--process-trials 2] [--default-trials 2] [--smoke]
+    .venv/bin/python -m bench.pipeline [--trials 3] [--process-trials 2] [--default-trials 2] [--smoke]
 
 Prints JSON on stdout; progress on stderr.
 """
@@ -40,14 +40,13 @@ from pathlib import Path
 from secrets import token_urlsafe
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
-
-from bench.harness import Databases, production_and_canary, serving_path  # noqa: E402
-from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
-from infra.pipeline import PipelineSecrets, start_pipeline  # noqa: E402
-from infra.prefect_local import PrefectServer, start_prefect_server, stop  # noqa: E402
-from infra.replica import (  # noqa: E402
+from bench.harness import Databases, production_and_canary, serving_path
+from kit.basekit import build_base
+from kit.modelkit import train_adapter
+from kit.tenant_tasks import write_golden_set
+from loragate.infra.pipeline import PipelineSecrets, start_pipeline
+from loragate.infra.prefect_local import PrefectServer, start_prefect_server, stop
+from loragate.infra.replica import (
     ADMIN_KEY_FILE,
     hand_admin_key,
     replica_registry_url,
@@ -55,11 +54,11 @@ from infra.replica import (  # noqa: E402
     stop_replicas,
     write_replica_secrets,
 )
-from registry.rules.access import Principal, Role  # noqa: E402
-from registry.rules.fleet import version_path  # noqa: E402
-from registry.service import Registry  # noqa: E402
-from registry.settings import Settings  # noqa: E402
-from registry.storage.signing import generate_key_pair  # noqa: E402
+from loragate.registry.rules.access import Principal, Role
+from loragate.registry.rules.fleet import version_path
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from loragate.registry.storage.signing import generate_key_pair
 
 TARGET_S = 8.0
 # Prefect 3.8's own defaults, set explicitly so the worker does not inherit the lowered ones
@@ -128,7 +127,7 @@ def event_hops(server: PrefectServer, since: float, name: str) -> list[dict[str,
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
     from prefect.settings import temporary_settings
 
-    from flows import events
+    from loragate.flows import events
 
     start = datetime.fromtimestamp(since - 1, tz=UTC)
 
@@ -173,7 +172,7 @@ def trial(pipeline, registry: Registry, canary_url: str, adapter_dir: Path, bund
     from prefect.events.worker import EventsWorker
     from prefect.settings import temporary_settings
 
-    from flows.events import announce_training_completed
+    from loragate.flows.events import announce_training_completed
 
     name = f"b{uuid.uuid4().hex[:6]}/tiny-llama/support"
     t0 = time.time()

@@ -2,9 +2,9 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/registry.py            # 10k and 100k versions, several minutes
-    .venv/bin/python bench/registry.py --quick    # 1k and 5k versions, a sanity check
-    .venv/bin/python bench/registry.py --scale smoke --peers auto   # seconds: does it still run (make test)
+    .venv/bin/python -m bench.registry            # 10k and 100k versions, several minutes
+    .venv/bin/python -m bench.registry --quick    # 1k and 5k versions, a sanity check
+    .venv/bin/python -m bench.registry --scale smoke --peers auto   # seconds: does it still run (make test)
 
 Everything runs one thing at a time (the machine has two cores), in one process except
 the MLflow peer:
@@ -16,7 +16,7 @@ the MLflow peer:
      weights file is a new version), then the same bundles again (the idempotent path);
    * resolve latency: ``store.resolve(name, "production")`` and ``Registry.resolve_stage``
      (which adds name and stage parsing) on random adapters;
-   * pointer-move latency: ``Registry.promote(version, "canary")``, each random adapter's
+   * pointer-move latency: ``Registry.pointer_move(version, "canary")``, each random adapter's
      canary alternating between its two validated versions.
 
    Latencies are taken at each registry size. To get there quickly, whole adapters are
@@ -31,7 +31,7 @@ the MLflow peer:
    them too and rewrites the old and the new canary's files (each atomically by rename,
    the pair not). Same shape and sizes.
 
-3. MLflow's model registry, the peer: ``bench/mlflow_peer.py`` runs in ``.venv-mlflow``
+3. MLflow's model registry, the peer: ``bench.mlflow_peer`` runs in ``.venv-mlflow``
    (created from ``bench/requirements-mlflow.txt`` when missing) against its own fresh
    Postgres database and measures ``get_model_version_by_alias`` and
    ``set_registered_model_alias`` at the same sizes.
@@ -53,32 +53,21 @@ import platform
 import random
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-# The code under test: this tree, or (--against) an earlier revision's checkout driven by
-# this same harness, so both sides are measured the same way.
-CODE = Path(os.environ.get("LORAGATE_BENCH_CODE", ROOT)).resolve()
-# Python puts this script's directory first on sys.path, where this file's name would
-# shadow the registry package: look from the code's root instead (then this tree's, for bench/).
-sys.path[0:1] = [str(CODE), str(ROOT)]
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model kit builds everything locally
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import psycopg
+import sqlalchemy
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
-import psycopg  # noqa: E402
-import sqlalchemy  # noqa: E402
-from sqlalchemy import create_engine, text  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
-
-from bench.registry_against import compare_with_revision  # noqa: E402
-from bench.registry_peers import MLFLOW_VENV, PG_ADMIN_URL, bench_mlflow, bench_naive, fresh_postgres_database  # noqa: E402
-from bench.registry_population import (  # noqa: E402
+from bench.registry_against import compare_with_revision
+from bench.registry_code import CODE, code_module
+from bench.registry_peers import MLFLOW_VENV, PG_ADMIN_URL, bench_mlflow, bench_naive, fresh_postgres_database
+from bench.registry_population import (
     BASE_ID,
     FULL,
     SCALES,
@@ -89,16 +78,16 @@ from bench.registry_population import (  # noqa: E402
     Scale,
     log,
 )
-from bench.timing import measure, summarize  # noqa: E402
-from registry.service import Registry  # noqa: E402
+from bench.timing import measure, summarize
 
-try:
-    from registry.db.database import make_engine
-    from registry.db.store import SqlStore
-except ImportError:  # an --against revision from before the registry's rooms (sub-packages)
-    from registry.store import SqlStore, make_engine  # type: ignore[no-redef]
-from registry.settings import Settings  # noqa: E402
+# the code under test (this tree's, or with --against an earlier revision's: bench/registry_code.py);
+# the second name of each: a revision from before the registry's rooms (sub-packages)
+Registry = code_module("service").Registry
+SqlStore = code_module("db.store", "store").SqlStore
+make_engine = code_module("db.database", "store").make_engine
+Settings = code_module("settings").Settings
 
+BENCH = Path(__file__).resolve().parent
 OUT = BENCH / "out"
 
 RESOLVE_TARGET_MS = 1.0
@@ -111,8 +100,9 @@ FLAT_RATIO = 1.5
 
 def make_bundles(root: Path, count: int) -> tuple[Path, list[Path]]:
     """A tiny base and ``count`` registrable bundles that differ only in their weights."""
-    from infra.corpus import copy_bundle, edit_tensors
-    from infra.modelkit import build_base, random_adapter
+    from kit.basekit import build_base
+    from kit.corpus import copy_bundle, edit_tensors
+    from kit.modelkit import random_adapter
 
     base = build_base(root / BASE_ID)
     original = random_adapter(base, root / "adapter")
@@ -176,10 +166,18 @@ def measure_loragate_at_size(
     def canary_move() -> tuple:
         return fleet.next_canary(rng)[1], "canary"
 
+    def promote(version_id: str, to: str) -> object:
+        """The store's pointer move alone (no fleet here to switch); a revision from before
+        the move became a context manager only has ``Registry.promote``."""
+        if not hasattr(registry, "pointer_move"):
+            return registry.promote(version_id, to)
+        with registry.pointer_move(version_id, to) as move:
+            return move.plan
+
     result = {
         "store_resolve": measure(pointers.resolve, production, scale.samples, scale.warmup),
         "registry_resolve_stage": measure(registry.resolve_stage, production, scale.samples, scale.warmup),
-        "promote_canary": measure(registry.promote, canary_move, scale.move_samples, scale.warmup),
+        "promote_canary": measure(promote, canary_move, scale.move_samples, scale.warmup),
     }
     for name in rng.sample(sorted(fleet.canary), min(50, len(fleet.canary))):
         if (pointers.resolve(name, "production"), pointers.resolve(name, "canary")) != (
@@ -195,11 +193,7 @@ def _open_in_process(settings: Settings) -> Registry:
     of a comparison may run code from before roles existed."""
     if "principal" not in inspect.signature(Registry.open).parameters:
         return Registry.open(settings, check_schema=False)
-    try:
-        from registry.rules.access import Principal
-    except ImportError:  # before the registry's rooms
-        from registry.access import Principal  # type: ignore[no-redef]
-
+    Principal = code_module("rules.access", "access").Principal  # the second: before the registry's rooms
     return Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
 
 
@@ -294,7 +288,8 @@ NOTES = [
     "inserted with SQLAlchemy Core into the Alembic-created tables; Postgres gets VACUUM ANALYZE after each load, "
     "as autovacuum would",
     "resolve and pointer-move samples pick adapters uniformly at random among the bulk adapters; the pointer move is "
-    "Registry.promote(version, 'canary') on a version that passed validation, retiring the previous canary, audited",
+    "Registry.pointer_move(version, 'canary') on a version that passed validation, retiring the previous canary, "
+    "audited",
     "latencies: time.perf_counter_ns around each call, after untimed warm-up calls, one caller, no concurrency; "
     "other processes on the machine (see load averages) can inflate the tails; "
     "loragate.postgres.sizes.*.postgres_floor is a bare psycopg SELECT 1 and a bare INSERT+COMMIT on the same "

@@ -1,4 +1,4 @@
-"""``bench/registry.py --against REV``: the same benchmark on this tree's code and on an
+"""``python -m bench.registry --against REV``: the same benchmark on this tree's code and on an
 earlier revision's, alternating on the same machine, databases and Python environment, and
 the ratio of every compared figure."""
 
@@ -34,7 +34,7 @@ COMPARE_TOLERANCE = 0.10
 
 def _run_side(code: Path, scale_name: str, out: Path) -> dict:
     subprocess.run(
-        [sys.executable, str(BENCH / "registry.py"), "--scale", scale_name, "--peers", "none", "--out", str(out)],
+        [sys.executable, "-m", "bench.registry", "--scale", scale_name, "--peers", "none", "--out", str(out)],
         cwd=ROOT,
         check=True,
         stdout=subprocess.DEVNULL,
@@ -60,7 +60,8 @@ def compare_with_revision(revision: str, scale_name: str, rounds: int, out: Path
 
     Both sides are ``--peers none`` runs of this harness on the same machine, databases and
     Python environment, one importing this tree's code, the other REV's (checked out in a
-    temporary worktree); rounds alternate which side runs first.
+    temporary worktree; ``bench/registry_code.py`` finds its registry, in the ``loragate``
+    package or, before the move into it, at the top); rounds alternate which side runs first.
     A figure is within tolerance when it is at most 10 % worse than REV's (median of rounds).
     """
     started = time.perf_counter()

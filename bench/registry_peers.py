@@ -136,7 +136,8 @@ def bench_mlflow(scale: Scale) -> dict:
     with fresh_postgres_database("mlflow_bench") as url:
         command = [
             str(python),
-            str(BENCH / "mlflow_peer.py"),
+            "-m",
+            "bench.mlflow_peer",
             "--url",
             make_url(url).set(drivername="postgresql+psycopg2").render_as_string(hide_password=False),
             "--sizes",
@@ -152,9 +153,13 @@ def bench_mlflow(scale: Scale) -> dict:
             "--seed",
             str(SEED),
         ]
-        peer = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+        # from the repository root, where ``bench`` imports (its package and bench.timing are stdlib only)
+        peer = subprocess.run(command, cwd=BENCH.parent, stdout=subprocess.PIPE, text=True)
     if peer.returncode != 0:
-        return {"available": False, "reason": f"mlflow_peer.py exited with {peer.returncode}; its stderr is in the log"}
+        return {
+            "available": False,
+            "reason": f"bench.mlflow_peer exited with {peer.returncode}; its stderr is in the log",
+        }
     return {"available": True, **json.loads(peer.stdout)}
 
 

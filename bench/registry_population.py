@@ -3,8 +3,8 @@ much: a synthetic fleet of adapters, ten versions each in fixed stages, up to th
 scale names; and loragate's side of it, whole adapters bulk-inserted into the tables the
 migrations made (bypassing register, whose throughput is measured on its own).
 
-Imported after ``bench/registry.py`` has put the code under test first on ``sys.path``:
-the tables filled are that code's.
+The tables filled are the code under test's (``bench/registry_code.py``): this tree's, or
+an earlier revision's with ``--against``.
 """
 
 from __future__ import annotations
@@ -18,12 +18,17 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.engine import Engine
 
-try:
-    from registry.db.schema import adapter_versions, adapters, audit_events, stage_pointers
-    from registry.records.adapters import AdapterVersion
-except ImportError:  # an --against revision from before the registry's rooms (sub-packages)
-    from registry.domain import AdapterVersion  # type: ignore[no-redef]
-    from registry.schema import adapter_versions, adapters, audit_events, stage_pointers  # type: ignore[no-redef]
+from bench.registry_code import code_module
+
+# the second name of each: an --against revision from before the registry's rooms (sub-packages)
+_schema = code_module("db.schema", "schema")
+adapter_versions, adapters, audit_events, stage_pointers = (
+    _schema.adapter_versions,
+    _schema.adapters,
+    _schema.audit_events,
+    _schema.stage_pointers,
+)
+AdapterVersion = code_module("records.adapters", "domain").AdapterVersion
 
 BASE_ID = "tiny-llama"
 VERSIONS_PER_ADAPTER = 10

@@ -25,7 +25,7 @@ restart   a production replica restarted with K adapters in production (the smal
 Growth from the small N to N is reported as ratios. Prints JSON on stdout; progress on
 stderr.
 
-    .venv/bin/python bench/scale.py [--tenants 50] [--small 10] [--restart-adapters 200]
+    .venv/bin/python -m bench.scale [--tenants 50] [--small 10] [--restart-adapters 200]
                                     [--skip-paused-trigger] [--skip-sign-off]
                                     [--restart-only | --burst-only] [--smoke]
                                     [--out FILE]
@@ -55,33 +55,32 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
+import httpx
 
-import httpx  # noqa: E402
-
-from bench.delay_proxy import DelayProxy  # noqa: E402
-from bench.harness import Databases, ServingReplica, emit, production_and_canary, replicas_obey  # noqa: E402
-from bench.scale_prefect import flow_run_states, pause_trigger, promote_runs  # noqa: E402
-from bench.scale_restart import bench_restart  # noqa: E402
-from bench.scale_verdicts import CONTROL_SLOWDOWN, verdicts  # noqa: E402
-from bench.timing import ratio, spread  # noqa: E402
-from infra.modelkit import build_base, train_adapter, write_golden_set  # noqa: E402
-from infra.pipeline import SWEEPS_EVERY_S, PipelineSecrets, set_interval, start_pipeline  # noqa: E402
-from infra.prefect_local import start_prefect_server  # noqa: E402
-from infra.replica import (  # noqa: E402
+from bench.delay_proxy import DelayProxy
+from bench.harness import Databases, ServingReplica, emit, production_and_canary, replicas_obey
+from bench.scale_prefect import flow_run_states, pause_trigger, promote_runs
+from bench.scale_restart import bench_restart
+from bench.scale_verdicts import CONTROL_SLOWDOWN, verdicts
+from bench.timing import ratio, spread
+from kit.basekit import build_base
+from kit.modelkit import train_adapter
+from kit.tenant_tasks import write_golden_set
+from loragate.infra.pipeline import SWEEPS_EVERY_S, PipelineSecrets, set_interval, start_pipeline
+from loragate.infra.prefect_local import start_prefect_server
+from loragate.infra.replica import (
     VllmReplica,
     hand_admin_key,
     start_replicas,
     stop_replicas,
     write_replica_secrets,
 )
-from registry.rules.access import Principal, Role  # noqa: E402
-from registry.rules.canary import WindowStatus  # noqa: E402
-from registry.service import Registry  # noqa: E402
-from registry.settings import Settings  # noqa: E402
-from registry.storage.signing import generate_key_pair  # noqa: E402
-from tests.support.flow_processes import processes_running, rss_mib  # noqa: E402
+from loragate.registry.rules.access import Principal, Role
+from loragate.registry.rules.canary import WindowStatus
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from loragate.registry.storage.signing import generate_key_pair
+from tests.support.flow_processes import processes_running, rss_mib
 
 BASE_ID = "tiny-llama"
 # canary-evaluate's schedule in prefect.yaml: 50 windows must be evaluated within it
@@ -132,7 +131,7 @@ def burst(
     from prefect.events.worker import EventsWorker
     from prefect.settings import temporary_settings
 
-    from flows.events import announce_training_completed
+    from loragate.flows.events import announce_training_completed
 
     home = work / label
     databases = Databases.create("scale", "registry", "prefect")

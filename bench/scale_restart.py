@@ -21,16 +21,16 @@ from typing import Any
 import httpx
 
 from bench.harness import replicas_obey
-from infra.replica import VllmReplica, start_replicas, stop_replicas
-from registry.records.adapters import utcnow
-from registry.rules.access import Principal
-from registry.rules.fleet import version_path
-from registry.service import Registry
-from registry.settings import Settings
-from registry.storage.signing import generate_key_pair
-from tasks.fleet import promote_and_switch
-from tasks.reconcile import fleet_status, reconcile_fleet
-from tasks.validation import ValidationPolicy, validate_versions
+from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.registry.records.adapters import utcnow
+from loragate.registry.rules.access import Principal
+from loragate.registry.rules.fleet import version_path
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from loragate.registry.storage.signing import generate_key_pair
+from loragate.tasks.fleet import promote_and_switch
+from loragate.tasks.reconcile import fleet_status, reconcile_fleet
+from loragate.tasks.validation import ValidationPolicy, validate_versions
 from tests.support.postgres import admin_engine, drop_database, pg_url
 
 BASE_ID = "tiny-llama"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from registry.rules.canary import LATENCY_MONITORS, CanaryWindow, Observation, WindowStatus
+from loragate.registry.rules.canary import LATENCY_MONITORS, CanaryWindow, Observation, WindowStatus
 
 # the slow control tenant: its canary answers this many times as slowly as the same adapter
 # would (bench/delay_proxy.py says why on the wire, and why a factor: the probes must see it)

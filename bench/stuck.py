@@ -16,7 +16,7 @@ is cleared, the fleet reconciled and what every replica serves checked against p
 Settings are the defaults (``--deadline-s`` and ``--lock-timeout-s`` scale them down for a
 quick run). Prints JSON on stdout; progress on stderr.
 
-    .venv/bin/python bench/stuck.py [--deadline-s 60] [--lock-timeout-s 60]
+    .venv/bin/python -m bench.stuck [--deadline-s 60] [--lock-timeout-s 60]
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import tempfile
 import threading
 import time
@@ -32,23 +31,20 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
-
-from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, log, use_fleet  # noqa: E402
-from bench.harness import emit, replicas_obey  # noqa: E402
-from infra.modelkit import train_adapter  # noqa: E402
-from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
-from registry.errors import LoragateError  # noqa: E402
-from registry.rules.access import Principal  # noqa: E402
-from registry.rules.fleet import version_path  # noqa: E402
-from registry.service import Registry  # noqa: E402
-from tasks.fleet import promote_and_switch, rollback_and_switch  # noqa: E402
-from tasks.reconcile import reconcile_fleet  # noqa: E402
-from tasks.replicas import ReplicaClient  # noqa: E402
-from tasks.validation import ValidationPolicy, validate_versions  # noqa: E402
-from tests.support.faults import Fault, FaultProxy  # noqa: E402
-from tests.support.postgres import admin_engine, drop_database, pg_url  # noqa: E402
+from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, log, use_fleet
+from bench.harness import emit, replicas_obey
+from kit.modelkit import train_adapter
+from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.registry.errors import LoragateError
+from loragate.registry.rules.access import Principal
+from loragate.registry.rules.fleet import version_path
+from loragate.registry.service import Registry
+from loragate.tasks.fleet import promote_and_switch, rollback_and_switch
+from loragate.tasks.reconcile import reconcile_fleet
+from loragate.tasks.replicas import ReplicaClient
+from loragate.tasks.validation import ValidationPolicy, validate_versions
+from tests.support.faults import Fault, FaultProxy
+from tests.support.postgres import admin_engine, drop_database, pg_url
 
 ROLLBACK_AFTER_S = 2.0
 

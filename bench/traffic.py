@@ -19,8 +19,8 @@ rollback  the canary promoted (``promote_canary``: the previous production kept 
           time to the rolled-back version's last answer; then ``loragate rollback`` as a
           process each way (not in ``--smoke``).
 
-    .venv/bin/python bench/traffic.py [--smoke] [--out FILE]
-    .venv/bin/python bench/traffic.py --smoke --replica URL --replica URL --adapter-dir DIR \\
+    .venv/bin/python -m bench.traffic [--smoke] [--out FILE]
+    .venv/bin/python -m bench.traffic --smoke --replica URL --replica URL --adapter-dir DIR \\
         --base DIR --replica-secrets DIR
 
 With ``--replica`` it drives two production replicas already running (serving the base in
@@ -43,25 +43,20 @@ from typing import Any
 
 import httpx
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# this script's directory comes first on sys.path, where bench/registry.py would shadow the
-# registry package: look from the repository root instead
-sys.path[0:1] = [str(Path(__file__).resolve().parents[1])]
-
-import bench.fleet_setup  # noqa: E402
-from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, use_fleet  # noqa: E402
-from bench.harness import emit, replicas_obey  # noqa: E402
-from bench.traffic_balancer import round_robin  # noqa: E402
-from bench.traffic_clients import ADMIN_HEADER  # noqa: E402
-from bench.traffic_cost import bench_cost  # noqa: E402
-from bench.traffic_moves import ROLLBACK_TARGET_S, bench_rollback, bench_withdraw  # noqa: E402
-from bench.traffic_split import bench_split  # noqa: E402
-from infra.replica import VllmReplica, start_replicas, stop_replicas  # noqa: E402
-from registry.rules.canary import WindowStatus  # noqa: E402
-from registry.rules.fleet import version_path  # noqa: E402
-from tasks.canary import deploy_canary, promote_canary  # noqa: E402
-from tasks.fleet import promote_and_switch  # noqa: E402
-from tasks.traffic import set_share  # noqa: E402
+import bench.fleet_setup
+from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, use_fleet
+from bench.harness import emit, replicas_obey
+from bench.traffic_balancer import round_robin
+from bench.traffic_clients import ADMIN_HEADER
+from bench.traffic_cost import bench_cost
+from bench.traffic_moves import ROLLBACK_TARGET_S, bench_rollback, bench_withdraw
+from bench.traffic_split import bench_split
+from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.registry.rules.canary import WindowStatus
+from loragate.registry.rules.fleet import version_path
+from loragate.tasks.canary import deploy_canary, promote_canary
+from loragate.tasks.fleet import promote_and_switch
+from loragate.tasks.traffic import set_share
 
 SHARES = [0.01, 0.10, 0.50]
 THROUGHPUT_TARGET = 0.97

@@ -8,11 +8,11 @@ off gave (by the ``x-loragate-version`` header, and by what the answer says: eac
 answers the probe prompt its own way), and whether any request begun after the move
 returned still got it.
 
-- ``withdraw``: the canary at share 0.5 set to 0 (``tasks.traffic.set_share``, which pushes
+- ``withdraw``: the canary at share 0.5 set to 0 (``loragate.tasks.traffic.set_share``, which pushes
   the routes to every replica).
 - ``rollback``: ``rollback_and_switch`` (what ``loragate rollback`` runs) two ways in the
   same run, rounds interleaved: ``routing``, the previous production kept warm as
-  ``name@version`` (as ``promote_canary`` leaves it: ``tasks.traffic.warm_version``), so the
+  ``name@version`` (as ``promote_canary`` leaves it: ``loragate.tasks.traffic.warm_version``), so the
   rollback moves traffic and confirms it per replica; ``reload``, the previous version not
   warm (``cool_version`` first), so each replica reloads it and re-runs the golden
   completions behind the traffic -- the path every rollback took before. Then
@@ -32,12 +32,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import tasks.fleet
+import loragate.tasks.fleet
 from bench.fleet_setup import Setup, promote_back
 from bench.traffic_clients import Answer, UserLoop, last_answer_of, wait_for_answers
-from tasks.fleet import rollback_and_switch
-from tasks.routes import production_replicas, serves_warm
-from tasks.traffic import cool_version, warm_version
+from loragate.tasks.fleet import rollback_and_switch
+from loragate.tasks.routes import production_replicas, serves_warm
+from loragate.tasks.traffic import cool_version, warm_version
 
 ROLLBACK_TARGET_S = 3.0
 # answers each client must have begun after a move before its last old answer is read
@@ -50,14 +50,14 @@ PATHS = ("routing", "reload")
 # warm check, each replica's move (unload, or switch and golden completions); after the
 # commit, the routes pushed and every replica confirmed by the version header
 PHASES: dict[str, tuple[Any, str]] = {
-    "copies_before_lock": (tasks.fleet.ReadyCopies, "prepare_rollback"),
-    "fleet_switch_under_lock": (tasks.fleet.FleetSwitch, "apply"),
-    "warm_check": (tasks.fleet.FleetSwitch, "_warm"),
-    "per_replica_move": (tasks.fleet.FleetSwitch, "_move"),
-    "per_replica_golden_completions": (tasks.fleet, "verify_replica"),
-    "after_commit": (tasks.fleet.FleetSwitch, "after_commit"),
-    "push_routes": (tasks.fleet, "push_routes"),
-    "confirm_version": (tasks.fleet, "confirm_version"),
+    "copies_before_lock": (loragate.tasks.fleet.ReadyCopies, "prepare_rollback"),
+    "fleet_switch_under_lock": (loragate.tasks.fleet.FleetSwitch, "apply"),
+    "warm_check": (loragate.tasks.fleet.FleetSwitch, "_warm"),
+    "per_replica_move": (loragate.tasks.fleet.FleetSwitch, "_move"),
+    "per_replica_golden_completions": (loragate.tasks.fleet, "verify_replica"),
+    "after_commit": (loragate.tasks.fleet.FleetSwitch, "after_commit"),
+    "push_routes": (loragate.tasks.fleet, "push_routes"),
+    "confirm_version": (loragate.tasks.fleet, "confirm_version"),
 }
 
 

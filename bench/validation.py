@@ -16,7 +16,7 @@ the gate without the weight scan and without a production to compare with; with 
 scan; with the scan and, per adapter, a production version of its own run on the same
 golden set in the same session (the regression check's cost when every tenant has one).
 
-    .venv/bin/python bench/validation.py [--sizes 20 50] [--quick | --smoke]
+    .venv/bin/python -m bench.validation [--sizes 20 50] [--quick | --smoke]
 
 The trained adapters are checked on their golden set before any variant is derived from
 them (a seed whose training does not converge is skipped and listed in the output), so
@@ -39,17 +39,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from infra.corpus import copy_bundle, edit_tensors  # noqa: E402
-from infra.modelkit import build_base, golden_set, train_adapter  # noqa: E402
-from registry.intake.catalog import inspect_base  # noqa: E402
-from registry.records.reports import ValidationReport  # noqa: E402
-from registry.settings import Settings  # noqa: E402
-from tasks.validation import AdapterUnderTest, ValidationPolicy, validate_bundle, validate_group  # noqa: E402
-from tasks.validation.checks import Baseline  # noqa: E402
+from kit.basekit import build_base
+from kit.corpus import copy_bundle, edit_tensors
+from kit.modelkit import train_adapter
+from kit.tenant_tasks import golden_set
+from loragate.registry.intake.catalog import inspect_base
+from loragate.registry.records.reports import ValidationReport
+from loragate.registry.settings import Settings
+from loragate.tasks.validation import AdapterUnderTest, ValidationPolicy, validate_bundle, validate_group
+from loragate.tasks.validation.checks import Baseline
 
 SPEEDUP_TARGET = 3.0
 # seeds tried per trained adapter wanted before giving up

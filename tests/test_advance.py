@@ -17,9 +17,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from registry.records.progress import Gate, Waiting
-from registry.service import Registry
-from tasks.advance import DEPLOYMENTS, advance, plan_nudges, versions_with_live_runs
+from loragate.registry.records.progress import Gate, Waiting
+from loragate.registry.service import Registry
+from loragate.tasks.advance import DEPLOYMENTS, advance, plan_nudges, versions_with_live_runs
+from tests.support.moves import promote
 from tests.support.registries import mark_ready, mark_validated
 
 NAME = "acme/tiny-llama/support"
@@ -51,14 +52,14 @@ def _failed(r: Registry, bundles) -> dict[str, str]:
 
 def _on_canary(r: Registry, bundles) -> dict[str, str]:
     found = _validated(r, bundles)
-    r.promote(found["v1"], "canary")
+    promote(r, found["v1"], "canary")
     r.open_canary_window(found["v1"])
     return found
 
 
 def _ready(r: Registry, bundles) -> dict[str, str]:
     found = _validated(r, bundles)
-    r.promote(found["v1"], "canary")
+    promote(r, found["v1"], "canary")
     window, _ = r.open_canary_window(found["v1"])
     mark_ready(r, window.id)
     return found
@@ -66,8 +67,8 @@ def _ready(r: Registry, bundles) -> dict[str, str]:
 
 def _in_production(r: Registry, bundles) -> dict[str, str]:
     found = _validated(r, bundles)
-    r.promote(found["v1"], "canary")
-    r.promote(found["v1"], "production")
+    promote(r, found["v1"], "canary")
+    promote(r, found["v1"], "production")
     return found
 
 

@@ -2,14 +2,13 @@
 activation token, bound to the window, the reviewer, the decision and an expiry, good once.
 Every way a code can fail to prove a decision is a row of a table, refused with its own
 code and changing nothing but the audit log; racing resumes with one code record one
-decision; racing promote runs claim one sign-off. A rollback started through the pipeline
-needs a rollback code for the version the stage serves, by the same rules. SQLite and
-Postgres alike."""
+decision; racing promote runs claim one sign-off; the production move consumes it. SQLite
+and Postgres alike. Rollback codes are ``test_rollback_codes.py``'s, ``loragate
+approve-code`` is ``test_approve_code_cli.py``'s; both use this module's ``signoff``."""
 
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,11 +16,19 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import update
 
-from registry.db.schema import approval_codes, canary_windows
-from registry.errors import ApprovalRefused, ErrorCode, IllegalTransition, InvalidInput, NotFound, PermissionDenied
-from registry.rules.approvals import Decision
-from registry.rules.canary import WindowStatus
-from registry.service import Registry
+from loragate.registry.db.schema import approval_codes, canary_windows
+from loragate.registry.errors import (
+    ApprovalRefused,
+    ErrorCode,
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+)
+from loragate.registry.rules.approvals import Decision
+from loragate.registry.rules.canary import WindowStatus
+from loragate.registry.service import Registry
+from tests.support.moves import promote
 from tests.support.registries import mark_ready, mark_validated, sql_engine
 
 NAME = "acme/tiny-llama/support"
@@ -69,7 +76,7 @@ def signoff(cataloged, seeded_bundles):
     v2 = registry.register_adapter(seeded_bundles[1], NAME).version.version_id
     for v in (v1, v2):
         mark_validated(registry, v)
-    registry.promote(v1, "canary")
+    promote(registry, v1, "canary")
     window, _ = registry.open_canary_window(v1)
     mark_ready(registry, window.id)
     registry.request_approval(window.id, "run-1")
@@ -114,7 +121,7 @@ def _expire(signoff: SignOff) -> str:
 def _other_window(signoff: SignOff) -> tuple[str, dict]:
     """A code for v1's window, offered for v2's (v2 entered canary since)."""
     code = signoff.code()
-    signoff.owner.promote(signoff.v2, "canary")
+    promote(signoff.owner, signoff.v2, "canary")
     window, _ = signoff.owner.open_canary_window(signoff.v2)
     mark_ready(signoff.owner, window.id)
     return code, {"window_id": window.id}
@@ -185,11 +192,11 @@ def test_a_code_presented_and_refused_is_spent_so_the_corrected_form_proves_noth
     assert replayed.value.code == ErrorCode.APPROVAL_CODE_USED
     assert signoff.events("approval") == []
     with pytest.raises(PermissionDenied) as moved:  # and no production move can apply it
-        signoff.as_["pipeline"].promote(signoff.v1, "production")
+        promote(signoff.as_["pipeline"], signoff.v1, "production")
     assert moved.value.code == ErrorCode.APPROVAL_REQUIRED
     assert signoff.owner.get_adapter(NAME).production is None
     signoff.record(signoff.code())  # a fresh code from the person still works
-    signoff.as_["pipeline"].promote(signoff.v1, "production")
+    promote(signoff.as_["pipeline"], signoff.v1, "production")
     assert signoff.owner.get_adapter(NAME).production == signoff.v1
 
 
@@ -226,7 +233,7 @@ def test_a_redeemed_sign_off_is_applied_only_while_it_lives_its_token_is_active_
     between(signoff)
     before = signoff.owner.get_adapter(NAME).production
     with pytest.raises(PermissionDenied) as refused:
-        signoff.as_["pipeline"].promote(signoff.v1, "production")
+        promote(signoff.as_["pipeline"], signoff.v1, "production")
     assert refused.value.code == ErrorCode.APPROVAL_REQUIRED
     assert signoff.owner.get_adapter(NAME).production == before
     with sql_engine(signoff.owner).connect() as conn:
@@ -332,12 +339,12 @@ def test_a_pipeline_token_moves_production_only_by_consuming_a_persons_sign_off(
     pipeline = signoff.as_["pipeline"]
     before = signoff.owner.history(NAME)
     with pytest.raises(PermissionDenied) as refused:
-        pipeline.promote(signoff.v1, "production")  # e.g. code run on the release pool's worker
+        promote(pipeline, signoff.v1, "production")  # e.g. code run on the release pool's worker
     assert (refused.value.code, refused.value.field) == (ErrorCode.APPROVAL_REQUIRED, "approval")
     assert signoff.owner.get_adapter(NAME).production is None and signoff.owner.history(NAME) == before
 
     signoff.record(signoff.code())  # alice's sign-off, redeemed by the flow
-    pipeline.promote(signoff.v1, "production")
+    promote(pipeline, signoff.v1, "production")
     (move,) = [e for e in signoff.events("promote") if e.stage == "production"]
     (code,) = signoff.owner.approval_codes(signoff.window_id)
     assert move.details["approval_code"] == code.code_id and code.reviewer == "alice"
@@ -347,7 +354,7 @@ def test_a_pipeline_token_moves_production_only_by_consuming_a_persons_sign_off(
 
 
 def test_a_persons_own_production_move_is_a_sign_off_of_their_token(signoff):
-    signoff.as_["alice"].promote(signoff.v1, "production")
+    promote(signoff.as_["alice"], signoff.v1, "production")
     (move,) = [e for e in signoff.events("promote") if e.stage == "production"]
     with sql_engine(signoff.owner).connect() as conn:
         own = conn.execute(
@@ -360,116 +367,3 @@ def test_a_persons_own_production_move_is_a_sign_off_of_their_token(signoff):
         None,
     )
     assert own.used_at is not None and own.applied_at is not None
-
-
-# -- rollback codes -------------------------------------------------------------------------
-
-
-@pytest.fixture
-def in_production(signoff):
-    """v1 in production (signed off), v2 on canary: rollback codes have something to decide on."""
-    signoff.record(signoff.code())
-    signoff.owner.promote(signoff.v1, "production")
-    signoff.owner.promote(signoff.v2, "canary")
-    return signoff
-
-
-def rollback_code(s: SignOff, version: str, who: str = "alice") -> str:
-    return s.as_[who].issue_approval_code(version, decision=Decision.ROLLBACK)[1]
-
-
-def test_a_rollback_code_for_what_a_stage_serves_is_redeemed_once_and_names_its_token(in_production):
-    s = in_production
-    code = rollback_code(s, s.v1)
-    proven = s.as_["pipeline"].redeem_rollback_code(NAME, "production", code, used_by="run-r")
-    assert (proven.version_id, proven.reviewer, proven.token_id) == (s.v1, "alice", s.token_ids["alice"])
-    (event,) = s.events("rollback_approval")
-    assert event.details == {"reviewer": "alice", "token_id": s.token_ids["alice"], "approval_code": proven.code_id}
-    with pytest.raises(ApprovalRefused) as again:
-        s.as_["pipeline"].redeem_rollback_code(NAME, "production", code, used_by="run-r")
-    assert again.value.code == ErrorCode.APPROVAL_CODE_USED
-    canary = rollback_code(s, s.v2)  # the canary too: a code for the version it serves
-    assert s.as_["pipeline"].redeem_rollback_code(NAME, "canary", canary, used_by="run-c").version_id == s.v2
-
-
-@pytest.mark.parametrize(
-    "case, make, stage, refusal",
-    [
-        ("no-code", lambda s: "", "production", ErrorCode.APPROVAL_CODE_INVALID),
-        ("forged", lambda s: FORGED, "production", ErrorCode.APPROVAL_CODE_INVALID),
-        ("a-sign-off-code", lambda s: s.code(), "production", ErrorCode.APPROVAL_CODE_MISMATCH),
-        ("for-the-canarys-version", lambda s: rollback_code(s, s.v2), "production", ErrorCode.APPROVAL_CODE_MISMATCH),
-    ],
-    ids=lambda v: v if isinstance(v, str) else "",
-)
-def test_a_rollback_without_a_code_proving_it_is_refused_and_nothing_moves(in_production, case, make, stage, refusal):
-    s = in_production
-    code = make(s)
-    before = s.owner.get_adapter(NAME)
-    with pytest.raises(ApprovalRefused) as refused:
-        s.as_["pipeline"].redeem_rollback_code(NAME, stage, code, used_by="run-x")
-    assert refused.value.code == refusal
-    assert s.owner.get_adapter(NAME) == before and s.events("rollback_approval") == []
-    assert s.events("approval_refused")[-1].to_value == refusal.value
-
-
-def test_a_rollback_already_made_needs_no_code_and_uses_none(in_production):
-    """A re-run after the rollback happened: the stage no longer serves the expected version."""
-    s = in_production
-    code = rollback_code(s, s.v1)
-    assert s.as_["pipeline"].redeem_rollback_code(NAME, "production", "", expected_version=s.v2, used_by="x") is None
-    assert s.events("approval_refused") == [] and s.events("rollback_approval") == []
-    assert s.as_["pipeline"].redeem_rollback_code(NAME, "production", code, expected_version=s.v1, used_by="x")
-
-
-def test_a_rollback_code_is_issued_only_for_a_version_a_stage_serves(in_production):
-    s = in_production
-    s.owner.rollback(NAME, "canary")  # v2 withdrawn: nothing serves it any more
-    with pytest.raises(IllegalTransition):
-        rollback_code(s, s.v2)
-    with pytest.raises(PermissionDenied):
-        rollback_code(s, s.v1, "trainer")
-
-
-# -- the CLI ------------------------------------------------------------------------------
-
-
-def approve_code_cli(s: SignOff, monkeypatch, capsys, who: str, *argv: str) -> tuple[int, str, list[str]]:
-    from cli.main import main
-
-    monkeypatch.setenv("LORAGATE_DATABASE_URL", s.owner.settings.database_url)
-    monkeypatch.setenv("LORAGATE_ARTIFACTS", s.owner.settings.artifacts)
-    monkeypatch.setenv("LORAGATE_TOKEN", s.tokens[who])
-    capsys.readouterr()
-    rc = main(["approve-code", *argv])
-    out, err = capsys.readouterr()
-    return rc, out, err.strip().splitlines()
-
-
-@pytest.mark.parametrize(
-    "who, argv, rc, code",
-    [
-        ("alice", ["{v1}", "--ttl", "5"], 2, "invalid_setting"),
-        ("alice", ["{v1}", "--reject", "--rollback"], 2, "invalid_manifest"),
-        ("alice", ["{v2}"], 2, "not_found"),
-        ("alice", ["{v2}", "--rollback"], 2, "illegal_transition"),
-        ("trainer", ["{v1}"], 3, "permission denied"),
-        ("elsewhere", ["{v1}"], 3, "permission denied"),
-    ],
-    ids=["ttl-too-short", "two-decisions", "never-canaried", "rollback-of-what-nothing-serves", "trainer", "namespace"],
-)
-def test_approve_code_refuses_bad_input_in_one_line_and_issues_nothing(
-    signoff, monkeypatch, capsys, who, argv, rc, code
-):
-    args = [a.format(v1=signoff.v1, v2=signoff.v2) for a in argv]
-    got, _, err = approve_code_cli(signoff, monkeypatch, capsys, who, *args)
-    assert got == rc and len(err) == 1 and code in err[0], err
-    assert signoff.owner.approval_codes(signoff.window_id) == []
-
-
-def test_approve_code_shows_the_code_once_and_it_proves_the_sign_off(signoff, monkeypatch, capsys):
-    rc, out, _ = approve_code_cli(signoff, monkeypatch, capsys, "alice", signoff.v1, "--json")
-    shown = json.loads(out)
-    assert rc == 0 and shown["reviewer"] == "alice" and shown["decision"] == "approve"
-    assert shown["flow_run_id"] == "run-1" and shown["token_id"] == signoff.token_ids["alice"]
-    assert signoff.record(shown["code"]).status == WindowStatus.READY

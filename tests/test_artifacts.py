@@ -7,12 +7,12 @@ import os
 import boto3
 import pytest
 
-from registry.errors import AlreadyExists, ErrorCode, IntegrityFailure
-from registry.intake.digests import digest_of_hex, sha256_bytes, sha256_file
-from registry.service import Registry
-from registry.storage.blobs import blob_key
-from registry.storage.local_store import LocalArtifactStore
-from registry.storage.s3_store import S3ArtifactStore
+from loragate.registry.errors import AlreadyExists, ErrorCode, IntegrityFailure
+from loragate.registry.intake.digests import digest_of_hex, sha256_bytes, sha256_file
+from loragate.registry.service import Registry
+from loragate.registry.storage.blobs import blob_key
+from loragate.registry.storage.local_store import LocalArtifactStore
+from loragate.registry.storage.s3_store import S3ArtifactStore
 from tests.support.registries import IN_PROCESS, artifact_store
 
 NAME = "acme/tiny-llama/support"
@@ -95,7 +95,7 @@ def test_s3_large_upload_is_really_multipart(s3_endpoint, s3_location, tmp_path)
 
 @pytest.fixture
 def s3_registry(tmp_path, s3_endpoint, s3_location, tiny_base):
-    from registry.settings import Settings
+    from loragate.registry.settings import Settings
 
     settings = Settings(
         home=tmp_path,

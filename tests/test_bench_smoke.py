@@ -18,16 +18,17 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def run_bench(*argv: str, timeout: int = 600) -> dict:
+def run_bench(module: str, *argv: str, timeout: int = 600) -> dict:
+    """``python -m <module> *argv`` from the repository root, as the benchmarks run."""
     proc = subprocess.run(
-        [sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
 
 def test_registry_benchmark_runs_in_smoke_mode(tmp_path):
-    result = run_bench("bench/registry.py", "--scale", "smoke", "--peers", "auto", "--out", str(tmp_path / "r.json"))
+    result = run_bench("bench.registry", "--scale", "smoke", "--peers", "auto", "--out", str(tmp_path / "r.json"))
     assert set(result["loragate"]) == {"postgres", "sqlite"}
     for backend in ("postgres", "sqlite"):
         assert {"resolve_p99_ms", "pointer_move_p99_ms"} <= set(result["verdict"][backend])
@@ -35,7 +36,7 @@ def test_registry_benchmark_runs_in_smoke_mode(tmp_path):
 
 
 def test_validation_benchmark_runs_in_smoke_mode():
-    result = run_bench("bench/validation.py", "--smoke")
+    result = run_bench("bench.validation", "--smoke")
     assert [r["adapters"] for r in result["results"]] == [2, 3]
     assert all(r["naive_s"] > 0 and r["batched_s"] > 0 for r in result["results"])
     quality = result["gate_quality"]
@@ -48,7 +49,7 @@ def test_fleet_benchmark_runs_in_smoke_mode_on_the_session_replicas(replicas, re
     argv = [f"--replica={url}" for url in urls]
     secrets = str(replicas["prod-a"].secrets_dir)  # the replicas obey only the fleet: their key, registry
     result = run_bench(
-        "bench/fleet.py",
+        "bench.fleet",
         "--smoke",
         *argv,
         "--adapter-dir",
@@ -75,7 +76,7 @@ def test_fleet_benchmark_runs_in_smoke_mode_on_the_session_replicas(replicas, re
 
 
 def test_copies_benchmark_runs_in_smoke_mode(tmp_path):
-    result = run_bench("bench/copies.py", "--smoke", "--out", str(tmp_path / "c.json"))
+    result = run_bench("bench.copies", "--smoke", "--out", str(tmp_path / "c.json"))
     fleet = result["fleet_status_copies"]
     assert fleet["adapters"] == 5 and fleet["cold"]["files_read"] == 15
     assert fleet["clean"]["files_read"] == 0 and fleet["after_one_change"]["files_read"] == 1
@@ -94,7 +95,7 @@ def test_scale_benchmark_runs_in_smoke_mode_on_the_session_replicas(
         f"--bundle={support_bundle}",
         f"--replica-secrets={replicas['prod-a'].secrets_dir}",
     ]
-    result = run_bench("bench/scale.py", "--smoke", *argv, "--out", str(tmp_path / "s.json"), timeout=900)
+    result = run_bench("bench.scale", "--smoke", *argv, "--out", str(tmp_path / "s.json"), timeout=900)
     burst = result["burst"]["large"]
     assert burst["event_to_canary_serving"]["n"] == 2
     # the two tenants and the slow control (the same adapter answered 3x as slowly)
@@ -124,7 +125,7 @@ def test_traffic_benchmark_runs_in_smoke_mode_on_the_session_replicas(
         str(support_bundle),
         str(tickets_bundle),
     ]
-    result = run_bench("bench/traffic.py", "--smoke", *argv, "--out", str(tmp_path / "t.json"))
+    result = run_bench("bench.traffic", "--smoke", *argv, "--out", str(tmp_path / "t.json"))
     assert {"commit", "date", "machine", "targets"} <= set(result)
     assert set(result["split"]) == {"0.01", "0.1", "0.5"}
     for row in result["split"].values():

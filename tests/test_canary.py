@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 
-from registry.db.schema import canary_windows
-from registry.errors import IllegalTransition, InvalidInput, NotFound
-from registry.render.canary import canary_evidence_markdown
-from registry.rules.canary import (
+from loragate.registry.db.schema import canary_windows
+from loragate.registry.errors import IllegalTransition, InvalidInput, NotFound
+from loragate.registry.render.canary import canary_evidence_markdown
+from loragate.registry.rules.canary import (
     CanaryThresholds,
     CanaryWindow,
     Monitor,
@@ -26,7 +26,8 @@ from registry.rules.canary import (
     judge,
     percentile,
 )
-from registry.service import Registry
+from loragate.registry.service import Registry
+from tests.support.moves import promote
 from tests.support.registries import IN_PROCESS, mark_validated, sql_engine
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -88,6 +89,28 @@ def test_a_window_is_ready_only_after_its_whole_length():
     assert got == Verdict.CONTINUE and "ends in" in reasons[0]
 
 
+PROMOTION_STARTS = [
+    # (window status, the adapter's production, a re-run?, or refused)
+    (WindowStatus.READY, None, False),
+    (WindowStatus.READY, "v0", False),
+    (WindowStatus.PROMOTED, "v1", True),
+    (WindowStatus.PROMOTED, "v2", IllegalTransition),  # promoted once, since moved on
+    (WindowStatus.OPEN, None, IllegalTransition),
+    (WindowStatus.ROLLED_BACK, "v0", IllegalTransition),
+]
+
+
+@pytest.mark.parametrize(("status", "production", "outcome"), PROMOTION_STARTS)
+def test_a_sign_off_or_promotion_starts_from_a_ready_window_or_finds_itself_done(status, production, outcome):
+    """One rule for the promote flow's sign-off and the move itself."""
+    if outcome is IllegalTransition:
+        with pytest.raises(IllegalTransition) as refused:
+            window(status).promoted_already(production)
+        assert refused.value.field == "version_id"
+    else:
+        assert window(status).promoted_already(production) is outcome
+
+
 def test_percentiles_are_nearest_rank():
     assert percentile([], 95) is None
     assert percentile([5.0], 95) == 5.0
@@ -114,7 +137,7 @@ def canaried(cataloged, seeded_bundles):
     v2 = registry.register_adapter(seeded_bundles[1], name).version.version_id
     for v in (v1, v2):
         mark_validated(registry, v)
-    registry.promote(v1, "canary")
+    promote(registry, v1, "canary")
     ALICE.append(registry.create_token("activation", "alice")[1])  # who signs off
     return registry, name, v1, v2
 
@@ -158,7 +181,7 @@ def test_only_the_current_canary_gets_a_window(canaried):
 def test_a_new_canary_supersedes_the_active_window(canaried):
     registry, _, v1, v2 = canaried
     old, _ = registry.open_canary_window(v1)
-    registry.promote(v2, "canary")
+    promote(registry, v2, "canary")
     new, _ = registry.open_canary_window(v2)
     assert registry.canary_window(old.id).status == WindowStatus.SUPERSEDED
     assert [w.id for w in registry.canary_windows()] == [new.id]
@@ -215,7 +238,7 @@ def test_unknown_windows_and_versions_are_not_found(canaried):
 
 
 def run_cli(registry, monkeypatch, *argv: str) -> int:
-    from cli.main import main
+    from loragate.cli.main import main
 
     monkeypatch.setenv("LORAGATE_DATABASE_URL", registry.settings.database_url)
     monkeypatch.setenv("LORAGATE_ARTIFACTS", registry.settings.artifacts)
@@ -251,7 +274,7 @@ def test_canary_show_prints_the_evidence_and_list_the_active_windows(canaried, m
 
 
 def test_attaching_the_same_golden_set_again_records_nothing(canaried, tmp_path):
-    from infra.modelkit import write_golden_set
+    from kit.tenant_tasks import write_golden_set
 
     registry, name, _, _ = canaried
     path = write_golden_set("support", tmp_path / "golden.jsonl")
@@ -265,7 +288,7 @@ def test_attaching_the_same_golden_set_again_records_nothing(canaried, tmp_path)
 
 
 def test_the_probe_set_is_jsonl_of_prompts_and_a_bad_one_names_the_setting(tmp_path):
-    from tasks.canary import Probe, load_probe_set
+    from loragate.tasks.canary import Probe, load_probe_set
 
     assert load_probe_set(None) == []
     good = tmp_path / "probes.jsonl"
@@ -319,7 +342,7 @@ def test_the_database_refuses_a_second_active_window_for_an_adapter(canaried):
 def test_the_migration_settles_windows_already_doubled(canaried):
     """Windows doubled before 0008 (issue 18's race): all but the newest active one of an
     adapter are superseded, so the index can be built."""
-    from registry.db import migrate
+    from loragate.registry.db import migrate
 
     registry, name, v1, _ = canaried
     engine = sql_engine(registry)

@@ -17,13 +17,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import insert, select
 
-from registry.db.schema import audit_events, canary_windows
-from registry.errors import ErrorCode, IllegalTransition, InvalidInput, NotFound
-from registry.rules.canary import WindowStatus
-from registry.rules.share import parse_share
-from registry.service import Registry
-from registry.settings import Settings
+from loragate.registry.db.schema import audit_events, canary_windows
+from loragate.registry.errors import ErrorCode, IllegalTransition, InvalidInput, NotFound
+from loragate.registry.rules.canary import WindowStatus
+from loragate.registry.rules.share import parse_share
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
 from tests.support.commands import cli_runner
+from tests.support.moves import promote
 from tests.support.races import released_at_once
 from tests.support.registries import IN_PROCESS, audit_count, mark_validated, sql_engine
 
@@ -50,7 +51,7 @@ def canaried(cataloged, seeded_bundles) -> tuple[Registry, str]:
     registry, _ = cataloged
     v1 = registry.register_adapter(seeded_bundles[0], NAME).version.version_id
     mark_validated(registry, v1)
-    registry.promote(v1, "canary")
+    promote(registry, v1, "canary")
     return registry, v1
 
 
@@ -254,7 +255,7 @@ def share_cli(tmp_path, tiny_base, seeded_bundles):
     registry.add_base(str(tiny_base), "tiny-llama")
     v1 = registry.register_adapter(seeded_bundles[0], NAME).version.version_id
     mark_validated(registry, v1)
-    registry.promote(v1, "canary")
+    promote(registry, v1, "canary")
     window, _ = registry.open_canary_window(v1)
     token = registry.create_token("signing", "share-tests")[1]
     env = {**os.environ, "LORAGATE_HOME": str(home), "LORAGATE_DATABASE_URL": settings.database_url}

@@ -10,7 +10,8 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from registry.db import migrate
+from loragate.registry.db import migrate
+from tests.support.moves import promote
 from tests.support.registries import mark_validated, sql_engine
 
 NAME = "acme/tiny-llama/support"
@@ -22,7 +23,7 @@ def windowed(cataloged, seeded_bundles):
     registry, _ = cataloged
     v1 = registry.register_adapter(seeded_bundles[0], NAME).version.version_id
     mark_validated(registry, v1)
-    registry.promote(v1, "canary")
+    promote(registry, v1, "canary")
     window, _ = registry.open_canary_window(v1)
     engine = sql_engine(registry)
     yield registry, window.id, engine
@@ -158,8 +159,8 @@ def test_the_application_as_each_database_user_changes_a_share_and_records_alert
     records a traffic alert (its advisory lock and insert need no grant beyond the audit
     log's) but cannot change a share -- the database refuses it, whatever the application
     was told."""
-    from registry.errors import PermissionDenied
-    from registry.service import Registry
+    from loragate.registry.errors import PermissionDenied
+    from loragate.registry.service import Registry
     from tests.support.registries import IN_PROCESS
 
     registry, window_id, engine = windowed

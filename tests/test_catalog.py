@@ -7,15 +7,15 @@ import shutil
 
 import pytest
 
-from registry.errors import ErrorCode, IntegrityFailure, InvalidInput
-from registry.intake.catalog import canonical_config, config_facts, inspect_base, verify_base
-from registry.intake.digests import canonical_sha256
+from loragate.registry.errors import ErrorCode, IntegrityFailure, InvalidInput
+from loragate.registry.intake.catalog import canonical_config, config_facts, inspect_base, verify_base
+from loragate.registry.intake.digests import canonical_sha256
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def test_building_the_base_twice_gives_the_same_commit(tiny_base, tmp_path):
-    from infra.modelkit import build_base
+    from kit.basekit import build_base
 
     again = build_base(tmp_path / "again")
     assert (
@@ -35,7 +35,7 @@ def test_local_base_is_pinned_by_content_digest_with_shapes_and_tokenizer(tiny_b
 
 
 def test_rope_variant_has_other_commit_config_hash_and_rope(tiny_base, tmp_path):
-    from infra.modelkit import build_base
+    from kit.basekit import build_base
 
     variant = build_base(tmp_path / "rope", rope_scaling={"rope_type": "linear", "factor": 2.0})
     a, b = inspect_base(str(tiny_base), "tiny-llama"), inspect_base(str(variant), "tiny-llama")
@@ -71,7 +71,7 @@ def test_legacy_rope_scaling_type_key_is_normalised():
 
 
 def test_hub_base_resolves_from_the_local_cache_only(tiny_base, tmp_path):
-    from infra.modelkit import write_hf_cache
+    from kit.basekit import write_hf_cache
 
     hub = str(tmp_path / "hub")
     write_hf_cache(tiny_base, tmp_path / "hub", "acme/tiny-llama", COMMIT)
@@ -97,7 +97,7 @@ def test_unpinned_or_uncached_hub_bases_are_refused(tmp_path, source, revision, 
 
 
 def test_base_add_is_idempotent_and_a_second_commit_is_a_second_pin(cataloged, tmp_path):
-    from infra.modelkit import build_base
+    from kit.basekit import build_base
 
     registry, record = cataloged
     again, created = registry.add_base(record.source, "tiny-llama")
@@ -108,8 +108,8 @@ def test_base_add_is_idempotent_and_a_second_commit_is_a_second_pin(cataloged, t
 
 
 def test_a_manifest_binds_to_the_commit_it_names_and_gets_that_commits_facts(cataloged, tmp_path, random_bundle):
-    from infra import corpus
-    from infra.modelkit import build_base
+    from kit import corpus
+    from kit.basekit import build_base
 
     registry, pinned = cataloged
     variant, _ = registry.add_base(
@@ -130,7 +130,7 @@ def test_a_manifest_binds_to_the_commit_it_names_and_gets_that_commits_facts(cat
 
 def test_a_manifest_without_a_commit_is_refused_even_when_one_commit_is_pinned(cataloged, tmp_path, random_bundle):
     """Inferring the commit would bind an adapter trained on an unpinned commit silently."""
-    from infra import corpus
+    from kit import corpus
 
     registry, _ = cataloged
     bundle = corpus.copy_bundle(random_bundle, tmp_path / "no-commit")

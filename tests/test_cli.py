@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.modelkit import write_golden_set
-from registry.service import Registry
-from registry.settings import Settings
+from kit.tenant_tasks import write_golden_set
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
 from tests.support.commands import cli_runner
 from tests.support.registries import IN_PROCESS
 
@@ -79,7 +79,7 @@ def test_bad_settings_exit_2_naming_the_variable(cli, tmp_path):
 HEAVY = {"torch", "transformers", "peft", "prefect", "great_expectations", "pandas"}
 PROBE = (
     "import json, sys\n"
-    "from cli.main import main\n"
+    "from loragate.cli.main import main\n"
     "rc = main(sys.argv[1:])\n"
     "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr)\n"
     "sys.exit(rc)\n"

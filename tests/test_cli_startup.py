@@ -4,7 +4,7 @@ Building the parser and refusing or explaining arguments imports the standard li
 the registry's stdlib-only modules, never the store, its settings or the clients (about a
 second on a quiet machine): each command imports those when it runs (cli/main.py). A fresh
 process walks every subparser, nested ones included (``canary share``), asks each for its
-``--help`` through ``cli.main.main``, then lists what was imported. No timing is asserted:
+``--help`` through ``loragate.cli.main.main``, then lists what was imported. No timing is asserted:
 what is imported is the cause, and it does not vary with the machine's load.
 """
 
@@ -29,9 +29,9 @@ HEAVY = {
     "httpx": "the replicas' and Prefect's HTTP client",
     "torch": "the model kit and validation",
     "cryptography": "signing keys",
-    "registry.service": "Registry, and with it the whole store",
-    "registry.settings": "Settings, read once a command runs",
-    "registry.db": "the SQL store",
+    "loragate.registry.service": "Registry, and with it the whole store",
+    "loragate.registry.settings": "Settings, read once a command runs",
+    "loragate.registry.db": "the SQL store",
 }
 # refused by argparse (exit 2) before any command runs
 BAD_ARGUMENTS = (
@@ -44,7 +44,7 @@ BAD_ARGUMENTS = (
 PROBE = """
 import argparse, contextlib, io, json, sys
 {preamble}
-from cli.main import build_parser, main
+from loragate.cli.main import build_parser, main
 
 def commands(parser, path=()):
     yield path

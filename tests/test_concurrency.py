@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.corpus import copy_bundle, edit_tensors
+from kit.corpus import copy_bundle, edit_tensors
 
 NAME = "acme/tiny-llama/support"
 
@@ -104,7 +104,7 @@ def test_concurrent_cli_registers_all_succeed_in_one_chain(cataloged, distinct_b
     }
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "register", str(b), "--name", NAME, "--json"],
+            [sys.executable, "-m", "loragate.cli.main", "register", str(b), "--name", NAME, "--json"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

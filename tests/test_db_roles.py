@@ -22,19 +22,20 @@ from sqlalchemy import create_engine, func, insert, inspect, select, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError
 
-from infra.modelkit import write_golden_set
-from registry.db import migrate
-from registry.db.schema import adapters, approval_codes, metadata
-from registry.db.store import make_engine
-from registry.db.users import role_database_url
-from registry.errors import PermissionDenied
-from registry.rules.access import Role
-from registry.rules.approvals import issue_code
-from registry.rules.canary import Observation, SideStats, Verdict, WindowStatus
-from registry.service import Registry
-from registry.settings import Settings
-from registry.storage.signing import generate_key_pair, key_id
+from kit.tenant_tasks import write_golden_set
+from loragate.registry.db import migrate
+from loragate.registry.db.schema import adapters, approval_codes, metadata
+from loragate.registry.db.store import make_engine
+from loragate.registry.db.users import role_database_url
+from loragate.registry.errors import PermissionDenied
+from loragate.registry.rules.access import Role
+from loragate.registry.rules.approvals import issue_code
+from loragate.registry.rules.canary import Observation, SideStats, Verdict, WindowStatus
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from loragate.registry.storage.signing import generate_key_pair, key_id
 from tests.support.db_role_matrix import MATRIX, ROLES
+from tests.support.moves import promote, rollback
 from tests.support.registries import IN_PROCESS, mark_validated, registry_snapshot
 
 pytestmark = pytest.mark.postgres
@@ -105,10 +106,13 @@ def populate(url: str, root: Path, tiny_base: Path, bundle: Path) -> Populated:
         registry.attach_golden_set(NAME, write_golden_set("support", root / "golden.jsonl"))
         run = mark_validated(registry, v1)
         registry.add_signing_key(SPARE_KEY.public_pem, "signing", "spare")
-        registry.promote(v1, "canary")
+        promote(registry, v1, "canary")
         window, _ = registry.open_canary_window(v1)
         registry.record_canary_observation(observation(window.id, Verdict.CONTINUE))
-        registry.add_replica("http://127.0.0.1:9", "tiny-llama", "canary", str(root / "replica-adapters"))
+        # a replica in the fleet for the roles that manage it, of another base: the adapter's
+        # pointer moves below switch no replica (a dead one would refuse them)
+        registry.add_base(str(tiny_base), "spare-llama")
+        registry.add_replica("http://127.0.0.1:9", "spare-llama", "canary", str(root / "replica-adapters"))
         token, reviewer_token = registry.create_token("activation", REVIEWER)
     engine = make_engine(settings.database)
     try:
@@ -223,7 +227,7 @@ def test_training_registers_through_the_application_but_cannot_promote(fresh, se
         mark_validated(owner, v2)
         before = registry_snapshot(fresh.settings(), artifacts=False)
     with fresh.open("training") as training, pytest.raises(PermissionDenied, match="loragate_training"):
-        training.promote(v2, "canary")
+        promote(training, v2, "canary")
     assert registry_snapshot(fresh.settings(), artifacts=False) == before
 
 
@@ -233,12 +237,12 @@ def test_signing_validates_signs_watches_and_withdraws_a_canary_but_cannot_regis
     with fresh.open("signing") as signing:
         mark_validated(signing, v2)  # records the run, then signs it with the registered key
         assert [s.validation_run_id for s in signing.signatures(v2)] == [signing.validation_runs(v2)[-1].id]
-        signing.promote(v2, "canary")  # the pointer exists: its upsert takes the UPDATE branch
+        promote(signing, v2, "canary")  # the pointer exists: its upsert takes the UPDATE branch
         assert signing.resolve_stage(NAME, "canary") == v2
         window, created = signing.open_canary_window(v2)  # supersedes v1's window
         assert created and signing.canary_window(fresh.window_id).status == WindowStatus.SUPERSEDED
         signing.record_canary_observation(observation(window.id, Verdict.ROLLBACK))
-        signing.rollback(NAME, "canary")  # deletes the pointer
+        rollback(signing, NAME, "canary")  # deletes the pointer
         signing.close_canary_window(window.id, WindowStatus.ROLLED_BACK, "roles test")
         assert signing.get_version(v2).stage == "rolled_back" and signing.get_adapter(NAME).canary is None
         before = registry_snapshot(fresh.settings(), artifacts=False)
@@ -257,7 +261,7 @@ def test_activation_signs_off_and_promotes_to_production_but_cannot_record_a_val
         activation.record_approval(
             fresh.window_id, approve=True, reviewer=REVIEWER, code=code, flow_run_id="flow-run-1"
         )
-        activation.promote(fresh.v1, "production")
+        promote(activation, fresh.v1, "production")
         activation.close_canary_window(fresh.window_id, WindowStatus.PROMOTED, "signed off")
         assert activation.resolve_stage(NAME, "production") == fresh.v1
         before = registry_snapshot(fresh.settings(), artifacts=False)
@@ -279,7 +283,7 @@ def test_admin_manages_bases_fleet_tokens_and_keys_but_cannot_promote(fresh, tin
         admin.revoke_signing_key(key_id(key.public_pem))
         before = registry_snapshot(fresh.settings(), artifacts=False)
         with pytest.raises(PermissionDenied):
-            admin.promote(fresh.v1, "production")
+            promote(admin, fresh.v1, "production")
     assert registry_snapshot(fresh.settings(), artifacts=False) == before
 
 
@@ -287,7 +291,7 @@ def test_fleet_reconciles_and_manages_replicas_but_can_mint_no_token_and_move_no
     """What the fleet pool's worker connects as: replicas in and out, reconcile holding each
     adapter's row; a token (which a person's activation token would be) or a pointer move is
     refused by the database itself, whatever the application was told."""
-    from tasks.reconcile import reconcile_fleet
+    from loragate.tasks.reconcile import reconcile_fleet
 
     with fresh.open("fleet") as fleet:
         fleet.add_replica("http://127.0.0.1:11", "tiny-llama", "production", str(tmp_path / "replica"))
@@ -300,7 +304,7 @@ def test_fleet_reconciles_and_manages_replicas_but_can_mint_no_token_and_move_no
         with pytest.raises(PermissionDenied, match="loragate_fleet"):
             fleet.create_token("activation", "mallory")
         with pytest.raises(PermissionDenied, match="loragate_fleet"):
-            fleet.rollback(NAME, "canary")
+            rollback(fleet, NAME, "canary")
     assert registry_snapshot(fresh.settings(), artifacts=False) == before
 
 
@@ -324,4 +328,4 @@ def test_downgrade_revokes_the_grants_and_upgrade_restores_them(pg_template, tin
     with populated.open("training") as registry:
         assert registry.register_adapter(seeded_bundles[1], NAME).created
         with pytest.raises(PermissionDenied):
-            registry.promote(populated.v1, "production")
+            promote(registry, populated.v1, "production")

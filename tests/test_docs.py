@@ -4,7 +4,7 @@
   argparse parser defines, with every option it takes, and no command or option it does not;
   a ``loragate ...`` command named anywhere in the docs or the README exists;
 - the settings reference (``docs/reference/settings.md``) lists the environment variable of
-  every field of ``registry.settings.Settings`` and no other; every ``LORAGATE_*`` variable
+  every field of ``loragate.registry.settings.Settings`` and no other; every ``LORAGATE_*`` variable
   the docs name is a setting or one of the page's "Read elsewhere" variables, and each of
   those is read by some code in the repository;
 - the README is one page (under 250 lines); no page links to a file that does not exist or
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.main import build_parser
-from cli.output import common_options
-from registry.settings import Settings, env_var
+from loragate.cli.main import build_parser
+from loragate.cli.output import common_options
+from loragate.registry.settings import Settings, env_var
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -38,7 +38,7 @@ INCLUDED = [ROOT / "infra" / "k8s" / "README.md"]
 README_MAX_LINES = 250
 # files that live beside the repository, not in it: nothing in it may point at them
 OUTSIDE_NAMES = ("DESIGN" + ".md", "DEVELOPERS" + ".md", ".." + "/shared")
-SOURCE_FOLDERS = ("registry", "tasks", "flows", "cli", "infra", "bench", "tests")
+SOURCE_FOLDERS = ("loragate", "kit", "infra", "bench", "tests")
 
 VAR = re.compile(r"\b(LORAGATE_[A-Z0-9_]*[A-Z0-9]|HF_HUB_CACHE)\b")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -189,7 +189,7 @@ def test_the_settings_reference_lists_every_setting_and_no_other():
 @functools.cache
 def _code_texts() -> str:
     """The source of what runs (not the tests or benchmarks)."""
-    folders = ("registry", "tasks", "flows", "cli", "infra")
+    folders = ("loragate", "kit", "infra")
     files = [p for folder in folders for p in (ROOT / folder).rglob("*") if p.suffix in {".py", ".yaml"}]
     return "\n".join(p.read_text(errors="replace") for p in files if "build" not in p.parts)
 

@@ -26,11 +26,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from registry.db.database import SessionLimits, make_engine
-from registry.errors import DeployFailed, ErrorCode, Unavailable
-from registry.service import Registry
-from tasks.fleet import FleetSwitch, promote_and_switch
+from loragate.registry.db.database import SessionLimits, make_engine
+from loragate.registry.errors import DeployFailed, ErrorCode, Unavailable
+from loragate.registry.service import Registry
+from loragate.tasks.fleet import FleetSwitch, promote_and_switch
 from tests.support.fleet import Fleet, answer, make_fleet, served
+from tests.support.moves import promote
 from tests.support.registries import IN_PROCESS
 
 pytestmark = pytest.mark.slow
@@ -222,18 +223,18 @@ def test_the_s3_server_stopped_under_a_promotion_refuses_it_and_a_rerun_after_it
         v1, v2 = (on_s3.register_adapter(b, name).version.version_id for b in seeded_bundles[:2])
         for v in (v1, v2):
             mark_validated(on_s3, v)
-        on_s3.promote(v1, "canary")
-        on_s3.promote(v1, "production")
-        on_s3.promote(v2, "canary")
+        promote(on_s3, v1, "canary")
+        promote(on_s3, v1, "production")
+        promote(on_s3, v2, "canary")
         server.stop()
         with pytest.raises(Unavailable):
-            on_s3.promote(v2, "production")
+            promote(on_s3, v2, "production")
         assert on_s3.get_adapter(name).production == v1
         server = ThreadedMotoServer(
             ip_address="127.0.0.1", port=port, verbose=False
         )  # the same data: moto keeps it in process
         server.start()
-        on_s3.promote(v2, "production")
+        promote(on_s3, v2, "production")
         assert on_s3.get_adapter(name).production == v2
     finally:
         on_s3.close()

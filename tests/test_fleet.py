@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from registry.errors import AlreadyExists, DeployFailed, ErrorCode, InvalidInput
-from registry.rules.fleet import version_path
-from registry.service import Registry
-from registry.storage.resolver_index import index_entry, read_index, write_index
-from tasks.copies import ReadyCopies
-from tasks.fleet import FleetSwitch, promote_and_switch, switch_replica
-from tasks.reconcile import fleet_status, reconcile_fleet
-from tasks.replicas import ReplicaClient
+from loragate.registry.errors import AlreadyExists, DeployFailed, ErrorCode, InvalidInput
+from loragate.registry.rules.fleet import version_path
+from loragate.registry.service import Registry
+from loragate.registry.storage.resolver_index import index_entry, read_index, write_index
+from loragate.tasks.copies import ReadyCopies
+from loragate.tasks.fleet import FleetSwitch, promote_and_switch, switch_replica
+from loragate.tasks.reconcile import fleet_status, reconcile_fleet
+from loragate.tasks.replicas import ReplicaClient
 from tests.support.faults import Fault, FaultProxy
 from tests.support.fleet import (
     SUPPORT_PROMPT,
@@ -35,6 +35,7 @@ from tests.support.fleet import (
     record_passed,
     served,
 )
+from tests.support.moves import promote
 from tests.support.registries import IN_PROCESS
 
 pytestmark = pytest.mark.slow
@@ -119,7 +120,7 @@ def test_back_to_back_switches_under_load_keep_the_replica_alive_and_every_reque
     fleet.promote(fleet.v1, "production")
     # v2 the canary (its pointer alone, no switch): what this fleet's production replicas may
     # serve besides production when the owner moves in process (replica secrets' owner-moves)
-    fleet.registry.promote(fleet.v2, "canary")
+    promote(fleet.registry, fleet.v2, "canary")
     url = fleet.replicas["prod-a"].url
     adapter_dir = fleet.registry.list_replicas()[0].adapter_dir
     fleet.registry.materialize(fleet.v2, Path(fleet.path(fleet.v2)))
@@ -311,7 +312,7 @@ def test_reconcile_corrects_a_wrong_path_and_unloads_what_no_pointer_wants(fleet
     # replica secrets' owner-moves). Its pointer moves without a switch
     stray_version = fleet.registry.register_adapter(support_bundle, stray).version.version_id
     record_passed(fleet.registry, stray_version, fleet.validated.support_report)
-    fleet.registry.promote(stray_version, "canary")
+    promote(fleet.registry, stray_version, "canary")
     wrong = fleet.replicas["prod-b"]
     adapter_dir = Path(wrong.adapter_dir)
     # the right version at a path the registry does not place it at (the admin API loads
@@ -356,15 +357,15 @@ def test_replicas_up_starts_answering_replicas_in_the_fleet_and_down_stops_them(
 def test_replicas_up_exits_1_when_a_replica_it_started_cannot_be_given_verified_bytes(
     catalogued_cli, tmp_path, seeded_bundles
 ):
-    from registry.intake.digests import digest_of_hex
-    from registry.settings import Settings
+    from loragate.registry.intake.digests import digest_of_hex
+    from loragate.registry.settings import Settings
     from tests.support.registries import artifact_store, mark_validated
 
     name = "acme/tiny-llama/support"
     with Registry.open(Settings(home=tmp_path / "home"), principal=IN_PROCESS) as registry:
         version = registry.register_adapter(seeded_bundles[0], name).version.version_id
         mark_validated(registry, version)
-        registry.promote(version, "canary")
+        promote(registry, version, "canary")
         # the stored weights rot: no copy of the canary can be made that verifies
         weights = artifact_store(registry)._path(digest_of_hex(registry.get_version(version).weights_sha256))
         weights.chmod(0o644)

@@ -11,11 +11,11 @@ import json
 import pytest
 from sqlalchemy import insert
 
-from registry.db.schema import audit_events
-from registry.records.adapters import utcnow
-from registry.rules.text import check_text, printable
-from registry.service import Registry
-from registry.settings import Settings
+from loragate.registry.db.schema import audit_events
+from loragate.registry.records.adapters import utcnow
+from loragate.registry.rules.text import check_text, printable
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
 from tests.support.commands import main_with_tokens, role_tokens
 from tests.support.registries import IN_PROCESS, SIGNING_KEY, registry_snapshot, sql_engine
 
@@ -124,7 +124,7 @@ def check_text_fails(line: str) -> bool:
 
 
 def test_a_sign_off_form_carries_reviewer_and_comment_as_one_escaped_line_each():
-    from flows.approval import Approval
+    from loragate.flows.approval import Approval
 
     decision = Approval(approve=True, reviewer="alice", comment="fine" + FORGED_LINE + "\x1b[2K")
     assert decision.comment == printable("fine" + FORGED_LINE + "\x1b[2K")

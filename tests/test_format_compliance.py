@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from registry.errors import ErrorCode, ReplicaError
-from registry.intake.golden import GoldenCase, GoldenSet
-from registry.render.canary import canary_evidence_markdown
-from registry.rules.canary import CanaryThresholds, CanaryWindow, Observation, SideStats, Verdict, WindowStatus
-from registry.rules.formats import FormatCompliance, declared_schemas, measure, schema_check
-from registry.rules.live import LiveSide, LiveStats, judge_live
+from loragate.registry.errors import ErrorCode, ReplicaError
+from loragate.registry.intake.golden import GoldenCase, GoldenSet
+from loragate.registry.render.canary import canary_evidence_markdown
+from loragate.registry.rules.canary import CanaryThresholds, CanaryWindow, Observation, SideStats, Verdict, WindowStatus
+from loragate.registry.rules.formats import FormatCompliance, declared_schemas, measure, schema_check
+from loragate.registry.rules.live import LiveSide, LiveStats, judge_live
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "infra" / "vllm_plugin"
 if str(PLUGIN_DIR) not in sys.path:

@@ -1,36 +1,28 @@
-"""Gate quality beyond a pass rate: slice regression against production, and the weight scan.
+"""Gate quality beyond a pass rate: slice regression against production.
 
 A candidate is run on its golden set next to the version in production, in the same base
 session; a slice it breaks rejects it, and the report names the slice, its cases and
-what their prompts share. adaptersentry scans the weights before anything loads: a
-planted outlier is flagged, ``block`` rejects, ``review`` reaches production only when
-the approval says so.
+what their prompts share. The weight scan, the other check beyond the pass rate, is
+``test_weight_scan.py``'s.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from infra import corpus, modelkit
-from registry.errors import ErrorCode, IllegalTransition, InvalidInput
-from registry.intake.golden import parse_golden_set
-from registry.rules.canary import WindowStatus
-from registry.service import Registry
-from tasks.validation.policy import ValidationPolicy
-from tasks.validation.regression import common_ngrams, compare_with_production
-from tasks.validation.scan import scan_weights
+from kit import corpus, modelkit, tenant_tasks
+from loragate.registry.errors import ErrorCode, InvalidInput
+from loragate.registry.intake.golden import parse_golden_set
+from loragate.registry.service import Registry
+from loragate.tasks.validation.regression import common_ngrams, compare_with_production
 from tests.support.commands import main_with_tokens, role_tokens
-from tests.support.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401  (a fixture)
+from tests.support.moves import promote
 from tests.support.registries import open_sqlite_registry, sign
 
 ORDERS = "initech/tiny-llama/orders"
-SUPPORT = "acme/deep-llama/support"
 
 
 def _golden_bytes(cases: list[dict]) -> bytes:
@@ -55,7 +47,7 @@ def _golden_bytes(cases: list[dict]) -> bytes:
     ],
 )
 def test_a_slice_of_the_wrong_shape_fails_the_golden_set_expectations(bad_slice):
-    cases = modelkit.golden_cases("orders")
+    cases = tenant_tasks.golden_cases("orders")
     cases[4]["slice"] = bad_slice
     with pytest.raises(InvalidInput) as refused:
         parse_golden_set(_golden_bytes(cases), min_cases=5)
@@ -64,13 +56,13 @@ def test_a_slice_of_the_wrong_shape_fails_the_golden_set_expectations(bad_slice)
 
 
 def test_slices_are_optional_and_name_each_key_and_their_combination():
-    cases = modelkit.golden_cases("orders")
+    cases = tenant_tasks.golden_cases("orders")
     del cases[0]["slice"]
     golden = parse_golden_set(_golden_bytes(cases), min_cases=5)
     assert golden.cases[0].slice_labels == []
     assert golden.cases[1].slice_labels == ["intent=refund", "lang=en", "intent=refund,lang=en"]
     # the slice is part of the set's identity: relabelling a case is a new set
-    assert golden.digest != modelkit.golden_set("orders").digest
+    assert golden.digest != tenant_tasks.golden_set("orders").digest
 
 
 # -- the comparison, on recorded outcomes -----------------------------------------------
@@ -119,7 +111,7 @@ ALL = {f"orders-{i}": True for i in range(9)}
 def test_a_slice_regresses_when_its_pass_rate_drops_by_more_than_epsilon(
     candidate_fails, production_fails, epsilon, regressed
 ):
-    golden = modelkit.golden_set("orders")
+    golden = tenant_tasks.golden_set("orders")
     result = compare_with_production(
         golden.cases,
         {cid: cid not in candidate_fails for cid in ALL},
@@ -147,7 +139,7 @@ def sqlite_registry(tmp_path) -> Registry:
 def _queries(**slice_filter: str) -> list[str]:
     return [
         e.query
-        for e in modelkit.TASKS["orders"]["examples"]
+        for e in tenant_tasks.TASKS["orders"]["examples"]
         if e.slice and all(e.slice[k] == v for k, v in slice_filter.items())
     ]
 
@@ -177,7 +169,7 @@ def _cli(registry: Registry, monkeypatch, capsys, *argv: str) -> tuple[int, str,
 
 def _register(registry: Registry, bundle: Path, name: str, task: str, tmp_path: Path) -> str:
     vid = registry.register_adapter(bundle, name).version.version_id
-    registry.attach_golden_set(name, modelkit.write_golden_set(task, tmp_path / f"{task}.jsonl"))
+    registry.attach_golden_set(name, tenant_tasks.write_golden_set(task, tmp_path / f"{task}.jsonl"))
     return vid
 
 
@@ -185,8 +177,8 @@ def _in_production(registry: Registry, vid: str, monkeypatch, capsys) -> str:
     rc, out, _ = _cli(registry, monkeypatch, capsys, "validate", vid, "--threshold", "0.5", "--json")
     assert rc == 0, out
     sign(registry, vid)
-    registry.promote(vid, "canary")
-    registry.promote(vid, "production")
+    promote(registry, vid, "canary")
+    promote(registry, vid, "production")
     return vid
 
 
@@ -255,8 +247,8 @@ def test_the_prefect_validation_artifacts_show_the_regressed_slice(
     from prefect import flow
     from prefect.artifacts import Artifact
 
-    from registry.rules.access import Role
-    from tasks.validation.prefect_tasks import shadow_validate
+    from loragate.registry.rules.access import Role
+    from loragate.tasks.validation.prefect_tasks import shadow_validate
 
     registry, production = orders_in_production
     candidate = registry.register_adapter(orders_bundles["candidate"], ORDERS).version.version_id
@@ -294,213 +286,3 @@ def test_a_candidate_identical_in_behaviour_to_production_passes_the_regression_
     assert regression["production_version"] == production and regression["skipped"] is None
     assert regression["overall"]["before"] == regression["overall"]["after"] == pytest.approx(6 / 9)
     assert not any(s["regressed"] for s in regression["slices"]) and len(regression["slices"]) == 7
-
-
-# -- the weight scan ----------------------------------------------------------------------
-
-SCAN_POLICY = ValidationPolicy(
-    pass_threshold=0.5, max_lora_rank=16, noop_tolerance=1e-4, device="cpu", hf_cache_dir=None
-)
-
-
-@pytest.fixture(scope="session")
-def deep_base(kit) -> Path:
-    """16 layers: enough modules per family for adaptersentry to compare within the adapter."""
-    return modelkit.build_base(kit / "deep-llama", num_layers=16)
-
-
-@pytest.fixture(scope="session")
-def deep_adapters(kit, deep_base) -> dict[str, Path]:
-    normal = modelkit.random_adapter(
-        deep_base, kit / "deep-normal", targets=modelkit.DEFAULT_TARGETS, base_model_id="deep-llama"
-    )
-    trained = modelkit.train_adapter(deep_base, "support", kit / "deep-support", steps=150, base_model_id="deep-llama")
-    return {
-        "normal": normal,
-        "planted": corpus.planted_outlier(normal, kit / "deep-planted", layer=8, module="down_proj"),
-        "trained": trained,
-        "trained-planted": corpus.planted_outlier(trained, kit / "deep-support-planted", layer=8, module="o_proj"),
-    }
-
-
-@pytest.mark.slow
-def test_the_scan_flags_a_planted_outlier_and_allows_a_normal_adapter(deep_adapters, random_bundle):
-    normal = scan_weights(deep_adapters["normal"] / corpus.WEIGHTS, SCAN_POLICY)
-    planted = scan_weights(deep_adapters["planted"] / corpus.WEIGHTS, SCAN_POLICY)
-
-    assert normal.action == "allow" and normal.max_concentration_z is not None and normal.max_concentration_z < 14
-    assert planted.action == "review"
-    outlier = next(r for r in planted.reasons if r.code == "INTRA_OUTLIER")
-    assert "down_proj layer 8" in outlier.message
-    assert planted.scanner == "adaptersentry 2.0.2" and planted.policy == "strict"
-
-    # on the model kit's 2-layer base there is nothing to compare within: it says so
-    shallow = scan_weights(random_bundle / corpus.WEIGHTS, SCAN_POLICY)
-    assert shallow.action == "allow" and shallow.max_concentration_z is None
-    assert "too few modules per family for intra-adapter comparison" in shallow.limits
-
-
-@pytest.fixture
-def deep_registry(sqlite_registry, deep_base):
-    sqlite_registry.add_base(str(deep_base), "deep-llama")
-    return sqlite_registry
-
-
-@pytest.mark.slow
-def test_a_block_verdict_rejects_the_adapter_before_it_loads(
-    deep_registry, deep_adapters, monkeypatch, capsys, tmp_path
-):
-    registry = deep_registry
-    vid = _register(registry, deep_adapters["planted"], SUPPORT, "support", tmp_path)
-    monkeypatch.setenv("LORAGATE_SCAN_BLOCK_Z", "30")
-
-    rc, out, _ = _cli(registry, monkeypatch, capsys, "validate", vid, "--json")
-
-    assert rc == 1
-    report = json.loads(out)["reports"][0]
-    assert report["scan"]["action"] == "block"
-    assert {r["code"] for r in report["scan"]["reasons"]} >= {"INTRA_OUTLIER", "LORAGATE_SCAN_BLOCK_Z"}
-    assert [f.split(":")[0] for f in report["failures"]] == ["scan"]
-    assert "adaptersentry 2.0.2 blocks the adapter" in report["failures"][0]
-    assert "load" not in report["checks"] and "load_s" not in report["timing"], "a blocked adapter never loads"
-    assert registry.get_version(vid).stage == "rejected"
-
-
-@pytest.mark.slow
-def test_a_review_verdict_reaches_production_only_with_an_acknowledgement(
-    deep_registry, deep_adapters, monkeypatch, capsys, tmp_path
-):
-    registry = deep_registry
-    vid = _register(registry, deep_adapters["trained-planted"], SUPPORT, "support", tmp_path)
-    rc, out, _ = _cli(registry, monkeypatch, capsys, "validate", vid, "--threshold", "0.5", "--json")
-    report = json.loads(out)["reports"][0]
-    assert rc == 0 and report["status"] == "passed", report["failures"]
-    assert report["scan"]["action"] == "review" and report["checks"]["scan"]["ok"]
-    assert "weight scan: review" in report["summary"]
-    sign(registry, vid)
-    registry.promote(vid, "canary")  # the canary needs no acknowledgement: it is the next look
-
-    # the sign-off from a shell is refused before anything resumes
-    window, _ = registry.open_canary_window(vid)
-    registry.close_canary_window(window.id, WindowStatus.READY, "in band")
-    registry.request_approval(window.id, str(uuid.uuid4()))
-    registry.create_token("activation", "alice")
-    rc, _, err = _cli(registry, monkeypatch, capsys, "approve", vid)
-    assert rc == 2 and err.count("\n") == 1
-    assert "under weight-scan review" in err and "--acknowledge-scan-review" in err
-
-    with pytest.raises(IllegalTransition) as refused:
-        registry.promote(vid, "production")
-    assert refused.value.code == ErrorCode.SCAN_REVIEW_UNACKNOWLEDGED
-    assert refused.value.field == "acknowledge_scan_review"
-    rc, _, err = _cli(registry, monkeypatch, capsys, "promote", vid, "--to", "production")
-    assert rc == 2 and "under weight-scan review" in err
-    assert registry.get_adapter(SUPPORT).production is None, "nothing moved"
-
-    rc, out, err = _cli(
-        registry, monkeypatch, capsys, "promote", vid, "--to", "production", "--acknowledge-scan-review"
-    )
-    assert rc == 0, err
-    assert registry.get_adapter(SUPPORT).production == vid
-    moved = [e for e in registry.history(SUPPORT) if e.stage == "production" and e.to_value == vid][-1]
-    assert "weight-scan review acknowledged" in (moved.reason or "")
-
-
-@pytest.mark.slow
-def test_the_promote_flow_asks_again_when_an_approval_does_not_acknowledge_a_scan_review(
-    deep_registry, deep_adapters, prefect_server, monkeypatch, capsys, tmp_path, worker_secrets
-):
-    from prefect.artifacts import Artifact
-    from prefect.flow_runs import resume_flow_run
-    from prefect.input.actions import filter_flow_run_input
-
-    from flows.promote import promote_flow
-    from registry.rules.access import Role
-
-    registry = deep_registry
-    vid = _register(registry, deep_adapters["trained-planted"], SUPPORT, "support", tmp_path)
-    rc, out, _ = _cli(registry, monkeypatch, capsys, "validate", vid, "--threshold", "0.5", "--json")
-    assert rc == 0 and json.loads(out)["reports"][0]["scan"]["action"] == "review"
-    sign(registry, vid)
-    registry.promote(vid, "canary")
-    window, _ = registry.open_canary_window(vid)
-    registry.close_canary_window(window.id, WindowStatus.READY, "in band")
-    _, alice = registry.create_token("activation", "alice")
-    worker_secrets({Role.ACTIVATION: role_tokens(registry)["activation"]})
-
-    outcome: dict = {}
-
-    def run_flow() -> None:
-        try:
-            with client_env(prefect_server):
-                outcome["result"] = promote_flow(vid)
-        except BaseException as exc:  # reported below
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run_flow, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while (run_id := registry.latest_canary_window(vid).approval_flow_run_id) is None:
-        assert time.monotonic() < deadline and thread.is_alive(), outcome
-        time.sleep(0.5)
-    wait_for_state(prefect_server, run_id, "PAUSED")
-    with client_env(prefect_server):
-        evidence = Artifact.get("approval-acme-deep-llama-support").data
-    assert "#### Weight scan: **review**" in evidence and "INTRA_OUTLIER" in evidence
-
-    # alice's real code, but the acknowledgement not ticked: refused, and the code spent
-    with Registry.open(registry.settings.model_copy(update={"token": alice})) as as_alice:
-        first_code = as_alice.issue_approval_code(vid)[1]
-    decision = {
-        "approve": True,
-        "reviewer": "alice",
-        "comment": "looks fine",
-        "acknowledge_scan_review": False,
-        "code": first_code,
-    }
-    with client_env(prefect_server):
-        resume_flow_run(uuid.UUID(run_id), run_input=decision)
-    wait_for_state(prefect_server, run_id, "PAUSED")  # asked again
-    with client_env(prefect_server):
-        refused = Artifact.get("approval-acme-deep-llama-support")
-    assert refused.description.startswith("approval by alice refused:") and "weight-scan review" in refused.description
-    assert registry.get_adapter(SUPPORT).production is None, "nothing moved"
-
-    # whoever holds the Prefect credential reads every input the run stored, ticks the
-    # acknowledgement alice never gave and resumes with her code: it is spent
-    with client_env(prefect_server):
-        stored = [
-            i
-            for i in filter_flow_run_input("", limit=200, flow_run_id=uuid.UUID(run_id))
-            if i.key.endswith("-response")
-        ]
-        assert stored and any(i.decoded_value.get("code") == first_code for i in stored)
-        for replayed in stored:
-            resume_flow_run(uuid.UUID(run_id), run_input={**replayed.decoded_value, "acknowledge_scan_review": True})
-            wait_for_state(prefect_server, run_id, "PAUSED")
-        refused = Artifact.get("approval-refused-acme-deep-llama-support")
-    assert refused.description.startswith("sign-off as alice refused (approval_code_used)")
-    assert registry.get_adapter(SUPPORT).production is None, "nothing moved"
-
-    # acknowledged, but with a forged approval code: refused as an artifact, asked again
-    forged = {**decision, "acknowledge_scan_review": True, "code": "lac_" + "0" * 12 + "_" + "A" * 22}
-    with client_env(prefect_server):
-        resume_flow_run(uuid.UUID(run_id), run_input=forged)
-    wait_for_state(prefect_server, run_id, "PAUSED")
-    with client_env(prefect_server):
-        refused = Artifact.get("approval-refused-acme-deep-llama-support")
-    assert refused.description.startswith("sign-off as alice refused (approval_code_invalid)")
-    assert registry.get_adapter(SUPPORT).production is None, "nothing moved"
-
-    with Registry.open(registry.settings.model_copy(update={"token": alice})) as as_alice:
-        record, code = as_alice.issue_approval_code(vid)
-    with client_env(prefect_server):
-        resume_flow_run(uuid.UUID(run_id), run_input={**forged, "code": code})
-    thread.join(120)
-    assert "error" not in outcome, outcome.get("error")
-    assert outcome["result"]["decision"] == "approved"
-    assert registry.get_adapter(SUPPORT).production == vid
-    moved = [e for e in registry.history(SUPPORT) if e.stage == "production" and e.to_value == vid][-1]
-    assert moved.reason == "approved by alice: looks fine; weight-scan review acknowledged"
-    (approval,) = [e for e in registry.history(SUPPORT) if e.action == "approval"]
-    assert approval.details["token_id"] == record.token_id and approval.details["approval_code"] == record.code_id

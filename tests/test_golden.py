@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from registry.errors import ErrorCode, InvalidInput
-from registry.intake.golden import GoldenCase, match_case, parse_golden_set
+from loragate.registry.errors import ErrorCode, InvalidInput
+from loragate.registry.intake.golden import GoldenCase, match_case, parse_golden_set
 
 
 def lines(*rows) -> bytes:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import MetaData, select, text
 
-from infra.modelkit import write_golden_set
+from kit.tenant_tasks import write_golden_set
+from tests.support.moves import promote
 from tests.support.registries import mark_validated
 
 NAME = "acme/tiny-llama/support"
@@ -24,8 +25,8 @@ def history(cataloged, seeded_bundles, tmp_path, sql):
     v2 = registry.register_adapter(seeded_bundles[1], NAME).version.version_id
     registry.attach_golden_set(NAME, write_golden_set("support", tmp_path / "g.jsonl"))
     mark_validated(registry, v1)
-    registry.promote(v1, "canary")
-    registry.promote(v1, "production")
+    promote(registry, v1, "canary")
+    promote(registry, v1, "production")
     return registry, v1, v2, sql
 
 

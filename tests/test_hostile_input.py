@@ -20,11 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from registry.errors import InvalidInput
-from registry.intake.digests import canonical_json
-from registry.intake.golden import match_case, parse_golden_set
-from registry.intake.jsonio import loads_strict
-from registry.intake.weights import read_lora_structure
+from loragate.registry.errors import InvalidInput
+from loragate.registry.intake.digests import canonical_json
+from loragate.registry.intake.golden import match_case, parse_golden_set
+from loragate.registry.intake.jsonio import loads_strict
+from loragate.registry.intake.weights import read_lora_structure
 from tests.support.commands import main_with_tokens, role_tokens
 from tests.support.registries import IN_PROCESS, registry_snapshot
 
@@ -185,8 +185,8 @@ def test_a_golden_set_is_parsed_or_refused_and_its_cases_never_crash_matching(ra
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def populated(request, tmp_path_factory, tiny_base, seeded_bundles):
-    from registry.service import Registry
-    from registry.settings import Settings
+    from loragate.registry.service import Registry
+    from loragate.registry.settings import Settings
 
     root = tmp_path_factory.mktemp(f"hostile-{request.param}")
     url = f"sqlite:///{root / 'registry.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_template")()

@@ -14,13 +14,14 @@ import os
 
 import pytest
 
-from registry.errors import ErrorCode, IntegrityFailure
-from registry.intake.digests import digest_of_hex, sha256_bytes
-from registry.service import Registry
-from registry.settings import Settings
-from registry.storage.blobs import blob_key
-from registry.storage.local_store import LocalArtifactStore
-from registry.storage.s3_store import S3ArtifactStore
+from loragate.registry.errors import ErrorCode, IntegrityFailure
+from loragate.registry.intake.digests import digest_of_hex, sha256_bytes
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from loragate.registry.storage.blobs import blob_key
+from loragate.registry.storage.local_store import LocalArtifactStore
+from loragate.registry.storage.s3_store import S3ArtifactStore
+from tests.support.moves import promote, rollback
 from tests.support.registries import IN_PROCESS, artifact_store, audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"
@@ -96,16 +97,16 @@ def test_a_pointer_never_moves_to_a_version_with_bad_blobs(stored, seeded_bundle
     v2 = stored.register_adapter(seeded_bundles[1], NAME).version
     for v in (v1, v2):
         mark_validated(stored, v.version_id)
-    stored.promote(v1.version_id, "canary")
+    promote(stored, v1.version_id, "canary")
     spoil(stored, getattr(v1, which))
     if getattr(v2, which) != getattr(v1, which):  # the seeded bundles share their adapter_config
         spoil(stored, getattr(v2, which))
     before = (stored.get_adapter(NAME), audit_count(stored))
     with pytest.raises(IntegrityFailure) as err:
-        stored.promote(v1.version_id, "production")
+        promote(stored, v1.version_id, "production")
     assert err.value.code == ErrorCode.ARTIFACT_CORRUPTED
     with pytest.raises(IntegrityFailure):
-        stored.promote(v2.version_id, "canary")
+        promote(stored, v2.version_id, "canary")
     assert (stored.get_adapter(NAME), audit_count(stored)) == before
 
 
@@ -113,11 +114,11 @@ def test_rollback_refuses_to_restore_a_damaged_previous_version(stored, seeded_b
     v1, v2 = (stored.register_adapter(b, NAME).version for b in seeded_bundles[:2])
     for v in (v1, v2):
         mark_validated(stored, v.version_id)
-        stored.promote(v.version_id, "canary")
-        stored.promote(v.version_id, "production")
+        promote(stored, v.version_id, "canary")
+        promote(stored, v.version_id, "production")
     damage(stored, v1.weights_sha256)
     with pytest.raises(IntegrityFailure):
-        stored.rollback(NAME)
+        rollback(stored, NAME)
     assert (stored.get_adapter(NAME).production, stored.get_adapter(NAME).previous) == (v2.version_id, v1.version_id)
 
 

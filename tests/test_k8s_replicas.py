@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tomllib
 
-from registry.settings import VLLM_LORA_RANKS
+from loragate.registry.settings import VLLM_LORA_RANKS
 from tests.support.k8s import (
     GPU,
     ROOT,

@@ -8,17 +8,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("registry", "tasks", "flows", "cli", "infra", "tests", "bench")
+# the product's layers live in the one installed package; the kit, the benchmarks and the
+# tests stay in the repository
+PRODUCT = ("loragate.registry", "loragate.tasks", "loragate.flows", "loragate.cli", "loragate.infra")
+OUTSIDE_THE_WHEEL = {"kit", "bench", "tests"}
 FORBIDDEN = {
-    "registry": {"prefect", "tasks", "flows", "cli", "infra"},
-    "tasks": {"flows", "cli", "infra"},
-    "flows": {"cli", "infra"},
-    "infra": {"cli"},
-    "bench": {"cli"},
+    "loragate.registry": {"prefect", "loragate.tasks", "loragate.flows", "loragate.cli", "loragate.infra"},
+    "loragate.tasks": {"loragate.flows", "loragate.cli", "loragate.infra"},
+    "loragate.flows": {"loragate.cli", "loragate.infra"},
+    "loragate.cli": set(),
+    "loragate.infra": {"loragate.cli"},
+    "kit": {"loragate.cli", "bench", "tests"},
+    "bench": {"loragate.cli"},
 }
 # the SQL store, its tables and its migrations are the registry's own: above it, only Registry
-REGISTRY_PRIVATE_PACKAGE = "registry.db"
-ABOVE_THE_REGISTRY = ("tasks", "flows", "cli")
+REGISTRY_PRIVATE_PACKAGE = "loragate.registry.db"
+ABOVE_THE_REGISTRY = ("loragate.tasks", "loragate.flows", "loragate.cli")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -36,29 +41,45 @@ def imported_roots(path: Path) -> set[str]:
     return {m.split(".")[0] for m in imported_modules(path)}
 
 
+def imported_layers(path: Path) -> set[str]:
+    """``loragate.<layer>`` for the product's modules, the top-level name for anything else."""
+    return {
+        ".".join(m.split(".")[:2]) if m.startswith("loragate.") else m.split(".")[0] for m in imported_modules(path)
+    }
+
+
 def touched_attributes(path: Path) -> set[str]:
     return {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
 
 
 def sources(layer: str) -> list[Path]:
-    return sorted((ROOT / layer).rglob("*.py"))
+    return sorted((ROOT / layer.replace(".", "/")).rglob("*.py"))
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layer_imports_nothing_above_it(layer):
-    offenders = {str(p.relative_to(ROOT)): sorted(imported_roots(p) & FORBIDDEN[layer]) for p in sources(layer)}
+    forbidden = FORBIDDEN[layer] | (OUTSIDE_THE_WHEEL if layer in PRODUCT else set())
+    offenders = {str(p.relative_to(ROOT)): sorted(imported_layers(p) & forbidden) for p in sources(layer)}
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
 def test_nothing_imports_the_cli_except_its_tests():
     users = [
         str(p.relative_to(ROOT))
-        for layer in LAYERS
-        if layer not in ("cli", "tests")
+        for layer in (*PRODUCT, "kit", "bench")
+        if layer != "loragate.cli"
         for p in sources(layer)
-        if "cli" in imported_roots(p)
+        if "loragate.cli" in imported_layers(p)
     ]
     assert users == []
+
+
+def test_the_repository_holds_no_python_package_but_loragate_and_its_kit():
+    """What installs is ``loragate`` alone; beside it only what stays in the repository."""
+    holders = sorted(
+        d.name for d in ROOT.iterdir() if d.is_dir() and not d.name.startswith(".") and any(d.rglob("*.py"))
+    )
+    assert holders == ["bench", "infra", "kit", "loragate", "tests"]
 
 
 @pytest.mark.parametrize("layer", ABOVE_THE_REGISTRY)
@@ -76,38 +97,58 @@ def test_above_the_registry_only_the_registry_api_reaches_the_store(layer):
     assert offenders == {}
 
 
+def test_only_the_fleet_switch_opens_a_pointer_move():
+    """Replicas move with the pointer by construction: in the product, only the fleet switch
+    (``loragate/tasks/fleet.py``) opens ``pointer_move`` or ``rollback_move``, inside its ``with``."""
+    openers = sorted(
+        str(p.relative_to(ROOT))
+        for layer in (*PRODUCT, "kit")
+        for p in sources(layer)
+        if {"pointer_move", "rollback_move"} & touched_attributes(p)
+    )
+    assert openers == ["loragate/tasks/fleet.py"]
+
+
 def test_only_the_prefect_wrappers_of_validation_import_prefect():
     """``loragate validate`` runs the plain functions: importing Prefect costs ~2.4 s."""
-    importers = sorted(str(p.relative_to(ROOT)) for p in sources("tasks/validation") if "prefect" in imported_roots(p))
-    assert importers == ["tasks/validation/prefect_tasks.py"]
+    importers = sorted(
+        str(p.relative_to(ROOT)) for p in sources("loragate.tasks.validation") if "prefect" in imported_roots(p)
+    )
+    assert importers == ["loragate/tasks/validation/prefect_tasks.py"]
 
 
 def test_the_rule_checker_sees_imports_and_attributes(tmp_path):
     """Guard against a checker that can never fail."""
-    assert "prefect" in imported_roots(ROOT / "tasks" / "validation" / "prefect_tasks.py")
+    assert "prefect" in imported_roots(ROOT / "loragate" / "tasks" / "validation" / "prefect_tasks.py")
     offender = tmp_path / "offender.py"
-    offender.write_text("from registry.db.store import SqlStore\nregistry.store.resolve('a', 'b')\n")
-    assert "registry.db.store" in imported_modules(offender)
+    offender.write_text("from loragate.registry.db.store import SqlStore\nregistry.store.resolve('a', 'b')\n")
+    assert "loragate.registry.db.store" in imported_modules(offender)
     assert {"store", "resolve"} <= touched_attributes(offender)
 
 
 MAX_MODULE_LINES = 450
 
 
-def test_no_module_above_infra_is_longer_than_one_sitting():
-    """One concern per module, small enough to read in one sitting (docs/reference/layout.md)."""
+def test_no_module_is_longer_than_one_sitting():
+    """One concern per module, small enough to read in one sitting (docs/reference/layout.md):
+    every Python file of the repository, the kit, benchmarks and tests included."""
+    tracked = [
+        p
+        for p in ROOT.rglob("*.py")
+        if not ({".git", "site", "build"} & set(p.parts))
+        and not any(part.startswith(".venv") for part in p.relative_to(ROOT).parts)
+    ]
     long = {
         str(p.relative_to(ROOT)): n
-        for layer in ("registry", "tasks", "flows", "cli")
-        for p in sources(layer)
+        for p in tracked
         if "migrations" not in p.parts and (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert long == {}
 
 
 def test_registry_is_sub_packages_with_only_shared_modules_at_the_top():
-    """A newcomer names the rooms: every concern lives in a sub-package of registry/."""
-    top = sorted(p.name for p in (ROOT / "registry").glob("*.py"))
+    """A newcomer names the rooms: every concern lives in a sub-package of loragate/registry/."""
+    top = sorted(p.name for p in (ROOT / "loragate" / "registry").glob("*.py"))
     assert top == ["__init__.py", "errors.py", "retrying.py", "settings.py"]
-    rooms = sorted(p.name for p in (ROOT / "registry").iterdir() if (p / "__init__.py").is_file())
+    rooms = sorted(p.name for p in (ROOT / "loragate" / "registry").iterdir() if (p / "__init__.py").is_file())
     assert rooms == ["db", "intake", "records", "render", "rules", "service", "storage"]

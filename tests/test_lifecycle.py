@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from registry.errors import ErrorCode, IllegalTransition, InvalidInput
-from registry.rules.lifecycle import (
+from loragate.registry.errors import ErrorCode, IllegalTransition, InvalidInput
+from loragate.registry.rules.lifecycle import (
     Pointer,
     Stage,
     ValidationStatus,

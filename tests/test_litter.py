@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from registry.intake.digests import digest_of_hex, sha256_bytes
-from registry.storage.scratch import scratch_name
+from loragate.registry.intake.digests import digest_of_hex, sha256_bytes
+from loragate.registry.storage.scratch import scratch_name
 from tests.support.faults import silent_endpoint
+from tests.support.moves import promote
 from tests.support.registries import artifact_store, mark_validated
 
 NAME = "acme/tiny-llama/support"
@@ -59,17 +60,19 @@ def s3_cli(tmp_path, s3_location, s3_endpoint, tiny_base):
         "TMPDIR": str(scratch),
     }
     env.pop("LORAGATE_DATABASE_URL", None)
-    subprocess.run([sys.executable, "-m", "cli.main", "init"], env=env, check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "loragate.cli.main", "init"], env=env, check=True, capture_output=True, timeout=120
+    )
     admin = (tmp_path / "home" / "admin.token").read_text().strip()
     subprocess.run(
-        [sys.executable, "-m", "cli.main", "base", "add", str(tiny_base), "--id", "tiny-llama"],
+        [sys.executable, "-m", "loragate.cli.main", "base", "add", str(tiny_base), "--id", "tiny-llama"],
         env={**env, "LORAGATE_TOKEN": admin},
         check=True,
         capture_output=True,
         timeout=120,
     )
     trainer = subprocess.run(
-        [sys.executable, "-m", "cli.main", "token", "create", "--role", "training", "--holder", "trainer"],
+        [sys.executable, "-m", "loragate.cli.main", "token", "create", "--role", "training", "--holder", "trainer"],
         env={**env, "LORAGATE_TOKEN": admin},
         check=True,
         capture_output=True,
@@ -82,7 +85,7 @@ def s3_cli(tmp_path, s3_location, s3_endpoint, tiny_base):
 def start_stuck_register(env: dict, bundle: Path, endpoint: str, scratch: Path) -> subprocess.Popen:
     stuck_env = {**env, "LORAGATE_S3_ENDPOINT_URL": endpoint, "LORAGATE_S3_READ_TIMEOUT_S": "120"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "register", str(bundle), "--name", NAME],
+        [sys.executable, "-m", "loragate.cli.main", "register", str(bundle), "--name", NAME],
         env=stuck_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -113,7 +116,7 @@ def test_the_next_register_sweeps_what_a_killed_one_left(s3_cli, random_bundle, 
     left = ours(scratch)
     assert left and all(f"-{proc.pid}-" in name for name in left)  # kill -9: nothing could clean up
     done = subprocess.run(
-        [sys.executable, "-m", "cli.main", "register", str(seeded_bundles[0]), "--name", NAME],
+        [sys.executable, "-m", "loragate.cli.main", "register", str(seeded_bundles[0]), "--name", NAME],
         env=env,
         capture_output=True,
         text=True,
@@ -164,7 +167,7 @@ def litter(cataloged, random_bundle, monkeypatch, tmp_path):
 
 
 def test_gc_reports_then_removes_litter_and_old_orphans_only(litter, capsys, monkeypatch):
-    from cli.main import main
+    from loragate.cli.main import main
 
     registry, version, old_orphan, young_orphan, crashed = litter
     for key in ("LORAGATE_DATABASE_URL", "LORAGATE_ARTIFACTS"):
@@ -210,4 +213,4 @@ def test_gc_running_while_others_register_removes_nothing_they_need(cataloged, s
     assert errors == []
     for v in versions:
         registry.verify_blobs(v.version_id)
-    registry.promote(versions[-1].version_id, "canary")
+    promote(registry, versions[-1].version_id, "canary")

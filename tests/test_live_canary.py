@@ -21,12 +21,12 @@ import time
 import httpx
 import pytest
 
-from registry.rules.canary import Verdict, WindowStatus
-from registry.rules.fleet import qualified_name, version_path
-from tasks.canary import deploy_canary, observe_window, promote_canary, withdraw_canary
-from tasks.fleet import rollback_and_switch
-from tasks.reconcile import fleet_status
-from tasks.traffic import check_feedback, send_feedback
+from loragate.registry.rules.canary import Verdict, WindowStatus
+from loragate.registry.rules.fleet import qualified_name, version_path
+from loragate.tasks.canary import deploy_canary, observe_window, promote_canary, withdraw_canary
+from loragate.tasks.fleet import rollback_and_switch
+from loragate.tasks.reconcile import fleet_status
+from loragate.tasks.traffic import check_feedback, send_feedback
 from tests.support.fleet import SUPPORT_PROMPT, admin_client, make_fleet
 
 pytestmark = pytest.mark.slow
@@ -201,7 +201,7 @@ def test_feedback_reaches_a_production_replica_and_bad_feedback_is_refused_befor
     first = send_feedback(fleet.registry, request_id, "accepted")
     assert first["counted"] is True and first["adapter"] == fleet.name
     assert first["version"] == answered.headers["x-loragate-version"]
-    from registry.errors import InvalidInput
+    from loragate.registry.errors import InvalidInput
 
     for bad_id, outcome, field in ((request_id, "maybe", "outcome"), ("not-an-id", "accepted", "request_id")):
         with pytest.raises(InvalidInput) as refused:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from registry.errors import ErrorCode, ReplicaError
-from registry.render.canary import canary_evidence_markdown, observation_row
-from registry.rules.canary import (
+from loragate.registry.errors import ErrorCode, ReplicaError
+from loragate.registry.render.canary import canary_evidence_markdown, observation_row
+from loragate.registry.rules.canary import (
     CanaryThresholds,
     CanaryWindow,
     Observation,
@@ -21,7 +21,7 @@ from registry.rules.canary import (
     WindowStatus,
     judge,
 )
-from registry.rules.live import LiveJudgement, LiveSide, LiveStats, judge_live
+from loragate.registry.rules.live import LiveJudgement, LiveSide, LiveStats, judge_live
 
 ADAPTER, WINDOW, CANARY, PRODUCTION = "acme/tiny-llama/support", 7, "v2", "v1"
 T0 = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from registry.errors import ErrorCode, InvalidInput
-from registry.intake.digests import canonical_json
-from registry.intake.manifest import content_address, parse_json_object, parse_manifest
+from loragate.registry.errors import ErrorCode, InvalidInput
+from loragate.registry.intake.digests import canonical_json
+from loragate.registry.intake.manifest import content_address, parse_json_object, parse_manifest
 
 BASE = {
     "base_model_id": "tiny-llama",
@@ -39,7 +39,7 @@ def test_a_manifest_missing_a_required_field_is_refused_naming_it(field):
 
 
 def test_required_fields_are_exactly_the_seed_list_plus_the_base_id():
-    from registry.intake.manifest import Manifest
+    from loragate.registry.intake.manifest import Manifest
 
     required = {name for name, info in Manifest.model_fields.items() if info.is_required()}
     assert required == set(REQUIRED)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import modelkit
+from kit import modelkit
 
 
 def _sha256(bundle: Path) -> str:

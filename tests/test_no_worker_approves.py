@@ -18,13 +18,14 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from infra.pipeline import POOLS
-from registry.db.schema import audit_events
-from registry.db.store import make_engine
-from registry.rules.access import PERMISSIONS, Action, Role
-from registry.rules.canary import Observation, SideStats, Verdict
-from registry.service import Registry
-from registry.settings import Settings
+from loragate.infra.pipeline import POOLS
+from loragate.registry.db.schema import audit_events
+from loragate.registry.db.store import make_engine
+from loragate.registry.rules.access import PERMISSIONS, Action, Role
+from loragate.registry.rules.canary import Observation, SideStats, Verdict
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from tests.support.moves import promote
 from tests.support.registries import IN_PROCESS, mark_validated, registry_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ def fleet_cli(catalogued_cli, tmp_path, seeded_bundles):
     with Registry.open(settings, principal=IN_PROCESS) as registry:
         # in canary, its window waiting for a sign-off: a code could be issued for it
         mark_validated(registry, version)
-        registry.promote(version, "canary")
+        promote(registry, version, "canary")
         window, _ = registry.open_canary_window(version)
         side = SideStats(20, 0, 50.0, 100.0)
         ready = Observation(window.id, datetime.now(UTC), side, side, 0.0, [], Verdict.READY, [], ["ready"])
@@ -103,7 +104,7 @@ def fleet_cli(catalogued_cli, tmp_path, seeded_bundles):
     ids=lambda a: " ".join(a[:3]),
 )
 def test_a_fleet_token_mints_no_token_and_signs_nothing_off(fleet_cli, tmp_path, argv):
-    from registry.storage.signing import generate_key_pair
+    from loragate.registry.storage.signing import generate_key_pair
 
     run, version, settings = fleet_cli
     public_key = tmp_path / "mallory.pub"

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from registry.settings import Settings
-from tasks import notify as notify_module
-from tasks.notify import (
+from loragate.registry.settings import Settings
+from loragate.tasks import notify as notify_module
+from loragate.tasks.notify import (
     Notice,
     NoticeKind,
     awaiting_approval,
@@ -209,7 +209,7 @@ def test_an_oversized_notice_still_fits_slacks_block_limits(slack, tmp_path):  #
 
 def test_the_plain_notifier_imports_without_prefect():
     """Gates and the CLI call ``notify`` directly: importing Prefect costs seconds."""
-    assert "prefect" not in imported_roots(ROOT / "tasks" / "notify.py")
+    assert "prefect" not in imported_roots(ROOT / "loragate" / "tasks" / "notify.py")
 
 
 def test_the_prefect_task_never_retries_or_caches_a_post():
@@ -217,7 +217,7 @@ def test_the_prefect_task_never_retries_or_caches_a_post():
     have to raise -- failing the gate -- to be retried at all."""
     from prefect.cache_policies import NO_CACHE
 
-    from tasks.notify_task import notify_task
+    from loragate.tasks.notify_task import notify_task
 
     assert notify_task.retries == 0
     assert notify_task.cache_policy is NO_CACHE

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from cli.main import main
+from loragate.cli.main import main
 from tests.support.commands import main_with_tokens, role_tokens
 from tests.support.faults import silent_endpoint
 from tests.support.registries import registry_snapshot

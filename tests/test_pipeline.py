@@ -25,15 +25,15 @@ from pathlib import Path
 
 import pytest
 
-from registry.errors import NotFound
-from registry.rules.access import split_token
-from registry.rules.canary import ACTIVE, WindowStatus
-from registry.rules.fleet import version_path
-from registry.service import Registry
-from registry.storage.signing import key_id
-from tasks.fleet import switch_replica
-from tasks.naming import artifact_key
-from tasks.validation import ValidationPolicy, validate_versions
+from loragate.registry.errors import NotFound
+from loragate.registry.rules.access import split_token
+from loragate.registry.rules.canary import ACTIVE, WindowStatus
+from loragate.registry.rules.fleet import version_path
+from loragate.registry.service import Registry
+from loragate.registry.storage.signing import key_id
+from loragate.tasks.fleet import switch_replica
+from loragate.tasks.naming import artifact_key
+from loragate.tasks.validation import ValidationPolicy, validate_versions
 from tests.support.browser import approve_in_ui
 from tests.support.faults import Fault, FaultProxy
 from tests.support.fleet import admin_client
@@ -57,7 +57,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 def test_a_training_event_goes_through_every_gate_to_production_and_back(
     stack, support_bundle, retrained_support_bundle, s3_endpoint
 ):
-    from infra import corpus
+    from kit import corpus
 
     name = f"p{uuid.uuid4().hex[:6]}/tiny-llama/support"
     golden = golden_file(stack.tmp)
@@ -309,7 +309,7 @@ def test_a_canary_flow_killed_mid_switch_and_rerun_from_the_top_converges(stack,
     stack.registry.add_replica(proxy.url, "tiny-llama", "canary", adapter_dir)
     try:
         proxy.set(Fault.HOLD_COMPLETIONS)
-        script = f"from flows.canary import canary_flow; canary_flow({version!r})"
+        script = f"from loragate.flows.canary import canary_flow; canary_flow({version!r})"
         process = subprocess.Popen(
             [sys.executable, "-c", script],
             env={**os.environ, **stack.pipeline.pool_env("canary")},  # as the canary deployment's worker

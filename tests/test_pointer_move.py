@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from registry.errors import ErrorCode, IllegalTransition
+from loragate.registry.errors import ErrorCode, IllegalTransition
+from tests.support.moves import promote, rollback
 from tests.support.races import released_at_once
 from tests.support.registries import IN_PROCESS, audit_count, mark_validated
 
@@ -19,7 +20,7 @@ class SwitchFailed(Exception):
 
 def with_own_registry(settings, act):
     """``act(registry)`` on a registry of its own connection, for a racer."""
-    from registry.service import Registry
+    from loragate.registry.service import Registry
 
     def run() -> None:
         with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as mine:
@@ -53,7 +54,7 @@ def test_a_pointer_move_commits_its_plan_and_what_its_block_audited_together(cat
 def test_an_error_in_a_pointer_move_leaves_pointers_revision_and_audit_as_they_were(cataloged, seeded_bundles, where):
     registry, _ = cataloged
     v1, v2 = _registered(registry, seeded_bundles, 2)
-    registry.promote(v1, "canary")
+    promote(registry, v1, "canary")
     before = registry.get_adapter(NAME)
     events = audit_count(registry)
     with pytest.raises(SwitchFailed), registry.pointer_move(v2, "canary") as move:
@@ -69,7 +70,7 @@ def test_an_error_in_a_pointer_move_leaves_pointers_revision_and_audit_as_they_w
 def test_a_pointer_move_to_where_the_pointer_is_writes_nothing(cataloged, seeded_bundles):
     registry, _ = cataloged
     (v1,) = _registered(registry, seeded_bundles, 1)
-    registry.promote(v1, "canary")
+    promote(registry, v1, "canary")
     before, events = registry.get_adapter(NAME), audit_count(registry)
     with registry.pointer_move(v1, "canary") as move:
         assert move.plan.empty
@@ -80,8 +81,8 @@ def test_a_pointer_move_to_where_the_pointer_is_writes_nothing(cataloged, seeded
 def test_a_pointer_move_shows_the_pointers_as_read_under_its_lock(cataloged, seeded_bundles):
     registry, _ = cataloged
     v1, v2 = _registered(registry, seeded_bundles, 2)
-    registry.promote(v1, "canary")
-    registry.promote(v1, "production")
+    promote(registry, v1, "canary")
+    promote(registry, v1, "production")
     with registry.pointer_move(v2, "canary") as move:
         assert {p.value: v for p, v in move.pointers.items()} == {"production": v1}
 
@@ -100,8 +101,8 @@ def test_a_rollback_move_returns_production_and_an_error_in_it_returns_nothing(c
     registry, _ = cataloged
     v1, v2 = _registered(registry, seeded_bundles, 2)
     for v in (v1, v2):
-        registry.promote(v, "canary")
-        registry.promote(v, "production")
+        promote(registry, v, "canary")
+        promote(registry, v, "production")
     with pytest.raises(SwitchFailed), registry.rollback_move(NAME, "production"):
         raise SwitchFailed
     assert registry.get_adapter(NAME).production == v2
@@ -115,7 +116,7 @@ def test_concurrent_pointer_moves_replay_as_one_chain_each_with_its_audit(settin
     """Four movers released at once by a barrier, each a separate connection: every move
     holds the adapter for its whole block, so each move's audit is followed directly by what
     its block audited, and each move starts from where the previous one left the pointer."""
-    from registry.service import Registry
+    from loragate.registry.service import Registry
 
     with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as registry:
         registry.init()
@@ -150,22 +151,22 @@ def test_a_stale_rollback_decision_never_undoes_the_move_that_landed_meanwhile(
     database lets them in, v3 ends at ``stage`` and is never rolled back: a rollback that
     finds the stage moved on from v2 writes nothing (issue 18: a canary evaluation, or a
     failed promotion's restore, undid a promotion landing between its check and its act)."""
-    from registry.service import Registry
+    from loragate.registry.service import Registry
 
     with Registry.open(settings, check_schema=False, principal=IN_PROCESS) as registry:
         registry.init()
         registry.add_base(str(tiny_base), "tiny-llama")
         v1, v2, v3 = _registered(registry, seeded_bundles, 3)
-        registry.promote(v1, "canary")
-        registry.promote(v1, "production")
-        registry.promote(v2, "canary")
+        promote(registry, v1, "canary")
+        promote(registry, v1, "production")
+        promote(registry, v2, "canary")
         if stage == "production":
-            registry.promote(v2, "production")
-            registry.promote(v3, "canary")
+            promote(registry, v2, "production")
+            promote(registry, v3, "canary")
     racers = [
-        (lambda r: r.rollback(NAME, stage, reason="stale decision", expected_version=v2))
+        (lambda r: rollback(r, NAME, stage, reason="stale decision", expected_version=v2))
         if i % 2
-        else (lambda r: r.promote(v3, stage))
+        else (lambda r: promote(r, v3, stage))
         for i in range(8)
     ]
     assert released_at_once([with_own_registry(settings, act) for act in racers]) == []

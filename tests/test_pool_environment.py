@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.pipeline import POOLS, PipelineSecrets, start_pool_worker, write_secrets
-from infra.prefect_local import stop_process
-from registry.rules.access import Role
-from tasks.credentials import DATABASE_URL_FILE, SECRETS_DIR_VARIABLE, settings_for, write_pool_secrets
+from loragate.infra.pipeline import POOLS, PipelineSecrets, start_pool_worker, write_secrets
+from loragate.infra.prefect_local import stop_process
+from loragate.registry.rules.access import Role
+from loragate.tasks.credentials import DATABASE_URL_FILE, SECRETS_DIR_VARIABLE, settings_for, write_pool_secrets
 from tests.support.prefect_env import prefect_server_fixture  # noqa: F401  (a fixture)
 
 OWNER_URL = "postgresql://owner:owner-password@127.0.0.1:5432/registry"
@@ -37,7 +37,7 @@ def environ_of(pid: int, timeout_s: float = 30.0) -> dict[str, str]:
     """The environment ``pid`` was exec'd with (after the exec: before it, /proc shows the
     parent's copy)."""
     end = time.monotonic() + timeout_s
-    while b"infra.warm_worker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+    while b"loragate.infra.warm_worker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
         assert time.monotonic() < end, f"{pid} never exec'd the worker"
         time.sleep(0.05)
     raw = Path(f"/proc/{pid}/environ").read_bytes()

@@ -25,7 +25,7 @@ from prefect.server.events.schemas.automations import EventTrigger as ServerEven
 from prefect.server.events.schemas.events import ReceivedEvent
 from pydantic import TypeAdapter
 
-from flows import events
+from loragate.flows import events
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT_YAML = ROOT / "prefect.yaml"
@@ -91,7 +91,7 @@ def announced_payloads() -> dict[str, set[str]]:
     """For each event some flow announces, the payload fields every one of its
     ``events.announce(EVENT, name, **fields)`` calls in flows/ sends."""
     sent: dict[str, set[str]] = {}
-    for path in sorted((ROOT / "flows").glob("*.py")):
+    for path in sorted((ROOT / "loragate" / "flows").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             func = node.func if isinstance(node, ast.Call) else None
             called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None

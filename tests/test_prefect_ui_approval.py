@@ -1,6 +1,6 @@
 """A paused flow run is approved (or rejected) by a person in the Prefect UI: tested in a real browser.
 
-A flow pauses on ``flows.approval.Approval`` against a real ``prefect server start``;
+A flow pauses on ``loragate.flows.approval.Approval`` against a real ``prefect server start``;
 headless Chromium opens the run's page, clicks Resume, fills the rendered form and
 submits it; the flow must resume with exactly what was typed, approval code included (what
 the promote flow does with a code is tests/test_pipeline.py and tests/test_gate_quality.py). The filled dialog is
@@ -20,7 +20,7 @@ import pytest
 from prefect import flow, pause_flow_run
 from prefect.runtime import flow_run
 
-from flows.approval import Approval
+from loragate.flows.approval import Approval
 from tests.support.browser import approve_in_ui, chromium_available
 from tests.support.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401  (a fixture)
 

@@ -21,10 +21,11 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError
 
-from registry.rules.access import split_token
-from registry.rules.approvals import PresentedCode, issue_code
-from registry.service import Registry
-from registry.settings import Settings
+from loragate.registry.rules.access import split_token
+from loragate.registry.rules.approvals import PresentedCode, issue_code
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from tests.support.moves import promote
 from tests.support.registries import IN_PROCESS, mark_ready, mark_validated
 
 pytestmark = pytest.mark.postgres
@@ -100,7 +101,7 @@ def world(pg_template, seeded_bundles, tiny_base, tmp_path: Path):
     v1, v2 = (owner.register_adapter(b, NAME).version.version_id for b in seeded_bundles[:2])
     for v in (v1, v2):
         mark_validated(owner, v)
-    owner.promote(v1, "canary")
+    promote(owner, v1, "canary")
     window, _ = owner.open_canary_window(v1)
     mark_ready(owner, window.id)
     person = owner.create_token("activation", "alice")[1]
@@ -161,9 +162,9 @@ def test_production_moves_in_sql_only_on_a_persons_sign_off_applied_in_its_trans
 
 
 def test_in_sql_production_returns_to_previous_and_previous_names_only_what_production_served(world):
-    world.owner.promote(world.v1, "production")  # the owner: not limited
-    world.owner.promote(world.v2, "canary")
-    world.owner.promote(world.v2, "production")
+    promote(world.owner, world.v1, "production")  # the owner: not limited
+    promote(world.owner, world.v2, "canary")
+    promote(world.owner, world.v2, "production")
     assert world.owner.get_adapter(NAME).previous == world.v1
 
     def point(stage: str, version: str) -> Callable[[Connection], None]:

@@ -10,10 +10,10 @@ import pytest
 from prefect import flow, task
 from prefect.transactions import transaction
 
-from registry.rules.access import Role
-from registry.rules.canary import Monitor, Observation, SideStats, Verdict, WindowStatus
-from registry.service import Registry
-from tasks.gates import promote_production
+from loragate.registry.rules.access import Role
+from loragate.registry.rules.canary import Monitor, Observation, SideStats, Verdict, WindowStatus
+from loragate.registry.service import Registry
+from loragate.tasks.gates import promote_production
 from tests.support.fleet import make_fleet, serves_version
 
 pytestmark = pytest.mark.slow

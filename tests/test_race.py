@@ -33,13 +33,13 @@ from typing import Any
 
 import pytest
 
-from registry.records.adapters import AuditEvent
-from registry.rules.fleet import version_path
-from registry.service import Registry
-from registry.settings import Settings
-from registry.storage.resolver_index import index_entry, read_index
-from tasks.fleet import promote_and_switch
-from tasks.replicas import ReplicaClient
+from loragate.registry.records.adapters import AuditEvent
+from loragate.registry.rules.fleet import version_path
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from loragate.registry.storage.resolver_index import index_entry, read_index
+from loragate.tasks.fleet import promote_and_switch
+from loragate.tasks.replicas import ReplicaClient
 from tests.support.fleet import point_replicas
 from tests.support.registries import IN_PROCESS, mark_validated
 

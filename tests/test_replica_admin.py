@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.replica import ADMIN_KEY_FILE, write_replica_secrets
-from infra.tamper import flip_a_byte
-from registry.errors import ReplicaError
-from registry.rules.fleet import version_path
-from registry.storage.resolver_index import index_entry, replace_entries
-from tasks.replicas import ADMIN_KEY_HEADER, ReplicaClient
+from kit.tamper import flip_a_byte
+from loragate.infra.replica import ADMIN_KEY_FILE, write_replica_secrets
+from loragate.registry.errors import ReplicaError
+from loragate.registry.rules.fleet import version_path
+from loragate.registry.storage.resolver_index import index_entry, replace_entries
+from loragate.tasks.replicas import ADMIN_KEY_HEADER, ReplicaClient
 from tests.support.fleet import SUPPORT_PROMPT, admin_client, answer
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from registry.errors import ErrorCode, ReplicaError
-from tasks.replicas import ReplicaClient
+from loragate.registry.errors import ErrorCode, ReplicaError
+from loragate.tasks.replicas import ReplicaClient
 
 DEADLINE_S = 0.5
 STALL_S = 20.0  # how long a bad replica would keep a caller without the deadline

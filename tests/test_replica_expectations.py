@@ -16,9 +16,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 
-from infra.replica import replica_registry_url, write_replica_secrets
-from registry.rules.fleet import version_path
-from registry.storage.resolver_index import INDEX_FORMAT, index_entry, write_index
+from loragate.infra.replica import replica_registry_url, write_replica_secrets
+from loragate.registry.rules.fleet import version_path
+from loragate.registry.storage.resolver_index import INDEX_FORMAT, index_entry, write_index
 from tests import test_approvals
 from tests.test_approvals import NAME
 

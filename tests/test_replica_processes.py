@@ -18,10 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra.processes import ProcessIdentity, Stopped, stop_process_tree
-from infra.replica import VllmReplica, write_replica_secrets
-from infra.replica_processes import LEGACY_MARKER, recorded_replicas
-from registry.errors import ErrorCode, ReplicaError
+from loragate.infra.processes import ProcessIdentity, Stopped, stop_process_tree
+from loragate.infra.replica import VllmReplica, write_replica_secrets
+from loragate.infra.replica_processes import LEGACY_MARKER, recorded_replicas
+from loragate.registry.errors import ErrorCode, ReplicaError
 
 SLEEPER = "import time; time.sleep(120)"
 # a parent that forks a child, then both wait; the parent says when the child is there

@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from registry.errors import ErrorCode, ReplicaError
-from tasks.replicas import ReplicaClient
+from loragate.registry.errors import ErrorCode, ReplicaError
+from loragate.tasks.replicas import ReplicaClient
 
 MODELS = {"data": [{"id": "tiny-llama", "root": "/m", "parent": None}]}
 

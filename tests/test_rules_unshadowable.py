@@ -21,8 +21,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError
 
-from registry.db import migrate
+from loragate.registry.db import migrate
 from tests import test_production_signoff_in_sql as signoff_in_sql
+from tests.support.moves import promote
 from tests.support.postgres import admin_engine, drop_database, pg_url
 from tests.test_production_signoff_in_sql import NAME, POINT, World, refused
 
@@ -129,9 +130,9 @@ def _delete(stage: str) -> Callable[[Connection], None]:
 @pytest.mark.parametrize("role", ["signing", "activation", "training", "admin", "fleet"])
 @pytest.mark.parametrize("stage", ["production", "previous"])
 def test_no_role_deletes_production_or_a_previous_production_still_needs(world, role, stage):
-    world.owner.promote(world.v1, "production")
-    world.owner.promote(world.v2, "canary")
-    world.owner.promote(world.v2, "production")
+    promote(world.owner, world.v1, "production")
+    promote(world.owner, world.v2, "canary")
+    promote(world.owner, world.v2, "production")
     before = world.owner.get_adapter(NAME)
     assert (before.production, before.previous) == (world.v2, world.v1)
     engine = _as(world, role)
@@ -145,9 +146,9 @@ def test_no_role_deletes_production_or_a_previous_production_still_needs(world, 
 
 
 def test_a_rollback_in_sql_still_drops_previous_once_production_is_back_on_it(world):
-    world.owner.promote(world.v1, "production")
-    world.owner.promote(world.v2, "canary")
-    world.owner.promote(world.v2, "production")
+    promote(world.owner, world.v1, "production")
+    promote(world.owner, world.v2, "canary")
+    promote(world.owner, world.v2, "production")
     with world.activation.begin() as conn:
         conn.execute(POINT, {"stage": "production", "v": world.v1, "name": NAME})
         _delete("previous")(conn)

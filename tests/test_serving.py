@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from infra.modelkit import golden_set
-from registry.intake.catalog import inspect_base
-from registry.rules.fleet import version_path
-from registry.settings import Settings
-from tasks.replicas import ReplicaClient
-from tasks.validation import ValidationPolicy, validate_bundle
+from kit.tenant_tasks import golden_set
+from loragate.registry.intake.catalog import inspect_base
+from loragate.registry.rules.fleet import version_path
+from loragate.registry.settings import Settings
+from loragate.tasks.replicas import ReplicaClient
+from loragate.tasks.validation import ValidationPolicy, validate_bundle
 from tests.support.fleet import admin_client, record_passed, registry_behind
+from tests.support.moves import promote
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,7 @@ def test_replica_serves_exactly_the_validated_golden_outputs(
     name = f"serving{uuid.uuid4().hex[:6]}/tiny-llama/{task}"
     version = registry.register_adapter(bundle, name).version.version_id
     record_passed(registry, version, report)
-    registry.promote(version, "canary")
+    promote(registry, version, "canary")
     path = str(registry.materialize(version, Path(version_path(str(replica_adapters), name, version))))
     with admin_client(registry, replica.url) as admin:
         admin.load(name, path)
@@ -64,7 +65,7 @@ def test_replica_serves_exactly_the_validated_golden_outputs(
 def test_the_bare_base_serves_the_tokens_validation_saw_as_the_base(replica, tiny_base):
     """No-op detection compares against the base, so the base must agree across engines
     too. Its output is byte-level noise, so tokens are compared, not detokenized text."""
-    from tasks.validation.session import BaseSession
+    from loragate.tasks.validation.session import BaseSession
 
     golden = golden_set("support")
     session = BaseSession(inspect_base(str(tiny_base), "tiny-llama"), None)

@@ -14,9 +14,10 @@ import time
 import pytest
 from sqlalchemy import create_engine, text
 
-from registry.errors import ErrorCode, Unavailable
-from registry.service import Registry
-from registry.settings import Settings
+from loragate.registry.errors import ErrorCode, Unavailable
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from tests.support.moves import promote, rollback
 from tests.support.registries import IN_PROCESS, mark_validated
 
 pytestmark = pytest.mark.postgres
@@ -43,8 +44,8 @@ def limited(pg_template, tiny_base, seeded_bundles, tmp_path):
     v1, v2 = (registry.register_adapter(b, NAME).version.version_id for b in seeded_bundles[:2])
     for v in (v1, v2):
         mark_validated(registry, v)
-        registry.promote(v, "canary")
-        registry.promote(v, "production")
+        promote(registry, v, "canary")
+        promote(registry, v, "production")
     yield registry, v1, v2
     registry.close()
 
@@ -66,7 +67,7 @@ def test_a_rollback_behind_a_held_adapter_gives_up_at_the_lock_limit_and_changes
         assert held.wait(30)
         started = time.monotonic()
         with pytest.raises(Unavailable) as busy:
-            registry.rollback(NAME, "production", reason="incident")
+            rollback(registry, NAME, "production", reason="incident")
         waited = time.monotonic() - started
     finally:
         release.set()
@@ -75,7 +76,7 @@ def test_a_rollback_behind_a_held_adapter_gives_up_at_the_lock_limit_and_changes
     assert (busy.value.code, busy.value.field) == (ErrorCode.DATABASE_BUSY, "LORAGATE_DATABASE_LOCK_TIMEOUT_S")
     assert LIMIT_S <= waited < LIMIT_S + 5, waited
     assert registry.get_adapter(NAME).production == v2
-    registry.rollback(NAME, "production", reason="incident")  # the adapter free again: it moves
+    rollback(registry, NAME, "production", reason="incident")  # the adapter free again: it moves
     assert registry.get_adapter(NAME).production == v1
 
 
@@ -97,5 +98,5 @@ def test_a_move_stalled_past_the_idle_limit_loses_its_session_its_lock_and_its_w
     )
     assert registry.get_adapter(NAME).production == v2 and registry.history(NAME) == before
     # the lock went with the session: were it still held, this would fail as database_busy
-    registry.rollback(NAME, "production", reason="incident")
+    rollback(registry, NAME, "production", reason="incident")
     assert registry.get_adapter(NAME).production == v1

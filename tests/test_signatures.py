@@ -11,8 +11,9 @@ import shutil
 
 import pytest
 
-from registry.errors import ErrorCode, IllegalTransition, PermissionDenied, SignatureInvalid
-from registry.storage.signing import generate_key_pair, key_id
+from loragate.registry.errors import ErrorCode, IllegalTransition, PermissionDenied, SignatureInvalid
+from loragate.registry.storage.signing import generate_key_pair, key_id
+from tests.support.moves import promote, rollback
 from tests.support.registries import SIGNING_KEY, mark_validated, registry_snapshot, sign
 
 NAME = "acme/tiny-llama/support"
@@ -25,9 +26,9 @@ def canaried(cataloged, seeded_bundles):
     v1, v2, v3 = (registry.register_adapter(b, NAME).version.version_id for b in seeded_bundles[:3])
     for v in (v1, v2):
         mark_validated(registry, v)
-    registry.promote(v1, "canary")
-    registry.promote(v1, "production")
-    registry.promote(v2, "canary")
+    promote(registry, v1, "canary")
+    promote(registry, v1, "production")
+    promote(registry, v2, "canary")
     mark_validated(registry, v3, signed=False)
     return registry, v1, v2, v3
 
@@ -42,15 +43,15 @@ def refused_without_change(registry, move, error=SignatureInvalid):
 
 def test_an_unsigned_version_cannot_reach_production(canaried):
     registry, v1, _, v3 = canaried
-    registry.promote(v3, "canary")
-    error = refused_without_change(registry, lambda: registry.promote(v3, "production"), IllegalTransition)
+    promote(registry, v3, "canary")
+    error = refused_without_change(registry, lambda: promote(registry, v3, "production"), IllegalTransition)
     assert error.code == ErrorCode.SIGNATURE_REQUIRED
     assert registry.get_adapter(NAME).production == v1
 
 
 def test_a_signed_canary_reaches_production_and_the_signature_names_the_key(canaried):
     registry, _, v2, _ = canaried
-    registry.promote(v2, "production")
+    promote(registry, v2, "production")
     assert registry.verify_signature(v2).key_id == key_id(SIGNING_KEY.public_pem)
 
 
@@ -70,10 +71,10 @@ def test_a_later_validation_run_makes_the_signature_stale(canaried):
     """The report is a signed part: re-validated, the version needs signing again."""
     registry, _, v2, _ = canaried
     mark_validated(registry, v2, signed=False)
-    error = refused_without_change(registry, lambda: registry.promote(v2, "production"))
+    error = refused_without_change(registry, lambda: promote(registry, v2, "production"))
     assert "not the latest" in error.message
     sign(registry, v2)
-    registry.promote(v2, "production")
+    promote(registry, v2, "production")
 
 
 def test_a_signature_made_over_another_version_is_refused(canaried):
@@ -84,17 +85,17 @@ def test_a_signature_made_over_another_version_is_refused(canaried):
     registry._store.access.record_signature(
         v3, registry.get_version(v3).name, theirs.key_id, run.id, theirs.report_sha256, theirs.signature, "attacker"
     )
-    registry.promote(v3, "canary")
-    error = refused_without_change(registry, lambda: registry.promote(v3, "production"))
+    promote(registry, v3, "canary")
+    error = refused_without_change(registry, lambda: promote(registry, v3, "production"))
     assert "another version" in error.message
 
 
 def test_a_revoked_key_no_longer_counts_for_promotion_nor_for_rollback(canaried):
     registry, v1, v2, _ = canaried
-    registry.promote(v2, "production")  # v1 is previous
+    promote(registry, v2, "production")  # v1 is previous
     registry.revoke_signing_key(key_id(SIGNING_KEY.public_pem))
     # rollback goes only to the recorded previous production, whose signature is re-verified
-    error = refused_without_change(registry, lambda: registry.rollback(NAME, "production"))
+    error = refused_without_change(registry, lambda: rollback(registry, NAME, "production"))
     assert "unknown or revoked" in error.message
     assert registry.get_adapter(NAME).production == v2
 
@@ -107,8 +108,8 @@ def test_a_key_registered_for_another_role_cannot_sign_for_production(canaried, 
     refused_without_change(registry, lambda: registry.sign_version(v3, other.private_pem), PermissionDenied)
     # and a signature such a key made anyway (written straight to the database) is refused
     signed = _sign_bypassing_checks(registry, v3, other.private_pem)
-    registry.promote(v3, "canary")
-    error = refused_without_change(registry, lambda: registry.promote(v3, "production"))
+    promote(registry, v3, "canary")
+    error = refused_without_change(registry, lambda: promote(registry, v3, "production"))
     assert f"a {role} key" in error.message and signed
 
 
@@ -126,8 +127,8 @@ def test_a_signature_by_one_key_recorded_under_another_is_refused(canaried):
     registry.add_signing_key(impostor.public_pem, "activation", "impostor")
     # bytes signed by the impostor, attributed to the real signing key
     _sign_bypassing_checks(registry, v3, impostor.private_pem, as_key=key_id(SIGNING_KEY.public_pem))
-    registry.promote(v3, "canary")
-    error = refused_without_change(registry, lambda: registry.promote(v3, "production"))
+    promote(registry, v3, "canary")
+    error = refused_without_change(registry, lambda: promote(registry, v3, "production"))
     assert "another key" in error.message or "altered" in error.message
 
 
@@ -147,8 +148,8 @@ def _sign_bypassing_checks(registry, version_id: str, private_pem: bytes, as_key
     import tempfile
     from pathlib import Path
 
-    from registry.intake.digests import sha256_file
-    from registry.storage.signing import SIGNED_REPORT_FILE, public_key_of, sign_directory
+    from loragate.registry.intake.digests import sha256_file
+    from loragate.registry.storage.signing import SIGNED_REPORT_FILE, public_key_of, sign_directory
 
     version = registry.get_version(version_id)
     run = registry.validation_runs(version_id)[-1]

@@ -21,7 +21,7 @@ import math
 
 import pytest
 
-from registry.rules.significance import (
+from loragate.registry.rules.significance import (
     fisher_exact_greater,
     mann_whitney_greater,
     newcombe_difference,

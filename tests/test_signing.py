@@ -18,10 +18,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from registry.errors import ErrorCode, InvalidInput, SignatureInvalid
-from registry.intake.bundle import WEIGHTS_FILE
-from registry.storage.scratch import scratch_name
-from registry.storage.signing import (
+from loragate.registry.errors import ErrorCode, InvalidInput, SignatureInvalid
+from loragate.registry.intake.bundle import WEIGHTS_FILE
+from loragate.registry.storage.scratch import scratch_name
+from loragate.registry.storage.signing import (
     SIGNED_REPORT_FILE,
     KeyPair,
     generate_key_pair,
@@ -141,7 +141,7 @@ def test_a_signature_by_an_unknown_key_is_refused(bundle, keys):
 
 
 def test_a_signature_made_over_another_version_is_refused(bundle, signature, keys, tiny_base, tmp_path):
-    from infra.modelkit import random_adapter
+    from kit.modelkit import random_adapter
 
     other = signable(random_adapter(tiny_base, tmp_path / "seed-1", seed=1), tmp_path / "v2")
     assert (other / WEIGHTS_FILE).read_bytes() != (bundle / WEIGHTS_FILE).read_bytes()

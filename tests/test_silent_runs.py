@@ -14,10 +14,10 @@ import uuid
 
 import pytest
 
-from infra.prefect_local import HEARTBEAT_ENV, HEARTBEAT_S
-from registry.records.adapters import utcnow
-from tasks import unresponsive
-from tasks.unresponsive import crash_silent_runs, silence_limit_s
+from loragate.infra.prefect_local import HEARTBEAT_ENV, HEARTBEAT_S
+from loragate.registry.records.adapters import utcnow
+from loragate.tasks import unresponsive
+from loragate.tasks.unresponsive import crash_silent_runs, silence_limit_s
 from tests.support.prefect_env import (  # noqa: F401  (a fixture)
     client_env,
     prefect_server_fixture,

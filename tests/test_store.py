@@ -7,11 +7,12 @@ import threading
 import pytest
 from sqlalchemy import inspect, text, update
 
-from registry.db import migrate
-from registry.db.schema import adapter_versions, metadata
-from registry.db.store import SqlStore
-from registry.errors import ErrorCode, IllegalTransition, NotFound
-from registry.settings import Settings
+from loragate.registry.db import migrate
+from loragate.registry.db.schema import adapter_versions, metadata
+from loragate.registry.db.store import SqlStore
+from loragate.registry.errors import ErrorCode, IllegalTransition, NotFound
+from loragate.registry.settings import Settings
+from tests.support.moves import promote, rollback
 from tests.support.registries import audit_count, mark_validated
 
 NAME = "acme/tiny-llama/support"
@@ -25,9 +26,9 @@ def v1_in_production_v2_in_canary(registry, bundles) -> tuple[str, str]:
     v1, v2 = register(registry, bundles[0]), register(registry, bundles[1])
     for v in (v1, v2):
         mark_validated(registry, v)
-    registry.promote(v1, "canary")
-    registry.promote(v1, "production")
-    registry.promote(v2, "canary")
+    promote(registry, v1, "canary")
+    promote(registry, v1, "production")
+    promote(registry, v2, "canary")
     return v1, v2
 
 
@@ -100,13 +101,13 @@ def test_audit_log_is_append_only_in_the_database(cataloged, random_bundle, stat
 def test_full_lifecycle_moves_pointers_and_audits_each_step(cataloged, seeded_bundles):
     registry, _ = cataloged
     v1, v2 = v1_in_production_v2_in_canary(registry, seeded_bundles)
-    registry.promote(v2, "production", reason="approved by ops")
+    promote(registry, v2, "production", reason="approved by ops")
     a = registry.get_adapter(NAME)
     assert (a.canary, a.production, a.previous) == (None, v2, v1)
     assert registry.get_version(v1).stage == "retired"
     assert registry.resolve_stage(NAME) == v2
 
-    registry.rollback(NAME, reason="latency regression")
+    rollback(registry, NAME, reason="latency regression")
     a = registry.get_adapter(NAME)
     assert (a.production, a.previous) == (v1, None)
     assert registry.get_version(v2).stage == "rolled_back"
@@ -131,9 +132,9 @@ def test_promoting_to_where_it_already_is_changes_nothing(cataloged, random_bund
     registry, _ = cataloged
     v = register(registry, random_bundle)
     mark_validated(registry, v)
-    registry.promote(v, "canary")
+    promote(registry, v, "canary")
     count = audit_count(registry)
-    plan = registry.promote(v, "canary")
+    plan = promote(registry, v, "canary")
     assert plan.empty
     assert audit_count(registry) == count
 
@@ -168,14 +169,14 @@ def test_illegal_promotions_are_typed_errors_and_change_nothing(
         if step in ("pass", "fail"):
             mark_validated(registry, ids[i], passed=step == "pass")
         else:
-            registry.promote(ids[i], step)
+            promote(registry, ids[i], step)
     before = (
         registry.get_adapter(NAME),
         [registry.get_version(v).stage for v in ids],
         audit_count(registry),
     )
     with pytest.raises(IllegalTransition) as err:
-        registry.promote(ids[version_index], to)
+        promote(registry, ids[version_index], to)
     assert err.value.code == code
     after = (
         registry.get_adapter(NAME),
@@ -189,17 +190,17 @@ def test_rollback_without_previous_is_refused(cataloged, random_bundle):
     registry, _ = cataloged
     v = register(registry, random_bundle)
     mark_validated(registry, v)
-    registry.promote(v, "canary")
-    registry.promote(v, "production")
+    promote(registry, v, "canary")
+    promote(registry, v, "production")
     with pytest.raises(IllegalTransition):
-        registry.rollback(NAME)
+        rollback(registry, NAME)
     assert registry.resolve_stage(NAME) == v
 
 
 def test_canary_rollback_withdraws_the_canary_only(cataloged, seeded_bundles):
     registry, _ = cataloged
     v1, v2 = v1_in_production_v2_in_canary(registry, seeded_bundles)
-    registry.rollback(NAME, stage="canary")
+    rollback(registry, NAME, stage="canary")
     a = registry.get_adapter(NAME)
     assert (a.canary, a.production) == (None, v1)
     assert registry.get_version(v2).stage == "rolled_back"
@@ -234,7 +235,7 @@ def test_concurrent_pointer_moves_lose_no_update(cataloged, seeded_bundles):
     def worker(k: int):
         try:
             for j in range(6):
-                registry.promote(ids[(k + j) % len(ids)], "canary")
+                promote(registry, ids[(k + j) % len(ids)], "canary")
         except Exception as e:  # pragma: no cover - surfaced by the assert below
             errors.append(e)
 
@@ -284,8 +285,8 @@ def test_migrations_create_exactly_the_tables_the_code_queries(registry, sql):
 
 
 def test_an_unmigrated_database_is_refused_with_a_hint(tmp_path):
-    from registry.errors import InvalidInput
-    from registry.service import Registry
+    from loragate.registry.errors import InvalidInput
+    from loragate.registry.service import Registry
 
     settings = Settings(home=tmp_path, database_url=f"sqlite:///{tmp_path / 'empty.db'}", artifacts=str(tmp_path / "a"))
     with pytest.raises(InvalidInput) as err:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.tamper import flip_a_byte
-from registry.rules.fleet import ActionKind
-from registry.storage.copies import QUARANTINE_DIR, cache_file
-from tasks.reconcile import CopyChecker, fleet_status, reconcile_fleet
-from tasks.replicas import ReplicaClient
+from kit.tamper import flip_a_byte
+from loragate.registry.rules.fleet import ActionKind
+from loragate.registry.storage.copies import QUARANTINE_DIR, cache_file
+from loragate.tasks.reconcile import CopyChecker, fleet_status, reconcile_fleet
+from loragate.tasks.replicas import ReplicaClient
 from tests.support.fleet import SUPPORT_PROMPT, admin_client, answer, served
 
 pytestmark = pytest.mark.slow

@@ -19,10 +19,10 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from infra.replica import ADMIN_KEY_FILE, replica_registry_url, write_replica_secrets
-from infra.tamper import flip_a_byte
-from registry.rules.canary import WindowStatus
-from registry.rules.fleet import version_path
+from kit.tamper import flip_a_byte
+from loragate.infra.replica import ADMIN_KEY_FILE, replica_registry_url, write_replica_secrets
+from loragate.registry.rules.canary import WindowStatus
+from loragate.registry.rules.fleet import version_path
 from tests import test_approvals
 from tests.support.fleet import SUPPORT_PROMPT, admin_client
 from tests.test_approvals import NAME

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from infra import corpus
-from infra.modelkit import write_golden_set
-from registry.errors import NotFound
+from kit import corpus
+from kit.tenant_tasks import write_golden_set
+from loragate.registry.errors import NotFound
 from tests.support.commands import main_with_tokens, role_tokens
 
 pytestmark = pytest.mark.slow
@@ -153,8 +153,8 @@ def test_shadow_validate_task_runs_in_a_prefect_flow_with_only_ids_as_parameters
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from registry.rules.access import Role
-    from tasks.validation.prefect_tasks import shadow_validate
+    from loragate.registry.rules.access import Role
+    from loragate.tasks.validation.prefect_tasks import shadow_validate
 
     registry = env
     vid = registry.register_adapter(support_bundle, SUPPORT).version.version_id
@@ -205,7 +205,7 @@ def test_a_backtracking_regex_in_a_golden_set_cannot_hang_validation(env, capsys
     without a Z; the gate matches it with RE2, so validate finishes and reports the case."""
     import time
 
-    from infra.modelkit import golden_cases
+    from kit.tenant_tasks import golden_cases
 
     registry = env
     vid = registry.register_adapter(support_bundle, SUPPORT).version.version_id

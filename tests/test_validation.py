@@ -13,11 +13,12 @@ from dataclasses import replace
 
 import pytest
 
-from infra import corpus
-from infra.modelkit import NF4, golden_set, random_adapter
-from registry.intake.catalog import inspect_base
-from registry.settings import Settings
-from tasks.validation import Reference, ValidationPolicy, validate_bundle
+from kit import corpus
+from kit.modelkit import NF4, random_adapter
+from kit.tenant_tasks import golden_set
+from loragate.registry.intake.catalog import inspect_base
+from loragate.registry.settings import Settings
+from loragate.tasks.validation import Reference, ValidationPolicy, validate_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -135,7 +136,7 @@ def test_rank_above_the_fleet_limit_fails(base_record, tiny_base, corpus_dir):
 
 
 def test_base_with_fewer_layers_drops_weights(support_bundle, tmp_path):
-    from infra.modelkit import build_base
+    from kit.basekit import build_base
 
     shallow = inspect_base(str(build_base(tmp_path / "one-layer", num_layers=1)), "tiny-llama")
     report = validate_bundle(shallow, support_bundle, golden_set("support"), POLICY)
@@ -144,7 +145,7 @@ def test_base_with_fewer_layers_drops_weights(support_bundle, tmp_path):
 
 
 def test_base_with_other_rope_is_a_binding_failure(base_record, support_bundle, tmp_path, corpus_dir):
-    from infra.modelkit import build_base
+    from kit.basekit import build_base
 
     bound = corpus.bound_to(
         support_bundle,
@@ -209,7 +210,7 @@ def test_drift_against_another_version_is_reported_not_failed(base_record, suppo
 def test_batched_hotswaps_agree_with_fresh_loads_and_never_mask_silent_failures(
     base_record, support_bundle, tickets_bundle, corpus_dir
 ):
-    from tasks.validation import AdapterUnderTest, validate_group
+    from loragate.tasks.validation import AdapterUnderTest, validate_group
 
     gs = golden_set("support")
     rescaled = corpus.with_alpha(support_bundle, corpus_dir / "batch-alpha", 12)  # same tensors, other scaling

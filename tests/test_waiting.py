@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.waiting import WaitingRun
+from loragate.flows.waiting import WaitingRun
 
 KEYS = ["approval-7", "approval-7-1", "approval-7-2"]
 

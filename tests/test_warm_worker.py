@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.warm_worker import WarmWorker, module_of_entrypoint
+from loragate.infra.warm_worker import WarmWorker, module_of_entrypoint
 from tests.support.prefect_env import (  # noqa: F401  (a fixture)
     client_env,
     prefect_server_fixture,
@@ -26,18 +26,19 @@ PRELOADED = "tests.support.warm_preloaded"  # imported by the worker at its star
 @pytest.mark.parametrize(
     ("entrypoint", "expected"),
     [
-        ("flows/rollback.py:rollback_flow", ("flows.rollback", "rollback_flow")),
-        ("flows/canary.py:canary_evaluate_flow", ("flows.canary", "canary_evaluate_flow")),
+        ("loragate/flows/rollback.py:rollback_flow", ("loragate.flows.rollback", "rollback_flow")),
+        ("loragate/flows/canary.py:canary_evaluate_flow", ("loragate.flows.canary", "canary_evaluate_flow")),
         # a module of the repository that is not a gate: whoever edits a deployment does not
         # get to pick the code a worker runs with its pool's token
         ("tests/support/warm_flows.py:warm_probe", None),
-        ("infra/demo.py:main", None),
-        ("flowsy/x.py:f", None),
-        ("/abs/flows/rollback.py:rollback_flow", None),
-        ("flows/../infra/demo.py:main", None),
-        ("flows/rollback.py", None),
-        ("flows/rollback:rollback_flow", None),
-        ("flows/rollback.py:os.system", None),
+        ("kit/demo.py:main", None),
+        ("loragate/flowsy/x.py:f", None),
+        ("flows/rollback.py:rollback_flow", None),  # the layout before the one package
+        ("/abs/loragate/flows/rollback.py:rollback_flow", None),
+        ("loragate/flows/../../kit/demo.py:main", None),
+        ("loragate/flows/rollback.py", None),
+        ("loragate/flows/rollback:rollback_flow", None),
+        ("loragate/flows/rollback.py:os.system", None),
     ],
 )
 def test_an_entrypoint_is_a_flow_module_of_the_package_or_refused(entrypoint, expected):
@@ -51,8 +52,8 @@ def test_an_entrypoint_is_a_flow_module_of_the_package_or_refused(entrypoint, ex
 def test_an_attribute_that_is_not_a_flow_is_refused():
     worker = WarmWorker(work_pool_name="unused")
     with pytest.raises(ValueError, match="names no flow"):
-        worker.flow_for_entrypoint("flows/rollback.py:artifact_key")
-    assert worker.flow_for_entrypoint("flows/rollback.py:rollback_flow").name == "rollback"
+        worker.flow_for_entrypoint("loragate/flows/rollback.py:artifact_key")
+    assert worker.flow_for_entrypoint("loragate/flows/rollback.py:rollback_flow").name == "rollback"
 
 
 def test_a_run_takes_its_entrypoint_from_the_deployment_its_configuration_was_built_from():
@@ -68,7 +69,7 @@ def test_a_run_takes_its_entrypoint_from_the_deployment_its_configuration_was_bu
 
     worker = WarmWorker(work_pool_name="unused")
     deployment = DeploymentResponse(
-        id=uuid.uuid4(), name="rollback", flow_id=uuid.uuid4(), entrypoint="flows/rollback.py:rollback_flow"
+        id=uuid.uuid4(), name="rollback", flow_id=uuid.uuid4(), entrypoint="loragate/flows/rollback.py:rollback_flow"
     )
     run = FlowRun(id=uuid.uuid4(), flow_id=deployment.flow_id, deployment_id=deployment.id)
     configuration = ProcessJobConfiguration()

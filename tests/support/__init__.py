@@ -11,4 +11,6 @@
   real replicas, validated once per session.
 * ``faults``: a silent endpoint and a fault-injecting proxy in front of a replica.
 * ``browser``: answering a paused flow run's approval form in the Prefect UI.
+* ``moves``: promotions and rollbacks through the fleet-switching move, the one public path.
+* ``bundle_mutations``, ``bad_weights``, ``bad_metadata``: the bad-input table's rows.
 """

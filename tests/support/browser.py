@@ -3,7 +3,7 @@
 Debian's ``chromium`` (``make test`` installs it) driven by Playwright: Playwright's own
 browser download cannot reach its servers from here. What a reviewer does by hand:
 open the run's page, click ``Resume``, set the fields of the "Resume Flow Run" dialog
-(rendered by Prefect from ``flows.approval.Approval``'s JSON schema: a switch for
+(rendered by Prefect from ``loragate.flows.approval.Approval``'s JSON schema: a switch for
 ``approve``, textareas for ``reviewer``, ``code`` and ``comment``), and click ``Submit``.
 
 Selectors, as Prefect 3.8's UI renders the form: each field is a ``.schema-form-property``

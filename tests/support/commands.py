@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from registry.errors import InvalidInput
-from registry.rules.access import Role
-from registry.service import Registry
-from registry.settings import Settings
+from loragate.registry.errors import InvalidInput
+from loragate.registry.rules.access import Role
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
 from tests.support.registries import IN_PROCESS
 
 # the role each mutating command needs (README, "Who may do what"); a read needs none
@@ -48,8 +48,8 @@ def role_tokens(registry) -> dict[str, str]:
 
 
 def main_with_tokens(tokens: dict[str, str], argv: list[str]) -> int:
-    """``cli.main.main(argv)`` in this process, with the token of the role it needs."""
-    from cli.main import main
+    """``loragate.cli.main.main(argv)`` in this process, with the token of the role it needs."""
+    from loragate.cli.main import main
 
     role = role_for(argv)
     saved = os.environ.pop("LORAGATE_TOKEN", None)

@@ -213,7 +213,8 @@ MATRIX = [
     (
         "pin-a-base",
         f"INSERT INTO base_models (base_model_id, base_model_commit, {BASE_COLUMNS}, created_at, created_by) "
-        f"SELECT 'probe-base', base_model_commit, {BASE_COLUMNS}, now(), 'probe' FROM base_models",
+        f"SELECT 'probe-base', base_model_commit, {BASE_COLUMNS}, now(), 'probe' FROM base_models "
+        "WHERE base_model_id = 'tiny-llama'",
         frozenset({"admin"}),
     ),
     (

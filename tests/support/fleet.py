@@ -16,15 +16,15 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.modelkit import golden_cases, prompt_for
-from registry.records.adapters import utcnow
-from registry.records.reports import ValidationReport
-from registry.rules.fleet import version_path
-from registry.service import Registry
-from registry.settings import Settings
-from tasks.fleet import promote_and_switch, replica_client, rollback_and_switch
-from tasks.replicas import ReplicaClient
-from tasks.validation import ValidationPolicy, validate_versions
+from kit.tenant_tasks import golden_cases, prompt_for
+from loragate.registry.records.adapters import utcnow
+from loragate.registry.records.reports import ValidationReport
+from loragate.registry.rules.fleet import version_path
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from loragate.tasks.fleet import promote_and_switch, replica_client, rollback_and_switch
+from loragate.tasks.replicas import ReplicaClient
+from loragate.tasks.validation import ValidationPolicy, validate_versions
 from tests.support.registries import IN_PROCESS, sign
 
 SUPPORT_PROMPT = prompt_for("support", "reset password")
@@ -65,7 +65,7 @@ class Fleet:
 def point_replicas(replicas, database_url: str) -> None:
     """Put the registry at ``database_url`` behind the session's replicas: what their plugin
     asks before it serves or loads a version (re-read on every question)."""
-    from infra.replica import replica_registry_url, write_replica_secrets
+    from loragate.infra.replica import replica_registry_url, write_replica_secrets
 
     for directory in {r.secrets_dir for r in replicas if getattr(r, "secrets_dir", None) is not None}:
         key = (directory / "admin-key").read_text()

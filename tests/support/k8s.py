@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from infra.pipeline import POOLS
+from loragate.infra.pipeline import POOLS
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "infra" / "k8s"

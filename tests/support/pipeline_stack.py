@@ -20,16 +20,16 @@ import boto3
 import httpx
 import pytest
 
-from infra.modelkit import golden_cases
-from infra.pipeline import POOLS, LocalPipeline, PipelineSecrets, start_pipeline
-from infra.replica import ADMIN_KEY_FILE, hand_admin_key
-from registry.errors import NotFound
-from registry.rules.access import Role
-from registry.rules.canary import WindowStatus
-from registry.rules.fleet import version_path
-from registry.service import Registry
-from registry.settings import Settings
-from tasks.replicas import ReplicaClient
+from kit.tenant_tasks import golden_cases
+from loragate.infra.pipeline import POOLS, LocalPipeline, PipelineSecrets, start_pipeline
+from loragate.infra.replica import ADMIN_KEY_FILE, hand_admin_key
+from loragate.registry.errors import NotFound
+from loragate.registry.rules.access import Role
+from loragate.registry.rules.canary import WindowStatus
+from loragate.registry.rules.fleet import version_path
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from loragate.tasks.replicas import ReplicaClient
 from tests.support.fleet import point_replicas
 from tests.support.flow_processes import processes_running
 from tests.support.prefect_env import client_env, wait_for_state
@@ -78,7 +78,7 @@ class Stack:
         self.registry = Registry.open(settings, principal=IN_PROCESS)
 
     def emit_training(self, bundle: str, name: str, golden: Path | None = None) -> None:
-        from flows.events import announce_training_completed
+        from loragate.flows.events import announce_training_completed
 
         with client_env(self.pipeline.server):
             announce_training_completed(bundle, name, {"job": "test"}, str(golden) if golden else None)
@@ -325,7 +325,7 @@ def upload_bundle(s3_endpoint: str, bundle: Path) -> str:
 
 
 def weights_prefix(bundle: Path) -> str:
-    from registry.intake.digests import sha256_file
+    from loragate.registry.intake.digests import sha256_file
 
     return sha256_file(bundle / "adapter_model.safetensors")[:12]
 

@@ -12,7 +12,7 @@ or under ``prefect_test_harness``) import the fixture::
 
 and run code of their own against it inside ``client_env(server)``. Subprocesses (a
 worker, the ``prefect`` CLI, ``loragate``) get ``server.env``. The launcher itself lives in
-``infra.prefect_local`` (``make demo`` starts the same server).
+``loragate.infra.prefect_local`` (``make demo`` starts the same server).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy.engine import make_url
 
-from infra.prefect_local import (
+from loragate.infra.prefect_local import (
     FAST_POLL_ENV,
     PrefectServer,
     start_prefect_server,

@@ -9,11 +9,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from registry.rules.access import Principal
-from registry.rules.canary import Monitor, Observation, SideStats, Verdict
-from registry.service import Registry
-from registry.settings import Settings
-from registry.storage.signing import generate_key_pair
+from loragate.registry.rules.access import Principal
+from loragate.registry.rules.canary import Monitor, Observation, SideStats, Verdict
+from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
+from loragate.registry.storage.signing import generate_key_pair
 
 # tests call Registry directly with the database in hand: every role, like any library caller
 IN_PROCESS = Principal.in_process("tester")
@@ -56,8 +56,8 @@ def sign(registry, version_id: str):
 def mark_validated(registry, version_id: str, passed: bool = True, signed: bool = True):
     """Record a validation outcome directly, and sign what passed: for lifecycle tests that
     are not about the gate."""
-    from registry.records.adapters import utcnow
-    from registry.records.reports import BaseUnderTest, CheckVerdict, ValidationReport
+    from loragate.registry.records.adapters import utcnow
+    from loragate.registry.records.reports import BaseUnderTest, CheckVerdict, ValidationReport
 
     version = registry.get_version(version_id)
     verdict = CheckVerdict("marked", passed, "marked failed by the test")
@@ -78,14 +78,14 @@ def mark_validated(registry, version_id: str, passed: bool = True, signed: bool 
 
 def sql_engine(registry):
     """A connection of the test's own to the registry's database, for raw SQL."""
-    from registry.db.store import make_engine
+    from loragate.registry.db.store import make_engine
 
     return make_engine(registry.settings.database)
 
 
 def artifact_store(registry):
     """The registry's artifact store, opened on its own: for tests that tamper with blobs."""
-    from registry.storage.artifacts import open_artifact_store
+    from loragate.registry.storage.artifacts import open_artifact_store
 
     return open_artifact_store(registry.settings)
 
@@ -93,7 +93,7 @@ def artifact_store(registry):
 def audit_count(registry) -> int:
     from sqlalchemy import func, select
 
-    from registry.db.schema import audit_events
+    from loragate.registry.db.schema import audit_events
 
     engine = sql_engine(registry)
     try:
@@ -110,7 +110,7 @@ def registry_snapshot(settings: Settings, *, artifacts: bool = True) -> dict:
 
     from sqlalchemy import MetaData, select, text
 
-    from registry.db.store import make_engine
+    from loragate.registry.db.store import make_engine
 
     engine = make_engine(settings.database)
     rows: dict = {}

@@ -28,7 +28,7 @@ def deploy_probes(server: PrefectServer, tags: list[str] | None = None) -> tuple
             ("warm-suspending", f"{FLOWS}:warm_suspending"),
             ("warm-busy", f"{FLOWS}:warm_busy"),
             # a deployment edited to run something that is not a flow of the worker's package
-            ("warm-outside", "flows/rollback.py:rollback_flow"),
+            ("warm-outside", "loragate/flows/rollback.py:rollback_flow"),
         ):
             flow_id = client.create_flow_from_name(flow_name)
             deployments[flow_name] = client.create_deployment(

@@ -1,0 +1,3 @@
+"""The test and demo kit, kept out of the wheel: a tiny offline base model (basekit), toy
+tenant tasks with their golden sets (tenant_tasks), adapters trained on them (modelkit), the
+silent-failure corpus, tampering helpers and the demo that drives them."""

@@ -1,0 +1,447 @@
+"""`make demo`: the promotion pipeline end to end, on embedded defaults.
+
+Builds a tiny Llama base and trains tenant adapters offline (good ones, one with a renamed
+layer prefix the registry refuses at the door, one whose 4-bit compute dtype overflows,
+which only shadow validation sees). Starts a local Prefect server (on the local Postgres
+when one answers, SQLite otherwise) with loragate's deployments, a worker per work pool
+(each holding only its role's token, never on the Prefect server) and two vLLM CPU replicas
+(canary, production), with a dozen users looping on production (``demo_traffic``). Then it
+emits ``loragate.training.completed`` events and follows each gate: register, shadow
+validation (which signs what passed), canary -- half the users' requests answered by it,
+sticky per user --, the scheduled evaluations, the promotion waiting for a
+sign-off -- a forged one through the Prefect API refused, the release worker's own token
+refused a direct move, then alice's from the CLI with an approval code of her own --,
+production switched in place, a rollback that only moves users to the previous version kept
+warm, a canary rolled back on its users' failed requests alone, and a replica copy tampered
+on disk (seen by ``fleet status``, answered by the base, repaired by ``fleet reconcile``). It ends with a
+summary and stops what it started, also on Ctrl-C. History stays under ``.loragate/``;
+``make ui`` reopens the Prefect UI on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kit.demo_console import HOME, STARTED, banner, loragate, say, wait_for
+
+MODELS = HOME / "demo-models"
+SUPPORT = "acme/tiny-llama/support"
+WINDOW_S = 30
+# the local Prefect server keeps its state in SQLite, one writer at a time: evaluations every
+# few seconds (each a flow run, most cancelled while the last one runs) locked it for a
+# minute at a time on two cores
+EVALUATE_EVERY_S = 10
+# activation tokens of the people who sign off
+PEOPLE: dict[str, str] = {}
+POOL_TOKENS: dict[str, str] = {}  # what each work pool's worker holds, by role
+
+
+def build_models() -> dict[str, Path]:
+    from kit import corpus
+    from kit.basekit import build_base
+    from kit.modelkit import train_adapter
+    from kit.tenant_tasks import write_golden_set
+
+    MODELS.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    base = build_base(MODELS / "tiny-llama")
+    say(f"built the tiny Llama base (hidden 128, 2 heads x 64, 2 layers) in {time.perf_counter() - t0:.1f}s")
+    bundles = {"base": base}
+    for key, seed in (("support-v1", 0), ("support-v2", 1), ("support-v3", 2)):
+        t0 = time.perf_counter()
+        bundles[key] = train_adapter(base, "support", MODELS / key, seed=seed)
+        loss = json.loads((bundles[key] / "manifest.json").read_text())["training_metadata"]["final_loss"]
+        say(f"trained {key} in {time.perf_counter() - t0:.1f}s, final loss {loss}")
+    bundles["renamed-prefix"] = corpus.renamed_layer_prefix(bundles["support-v1"], MODELS / "renamed-prefix")
+    bundles["fp16-qlora"] = corpus.large_activations(bundles["support-v2"], MODELS / "fp16-qlora", "float16")
+    say("made two broken ones: a renamed layer prefix (PEFT would load it with no effect) and float16 compute on")
+    say("a 4-bit base that overflows to NaN (only a forward pass shows it)")
+    bundles["golden"] = write_golden_set("support", HOME / "golden-support.jsonl")
+    return bundles
+
+
+def registry():
+    from loragate.registry.service import Registry
+    from loragate.registry.settings import Settings
+
+    return Registry.open(Settings())
+
+
+def version_of(name: str, source: Path) -> str | None:
+    """The version registered from ``source`` (its weights digest is in the version id)."""
+    from loragate.registry.intake.digests import sha256_file
+
+    digest = sha256_file(source / "adapter_model.safetensors")[:12]
+    with registry() as reg:
+        found = [v.version_id for v in reg.list_versions() if v.name == name and v.version_id.endswith(digest)]
+    return found[0] if found else None
+
+
+def stage_of(version_id: str) -> tuple[str, str]:
+    with registry() as reg:
+        v = reg.get_version(version_id)
+        return v.stage.value, v.validation_status.value
+
+
+def window_status(version_id: str) -> tuple[str, int, str | None]:
+    from loragate.registry.errors import NotFound
+
+    with registry() as reg:
+        try:
+            w = reg.latest_canary_window(version_id)
+        except NotFound:
+            return "none", 0, None
+        return w.status.value, len(reg.canary_observations(w.id)), w.approval_flow_run_id
+
+
+def flow_runs(pipeline, flow_name: str) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.settings import temporary_settings
+
+    with temporary_settings(pipeline.server.client_settings()), get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])))
+
+
+def rejected_at_register(pipeline) -> str | None:
+    for run in flow_runs(pipeline, "register"):
+        if run.state_type is not None and run.state_type.value == "FAILED":
+            return run.state.message if run.state else "failed"
+    return None
+
+
+def follow_canary(version_id: str) -> str | None:
+    """Print each new observation of the version's window; the promotion run once it waits."""
+    status, seen, run_id = window_status(version_id)
+    if seen > follow_canary.shown:  # type: ignore[attr-defined]
+        with registry() as reg:
+            w = reg.latest_canary_window(version_id)
+            for o in reg.canary_observations(w.id)[follow_canary.shown :]:  # type: ignore[attr-defined]
+                say(
+                    f"observation: canary {o.canary.errors}/{o.canary.requests} errors, p95 {o.canary.p95_ms} ms; "
+                    f"production {o.production.errors}/{o.production.requests}, p95 {o.production.p95_ms} ms; "
+                    f"drift {o.drift:.2f} -> {o.verdict.value}"
+                )
+        follow_canary.shown = seen  # type: ignore[attr-defined]
+    return run_id if status == "ready" and run_id else None
+
+
+def _regression_line(regression: dict) -> str:
+    if regression["skipped"]:
+        return f"regression check skipped ({regression['skipped']})"
+    overall = regression["overall"]
+    regressed = [c["slice"] for c in [overall, *regression["slices"]] if c["regressed"]]
+    return (
+        f"golden pass rate {overall['before']:.2f} on {regression['production_version']} -> {overall['after']:.2f}, "
+        + (f"regressed: {', '.join(regressed)}" if regressed else "no slice regressed")
+    )
+
+
+def forged_sign_off_refused(pipeline, run_id: str, version: str) -> None:
+    """What anyone who reaches the Prefect API could try: resume the paused promotion in
+    alice's name with a made-up approval code. The flow refuses it and waits again."""
+    from uuid import UUID
+
+    from prefect.flow_runs import resume_flow_run
+    from prefect.settings import temporary_settings
+
+    banner("a forged sign-off: the Prefect API resumes the run as alice, with a made-up code")
+    forged = {"approve": True, "reviewer": "alice", "comment": "ship it", "code": "lac_" + "0" * 12 + "_" + "A" * 22}
+    with temporary_settings(pipeline.server.client_settings()):
+        resume_flow_run(UUID(run_id), run_input=forged)
+
+    def refusal() -> str | None:
+        with registry() as reg:
+            found = [e for e in reg.history(SUPPORT) if e.action == "approval_refused" and e.version_id == version]
+        return found[-1].reason if found else None
+
+    def paused_again() -> bool:
+        runs = flow_runs(pipeline, "promote")
+        return any(str(r.id) == run_id and r.state_type is not None and r.state_type.value == "PAUSED" for r in runs)
+
+    say(f"refused before anything moved: {wait_for('the refusal', refusal, timeout_s=120)}")
+    wait_for("the promote run waits for a sign-off again (the refusal is its artifact too)", paused_again)
+    banner("code run on the release worker: its own (pipeline) token promotes directly, with no sign-off")
+    as_release = {**pipeline.env, "LORAGATE_TOKEN": POOL_TOKENS["activation"]}
+    loragate("promote", version, "--to", "production", expect=3, env=as_release)
+    loragate("approve-code", version, expect=3, env=as_release)
+    banner("code run on the fleet worker: its fleet token mints no token and signs nothing off")
+    for argv in (("token", "create", "--role", "activation", "--holder", "mallory"), ("approve-code", version)):
+        loragate(*argv, expect=3, env={**pipeline.env, "LORAGATE_TOKEN": POOL_TOKENS["fleet"]})
+
+
+def through_the_pipeline(
+    pipeline, bundle: Path, golden: Path, ui_url: str, label: str, *, forge: bool = False, users: Any = None
+) -> str:
+    banner(f"{label}: training finished -> register -> shadow-validate -> canary")
+    loragate(
+        "training-completed",
+        str(bundle),
+        "--name",
+        SUPPORT,
+        "--golden-set",
+        str(golden),
+        "--metadata",
+        json.dumps({"job": label, "bundle": bundle.name}),
+        env=pipeline.env,
+    )
+    version = wait_for("registered by the register flow", lambda: version_of(SUPPORT, bundle))
+    say(f"version {version}")
+    wait_for("shadow validation passed on the gpu pool", lambda: stage_of(version)[1] == "passed")
+    report = json.loads(loragate("show", version, "--json", quiet=True))["manifest"]["validation_report"]
+    say(f"against production: {_regression_line(report['regression'])}; weight scan: {report['scan']['action']}")
+    wait_for("canary flow switched the canary replica and opened the window", lambda: stage_of(version)[0] == "canary")
+    banner(f"{label}: scheduled canary evaluations every {EVALUATE_EVERY_S}s, window {WINDOW_S}s")
+    follow_canary.shown = 0  # type: ignore[attr-defined]
+    run_id = wait_for(
+        "window in band for its whole length; the promote flow waits for a sign-off",
+        lambda: follow_canary(version),
+        timeout_s=300,
+    )
+    if users is not None:
+        users.report(WINDOW_S, f"{label}'s canary window")
+    say(f"a person signs off in the Prefect UI ({ui_url}/runs/flow-run/{run_id}) with `loragate approve-code`")
+    loragate("canary", "show", version)
+    if forge:
+        forged_sign_off_refused(pipeline, run_id, version)
+    banner(f"{label}: sign-off from the CLI (the same pause the UI form resumes, with a code of alice's own)")
+    as_alice = {**pipeline.env, "LORAGATE_TOKEN": PEOPLE["alice"]}
+    loragate("approve", version, "--comment", f"{label}: canary clean", env=as_alice)
+    wait_for(
+        "promoted: production replica switched in place and verified", lambda: stage_of(version)[0] == "production"
+    )
+    return version
+
+
+def summary(pipeline) -> None:
+    banner("summary")
+    with registry() as reg:
+        versions = reg.list_versions()
+        print(f"{'version':<32} {'stage':<12} {'validation':<10} canary window")
+        for v in versions:
+            windows = reg.canary_windows(None, version_id=v.version_id)
+            w = (
+                f"{windows[-1].status.value}, {len(reg.canary_observations(windows[-1].id))} observations"
+                if windows
+                else "-"
+            )
+            print(f"{v.version_id:<32} {v.stage.value:<12} {v.validation_status.value:<10} {w}")
+        adapter = reg.get_adapter(SUPPORT)
+        print(f"\n{SUPPORT}: production {adapter.production}, previous {adapter.previous}, canary {adapter.canary}")
+        decisions = [e for e in reg.history(SUPPORT) if e.action == "approval"]
+        for e in decisions:
+            print(f"sign-off: {e.version_id} {e.to_value} by {e.details['reviewer']} (token {e.details['token_id']})")
+    print("\nflow runs:")
+    for name in ("register", "shadow-validate", "canary", "canary-evaluate", "promote", "rollback"):
+        runs = flow_runs(pipeline, name)
+        states: dict[str, int] = {}
+        for r in runs:
+            states[r.state_name or "?"] = states.get(r.state_name or "?", 0) + 1
+        print(f"  {name:<16} " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+
+
+def main() -> None:
+    from kit.demo_replicas import ask, demo_replica_secrets, direct_load_refused, tampered_copy_repaired
+    from kit.demo_traffic import LoopingUsers, live_errors_rolled_back
+    from loragate.infra.pipeline import POOLS, PipelineSecrets, start_pipeline
+    from loragate.infra.prefect_local import fresh_local_database, start_prefect_server
+    from loragate.infra.replica import VllmReplica, hand_admin_key, start_replicas, stop_replicas
+    from loragate.registry.rules.access import Role
+
+    if HOME.exists():
+        shutil.rmtree(HOME)
+    HOME.mkdir()
+    settings_env = {
+        "LORAGATE_HOME": str(HOME),
+        "LORAGATE_ACTOR": "demo",
+        "HF_HUB_OFFLINE": "1",
+        "LORAGATE_CANARY_WINDOW_S": str(WINDOW_S),
+        # two replicas, five workers and a server share two cores: a p95 of a few requests
+        # swings by half a second here -- the machine, not the adapter (errors and drift stay
+        # strict; the latency rule is a row of tests/test_canary.py's verdict table)
+        "LORAGATE_CANARY_P95_SLACK_MS": "3000",
+        "LORAGATE_APPROVAL_POLL_S": "1",
+        # half the users on the canary, so a few dozen requests show the split; the looping
+        # users bring the live requests a window needs
+        "LORAGATE_CANARY_SHARE": "0.5",
+        "LORAGATE_CANARY_MIN_LIVE_REQUESTS": "20",
+    }
+    os.environ.update(settings_env)
+    for var in ("LORAGATE_DATABASE_URL", "LORAGATE_ARTIFACTS"):
+        os.environ.pop(var, None)
+
+    banner("model kit: tiny base and adapters, offline")
+    m = build_models()
+
+    banner("registry: init (the first admin token), pin the base")
+    loragate("init")
+    as_admin = {"LORAGATE_TOKEN": (HOME / "admin.token").read_text().strip()}
+    loragate("base", "add", str(m["base"]), "--id", "tiny-llama", env=as_admin)
+
+    banner("who may do what: a token per gate role, one for the person who signs off, a signing key")
+    tokens = {}
+    for role in sorted({pool.role for pool in POOLS}):  # admin is the person here, on no worker
+        made = loragate(
+            "token",
+            "create",
+            "--role",
+            role.value,
+            "--holder",
+            f"pipeline-{role.value}",
+            "--pipeline",
+            "--json",
+            quiet=True,
+            env=as_admin,
+        )
+        tokens[role] = json.loads(made)["token"]
+    POOL_TOKENS.update({role.value: token for role, token in tokens.items()})
+    PEOPLE["alice"] = json.loads(
+        loragate("token", "create", "--role", "activation", "--holder", "alice", "--json", quiet=True, env=as_admin)
+    )["token"]
+    say("tokens are shown once; each work pool's worker gets its role's token in a directory of its own,")
+    say("never on the Prefect server (no Secret block, parameter, variable or log holds one):")
+    loragate("token", "list", env=as_admin)
+    keys = HOME / "keys"
+    loragate("key", "generate", "--out", str(keys))
+    loragate("key", "add", str(keys / "signing.pub"), "--role", "signing", "--holder", "pipeline", env=as_admin)
+
+    replica_secrets, admin_key = demo_replica_secrets()  # the replicas obey only the fleet
+    replicas = [
+        VllmReplica(
+            m["base"],
+            "tiny-llama",
+            adapter_dir=HOME / "adapters",
+            role=role,
+            secrets_dir=replica_secrets,
+            log_path=HOME / f"replica-{role}.log",
+            die_with_parent=True,
+            faults_file=HOME / "replica-faults.json",
+        )
+        for role in ("production", "canary")
+    ]
+    pipeline = users = None
+    try:
+        banner("start: Prefect server, deployments, workers; two vLLM CPU replicas (about a minute)")
+        import concurrent.futures
+
+        # the replicas die with the thread that starts them (PR_SET_PDEATHSIG): the main one
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            prefect_db = fresh_local_database(HOME / "prefect", "loragate_demo_prefect")
+            server_f = pool.submit(start_prefect_server, HOME / "prefect", 4200, database_url=prefect_db)
+            start_replicas(replicas)
+            server = server_f.result()
+        ui = server.ui_url
+        os.environ["LORAGATE_UI_URL"] = ui
+        settings_env["LORAGATE_UI_URL"] = ui
+        secrets = PipelineSecrets(tokens, (keys / "signing.key").read_bytes())
+        pipeline = start_pipeline(
+            HOME / "prefect", settings_env, secrets, evaluate_every_s=EVALUATE_EVERY_S, server=server
+        )
+        pipeline.owns_server = True
+        hand_admin_key(pipeline.secret_dirs, admin_key)  # canary, release and fleet pools only
+        say(f"Prefect UI: {ui}  (deployments: register, shadow-validate, canary, canary-evaluate, promote, rollback)")
+        say(f"the server has API authentication on: log in with the credential in {server.home}/api-auth")
+        for r in replicas:
+            loragate(
+                "fleet",
+                "add",
+                r.url,
+                "--base",
+                "tiny-llama",
+                "--role",
+                r.role,
+                "--adapter-dir",
+                str(HOME / "adapters"),
+                env=as_admin,
+            )
+        urls = {r.role: r.url for r in replicas}
+
+        banner("a broken adapter: rejected at register, with its diagnostic")
+        loragate(
+            "training-completed",
+            str(m["renamed-prefix"]),
+            "--name",
+            SUPPORT,
+            "--golden-set",
+            str(m["golden"]),
+            env=pipeline.env,
+        )
+        message = wait_for("register flow failed", lambda: rejected_at_register(pipeline))
+        say(f"why: {message}")
+
+        v1 = through_the_pipeline(pipeline, m["support-v1"], m["golden"], ui, "support v1", forge=True)
+        prompt = json.loads(m["golden"].read_text().splitlines()[0])["prompt"]
+        ask(urls, prompt)
+        banner("users: a dozen of them loop on the production replica; every answer names its version")
+        users = LoopingUsers(urls["production"], SUPPORT, prompt).start()
+        users.show_one()
+        banner("separation of duties: a training token cannot touch production")
+        loragate("rollback", SUPPORT, "--stage", "production", expect=3, env={"LORAGATE_TOKEN": tokens[Role.TRAINING]})
+        loragate("verify", v1)
+
+        banner("a broken adapter that registers fine: shadow validation fails it")
+        loragate("training-completed", str(m["fp16-qlora"]), "--name", SUPPORT, env=pipeline.env)
+        bad = wait_for("registered", lambda: version_of(SUPPORT, m["fp16-qlora"]))
+        wait_for(
+            "validation failed; the version is rejected and never reaches canary",
+            lambda: stage_of(bad)[0] == "rejected",
+        )
+        shown = json.loads(loragate("show", bad, "--json", quiet=True))
+        for failure in shown["manifest"]["validation_report"]["failures"]:
+            say(f"why: {failure}")
+
+        v2 = through_the_pipeline(pipeline, m["support-v2"], m["golden"], ui, "support v2", users=users)
+        ask(urls, prompt)
+
+        banner("rollback: production back to the previous version, kept warm: the users move, nothing reloads")
+        say("the rollback deployment moves nothing without a rollback code a person got with their own token:")
+        made = loragate("approve-code", v2, "--rollback", "--json", quiet=True, env={"LORAGATE_TOKEN": PEOPLE["alice"]})
+        params = {"name": SUPPORT, "expected_version": v2, "reason": "tenant reports regressions"}
+        args = [f"{k}={v}" for k, v in {**params, "code": json.loads(made)["code"]}.items()]
+        prefect_bin = str(Path(sys.executable).parent / "prefect")
+        run = [prefect_bin, "deployment", "run", "rollback/rollback", *(a for p in args for a in ("--param", p))]
+        subprocess.run(run, env={**os.environ, **pipeline.env}, check=True, capture_output=True)
+        wait_for(f"rollback flow: production is {v1} again", lambda: stage_of(v1)[0] == "production")
+        time.sleep(3)
+        users.report(3, "after the rollback")
+        live_errors_rolled_back(pipeline, m["support-v3"], m["golden"], users, HOME / "replica-faults.json")
+
+        banner("a direct load on a replica, without the fleet's admin key: refused")
+        direct_load_refused(urls["production"], SUPPORT, v2)
+        ask(urls, prompt)
+
+        banner("a replica copy tampered on disk: fleet status sees it, the resolver refuses it, reconcile repairs it")
+        tampered_copy_repaired(urls, SUPPORT, v1, prompt, {"LORAGATE_TOKEN": tokens[Role.FLEET]})
+        ask(urls, prompt)
+        loragate("history", SUPPORT)
+        summary(pipeline)
+    finally:
+        banner("stop everything this demo started")
+        if users is not None:
+            users.stop()
+        if pipeline is not None:
+            pipeline.stop()
+        stop_replicas(replicas)
+    took = time.monotonic() - STARTED
+    print(f"\ndemo finished in {took:.0f}s; history under {HOME} -- `make ui` reopens the Prefect UI on it")
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: every `finally` stops what it started
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\ninterrupted: every process the demo started was stopped", file=sys.stderr)
+        sys.exit(130)

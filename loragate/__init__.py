@@ -1,0 +1,7 @@
+"""loragate: a registry and promotion pipeline for LoRA adapters served by vLLM.
+
+Four layers, each importing only those below it: ``registry`` (the store and its rules),
+``tasks`` (plain functions plus thin Prefect wrappers), ``flows`` (orchestration only) and
+``cli`` (the outermost face). ``infra`` starts and talks to the local processes the product
+runs: vLLM replicas, the Prefect server and its workers.
+"""

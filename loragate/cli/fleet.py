@@ -1,0 +1,96 @@
+"""``loragate fleet``: the serving fleet -- add, remove, list, status (drift), reconcile."""
+
+from __future__ import annotations
+
+import argparse
+
+from loragate.cli.output import EXIT_FAILED, EXIT_OK, emit, open_registry, progress_printer
+
+
+def cmd_fleet_add(args: argparse.Namespace) -> int:
+    with open_registry(args) as reg:
+        replica, created = reg.add_replica(
+            args.url,
+            args.base,
+            args.role,
+            args.adapter_dir,
+            base_model_commit=args.commit,
+            max_lora_rank=args.max_lora_rank,
+            max_loras=args.max_loras,
+            served_model_name=args.served_name,
+        )
+    emit(args, {**replica.as_dict(), "created": created}, f"{'added' if created else 'already in'} {replica.url}")
+    return EXIT_OK
+
+
+def cmd_fleet_remove(args: argparse.Namespace) -> int:
+    with open_registry(args) as reg:
+        replica = reg.remove_replica(args.url)
+    emit(args, replica.as_dict(), f"removed {replica.url}")
+    return EXIT_OK
+
+
+def cmd_fleet_list(args: argparse.Namespace) -> int:
+    with open_registry(args) as reg:
+        replicas = reg.list_replicas(args.base)
+    emit(
+        args,
+        [r.as_dict() for r in replicas],
+        lambda: (
+            "\n".join(f"{r.url}\t{r.base_model_id}\t{r.role.value}\t{r.adapter_dir}" for r in replicas)
+            or "(no replicas)"
+        ),
+    )
+    return EXIT_OK
+
+
+def _states_text(states) -> str:
+    lines = []
+    for s in states:
+        status = "unreachable" if not s.reachable else "in sync" if not s.actions else f"{len(s.actions)} drift"
+        lines.append(f"{s.replica.url}  {s.replica.role.value:<10} {status}" + (f"  ({s.error})" if s.error else ""))
+        lines.extend(f"    - {a.describe()}" for a in s.actions)
+        lines.extend(f"    + {d}" for d in s.done)
+    return "\n".join(lines) or "(no replicas)"
+
+
+def cmd_fleet_status(args: argparse.Namespace) -> int:
+    from loragate.tasks.reconcile import fleet_status
+
+    with open_registry(args) as reg:
+        states = fleet_status(reg)
+    emit(args, [s.as_dict() for s in states], lambda: _states_text(states))
+    return EXIT_OK
+
+
+def cmd_fleet_reconcile(args: argparse.Namespace) -> int:
+    from loragate.tasks.reconcile import reconcile_fleet
+
+    with open_registry(args) as reg:
+        states = reconcile_fleet(reg, progress=progress_printer(args))
+    emit(args, [s.as_dict() for s in states], lambda: _states_text(states))
+    return EXIT_OK if all(s.reachable and not s.error for s in states) else EXIT_FAILED
+
+
+def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    fleet = sub.add_parser("fleet", help="the serving fleet").add_subparsers(dest="fleet_command", required=True)
+    p = fleet.add_parser("add", parents=[common], help="add a vLLM replica of a pinned base")
+    p.add_argument("url", help="the replica's OpenAI-compatible server, http://host:port")
+    p.add_argument("--base", required=True, help="catalog id of the base it serves")
+    p.add_argument("--commit", help="the base's commit (needed when several are pinned)")
+    p.add_argument("--role", required=True, choices=["canary", "production"])
+    p.add_argument("--adapter-dir", required=True, help="where loragate puts bundles, as the replica sees it")
+    p.add_argument("--max-lora-rank", type=int, default=16, help="the replica's --max-lora-rank")
+    p.add_argument("--max-loras", type=int, default=4, help="the replica's --max-loras")
+    p.add_argument("--served-name", help="its --served-model-name (default: the base id)")
+    p.set_defaults(func=cmd_fleet_add)
+    p = fleet.add_parser("remove", parents=[common], help="remove a replica from the fleet")
+    p.add_argument("url")
+    p.set_defaults(func=cmd_fleet_remove)
+    p = fleet.add_parser("list", parents=[common], help="the replicas in the fleet")
+    p.add_argument("--base")
+    p.set_defaults(func=cmd_fleet_list)
+    p = fleet.add_parser("status", parents=[common], help="what each replica serves against what it should")
+    p.set_defaults(func=cmd_fleet_status)
+    p = fleet.add_parser("reconcile", parents=[common], help="make every replica serve what the pointers say")
+    p.set_defaults(func=cmd_fleet_reconcile)

@@ -1,0 +1,98 @@
+"""The canary gates: deploy to the canary replicas, then watch on a schedule.
+
+``canary`` (triggered by ``loragate.adapter.validated``) switches the canary replicas to the
+version in place, verified against its validated outputs, and opens its window.
+``canary-evaluate`` (scheduled) observes every open window once (a few at a time) and acts
+on each verdict in window order:
+out of band rolls the canary back automatically (replicas withdrawn, version
+``rolled_back`` with the reason, Slack); in band for the whole window announces
+``loragate.canary.ready``, which starts the promotion that waits for a sign-off. Each
+window's observations are a Prefect table artifact, its verdict a markdown one. A live-traffic
+alert the replicas raise (a tripped breaker, too many fallbacks) goes to Slack once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.logging import get_run_logger
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from loragate.flows import events
+from loragate.registry.render.canary import canary_evidence_markdown, observation_row
+from loragate.registry.rules.canary import Verdict
+from loragate.tasks import notify
+from loragate.tasks.gates import deploy_canary, observe_canary, open_canary_windows, withdraw_canary
+from loragate.tasks.naming import artifact_key
+from loragate.tasks.notify_task import notify_task
+
+# windows observed at once: a replica batches concurrent requests, so 50 windows fit in one
+# evaluation interval; both sides see the same concurrency, so their latencies stay comparable
+OBSERVED_AT_ONCE = 4
+OBSERVING: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=OBSERVED_AT_ONCE)
+
+
+@flow(name="canary", log_prints=True)
+def canary_flow(version_id: str) -> dict[str, Any]:
+    deployed = deploy_canary(version_id)
+    window = deployed["window"]
+    replicas = sorted({r["replica"] for r in deployed["replicas"]})
+    if deployed["created"]:
+        events.announce(events.CANARY_STARTED, window["adapter_name"], version_id=version_id, window_id=window["id"])
+        notify_task(
+            notify.canary_started(window["adapter_name"], version_id, replicas, window["thresholds"]["length_s"])
+        )
+    return window
+
+
+# Prefect types TaskRunner as invariant in its future: a thread pool's is a subtype it refuses
+@flow(name="canary-evaluate", log_prints=True, task_runner=OBSERVING)  # type: ignore[arg-type]
+def canary_evaluate_flow() -> dict[str, str]:
+    logger = get_run_logger()
+    windows = open_canary_windows()
+    if not windows:
+        logger.info("no open canary window")
+    verdicts: dict[str, str] = {}
+    # observed a few at a time, acted on one by one in window order
+    observing = [(window, observe_canary.submit(window.id)) for window in windows]
+    for window, future in observing:
+        observed = future.result()
+        if observed is None:
+            continue
+        observation, observations, alerts = observed
+        for alert in alerts:
+            logger.warning("live traffic alert: %s", alert)
+            notify_task(
+                notify.traffic_alert(
+                    alert["name"], alert["version_id"], alert["kind"], alert["replica"], alert["detail"]
+                )
+            )
+        verdicts[window.version_id] = observation.verdict.value
+        key = artifact_key("canary", window.adapter_name)
+        create_table_artifact(
+            key=key,
+            table=[observation_row(o) for o in observations],
+            description=f"Canary observations of {window.version_id} (window {window.id})",
+        )
+        create_markdown_artifact(
+            key=f"{key}-verdict",
+            markdown=f"### Verdict: **{observation.verdict.value}**\n\n"
+            + "\n".join(f"- {r}" for r in observation.reasons)
+            + "\n\n"
+            + canary_evidence_markdown(window, observations),
+            description=f"{window.adapter_name} {window.version_id}: {observation.verdict.value}",
+        )
+        if observation.verdict == Verdict.ROLLBACK:
+            reason = "canary out of band: " + "; ".join(observation.reasons)
+            withdrawn = withdraw_canary(window.id, reason)
+            events.announce(events.CANARY_ROLLED_BACK, window.adapter_name, version_id=window.version_id, reason=reason)
+            notify_task(
+                notify.rolled_back(
+                    window.adapter_name, "canary", window.version_id, withdrawn["back_to"], reason, automatic=True
+                )
+            )
+        elif observation.verdict == Verdict.READY:
+            events.announce(events.CANARY_READY, window.adapter_name, version_id=window.version_id, window_id=window.id)
+    return verdicts

@@ -1,0 +1,333 @@
+"""The canary watch: a window per version on canary (open, ready for sign-off, then
+promoted, rolled back, rejected or superseded), the observations judged in it, and the
+flow run waiting for its sign-off (the decision itself is ``db/approvals.py``). A window's
+status moves only along ``WINDOW_MOVES``, each move a compare-and-set on the status it was
+read at."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, or_, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
+
+from loragate.registry.db.database import Database, utc
+from loragate.registry.db.schema import canary_observations, canary_windows
+from loragate.registry.errors import ConcurrentUpdate, IllegalTransition, NotFound
+from loragate.registry.records.adapters import utcnow
+from loragate.registry.rules.canary import (
+    ACTIVE,
+    WINDOW_MOVES,
+    CanaryThresholds,
+    CanaryWindow,
+    Monitor,
+    Observation,
+    SideStats,
+    Verdict,
+    WindowStatus,
+)
+
+# the unique index over an adapter's active windows (schema.py, migration 0008)
+ONE_ACTIVE_WINDOW = "uq_canary_windows_one_active"
+
+
+def window_from_row(row: Any) -> CanaryWindow:
+    return CanaryWindow(
+        id=row.id,
+        adapter_name=row.adapter_name,
+        version_id=row.version_id,
+        status=WindowStatus(row.status),
+        opened_at=utc(row.opened_at),
+        thresholds=CanaryThresholds.from_dict(row.thresholds),
+        closed_at=utc(row.closed_at) if row.closed_at else None,
+        reason=row.reason,
+        approval_flow_run_id=row.approval_flow_run_id,
+        share=row.share,
+    )
+
+
+def _observation_from_dict(data: dict[str, Any], observation_id: int) -> Observation:
+    return Observation(
+        id=observation_id,
+        window_id=data["window_id"],
+        at=utc(datetime.fromisoformat(data["at"])),
+        canary=SideStats.from_dict(data["canary"]),
+        production=SideStats.from_dict(data["production"]),
+        drift=data["drift"],
+        drifted_cases=list(data["drifted_cases"]),
+        verdict=Verdict(data["verdict"]),
+        monitors=[Monitor(**m) for m in data["monitors"]],
+        reasons=list(data["reasons"]),
+        live=data.get("live"),
+        pairs_ms=tuple((float(c), float(p)) for c, p in data.get("pairs_ms") or ()),
+    )
+
+
+class CanaryRepository:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def open_window(
+        self, name: str, version_id: str, thresholds: CanaryThresholds, actor: str, share: float = 0.0
+    ) -> tuple[CanaryWindow, bool]:
+        """Open a window for ``version_id`` answering ``share`` of the adapter's live
+        requests, or return its active one as it is; returns (window, created).
+
+        Any other active window of the adapter is superseded: one canary at a time. The
+        database keeps it so (a unique index over the active windows, migration 0008): an
+        opening that loses a race is retried and finds the winner's window.
+        """
+
+        def attempt() -> tuple[CanaryWindow, bool]:
+            now = utcnow()
+            with self.db.write() as conn:
+                active = conn.execute(
+                    select(canary_windows)
+                    .where(
+                        canary_windows.c.adapter_name == name,
+                        canary_windows.c.status.in_([s.value for s in ACTIVE]),
+                    )
+                    .order_by(canary_windows.c.id)
+                ).all()
+                mine = [r for r in active if r.version_id == version_id]
+                if mine:
+                    return window_from_row(mine[-1]), False
+                for row in active:
+                    self.move_in(conn, row, WindowStatus.SUPERSEDED, f"{version_id} entered canary", actor, now)
+                window_id = self._insert_window(conn, name, version_id, thresholds, share, now)
+                self.db.audit(
+                    conn,
+                    actor=actor,
+                    action="canary_window",
+                    adapter_name=name,
+                    version_id=version_id,
+                    stage="canary",
+                    to_value=WindowStatus.OPEN.value,
+                    at=now,
+                    details={"window_id": window_id, "thresholds": thresholds.as_dict(), "share": share},
+                )
+                row = conn.execute(select(canary_windows).where(canary_windows.c.id == window_id)).one()
+            return window_from_row(row), True
+
+        return self.db.retrying(attempt)
+
+    def _insert_window(
+        self, conn: Connection, name: str, version_id: str, thresholds: CanaryThresholds, share: float, now: datetime
+    ) -> int:
+        try:
+            return conn.execute(
+                insert(canary_windows)
+                .values(
+                    adapter_name=name,
+                    version_id=version_id,
+                    status=WindowStatus.OPEN.value,
+                    opened_at=now,
+                    thresholds=thresholds.as_dict(),
+                    share=share,
+                )
+                .returning(canary_windows.c.id)
+            ).scalar_one()
+        except IntegrityError as e:
+            # Postgres names the constraint; SQLite's writers are serialized and never get here
+            if getattr(getattr(e.orig, "diag", None), "constraint_name", None) == ONE_ACTIVE_WINDOW:
+                raise ConcurrentUpdate(f"another canary window of {name} opened meanwhile", field="status") from e
+            raise
+
+    def move_in(
+        self, conn: Connection, row: Any, to: WindowStatus, reason: str | None, actor: str, now: datetime
+    ) -> bool:
+        """Move a window's status under its current value (compare and set); False when it
+        was already there. Raises IllegalTransition for a move the table forbids."""
+        current = WindowStatus(row.status)
+        if current == to:
+            return False
+        if to not in WINDOW_MOVES.get(current, frozenset()):
+            raise IllegalTransition(
+                f"canary window {row.id} of {row.version_id} is {current.value}, it cannot become {to.value}",
+                field="status",
+            )
+        done = conn.execute(
+            update(canary_windows)
+            .where(canary_windows.c.id == row.id, canary_windows.c.status == current.value)
+            .values(
+                status=to.value,
+                reason=reason,
+                closed_at=None if to == WindowStatus.READY else now,
+            )
+        ).rowcount
+        if done != 1:
+            raise ConcurrentUpdate(f"canary window {row.id} changed meanwhile", field="status")
+        self.db.audit(
+            conn,
+            actor=actor,
+            action="canary_window",
+            adapter_name=row.adapter_name,
+            version_id=row.version_id,
+            stage="canary",
+            from_value=current.value,
+            to_value=to.value,
+            reason=reason,
+            at=now,
+            details={"window_id": row.id},
+        )
+        return True
+
+    def move_window(self, window_id: int, to: WindowStatus, reason: str | None, actor: str) -> CanaryWindow:
+        """Raises:
+        NotFound: no such window.
+        IllegalTransition: the window's status cannot move to ``to``.
+        """
+
+        def attempt() -> CanaryWindow:
+            with self.db.write() as conn:
+                row = self.window_row(conn, window_id)
+                self.move_in(conn, row, to, reason, actor, utcnow())
+                return window_from_row(self.window_row(conn, window_id))
+
+        return self.db.retrying(attempt)
+
+    def set_share(self, window_id: int, share: float, actor: str, reason: str | None = None) -> CanaryWindow:
+        """Set an active window's share of live requests; the same share again is a no-op
+        (nothing audited). The change is a compare-and-set on the share and status read, so
+        two changes racing are applied one after the other, each audited with what it
+        replaced (``canary_share``).
+
+        Raises:
+            NotFound: no such window.
+            IllegalTransition: the window is closed (only an open or ready one has a share).
+        """
+
+        def attempt() -> CanaryWindow:
+            with self.db.write() as conn:
+                row = self.window_row(conn, window_id)
+                if WindowStatus(row.status) not in ACTIVE:
+                    raise IllegalTransition(
+                        f"canary window {window_id} of {row.version_id} is {row.status}: "
+                        "only an open or ready window has a share of live requests",
+                        field="status",
+                    )
+                if row.share == share:
+                    return window_from_row(row)
+                done = conn.execute(
+                    update(canary_windows)
+                    .where(
+                        canary_windows.c.id == window_id,
+                        canary_windows.c.status.in_([s.value for s in ACTIVE]),
+                        canary_windows.c.share == row.share,
+                    )
+                    .values(share=share)
+                ).rowcount
+                if done != 1:
+                    raise ConcurrentUpdate(f"canary window {window_id} changed meanwhile", field="share")
+                self.db.audit(
+                    conn,
+                    actor=actor,
+                    action="canary_share",
+                    adapter_name=row.adapter_name,
+                    version_id=row.version_id,
+                    stage="canary",
+                    from_value=repr(row.share),
+                    to_value=repr(share),
+                    reason=reason,
+                    details={"window_id": window_id, "from": row.share, "to": share, "reason": reason},
+                )
+                return window_from_row(self.window_row(conn, window_id))
+
+        return self.db.retrying(attempt)
+
+    def window_row(self, conn: Connection, window_id: int) -> Any:
+        """The window's row, read in ``conn``'s transaction.
+
+        Raises:
+            NotFound: no such window.
+        """
+        row = conn.execute(select(canary_windows).where(canary_windows.c.id == window_id)).first()
+        if row is None:
+            raise NotFound(f"no canary window {window_id}", field="window_id")
+        return row
+
+    def window(self, window_id: int) -> CanaryWindow:
+        with self.db.reader.connect() as conn:
+            return window_from_row(self.window_row(conn, window_id))
+
+    def windows(
+        self,
+        *,
+        statuses: tuple[WindowStatus, ...] | None = None,
+        version_id: str | None = None,
+        adapter_name: str | None = None,
+    ) -> list[CanaryWindow]:
+        query = select(canary_windows).order_by(canary_windows.c.id)
+        if adapter_name is not None:
+            query = query.where(canary_windows.c.adapter_name == adapter_name)
+        if statuses is not None:
+            query = query.where(canary_windows.c.status.in_([s.value for s in statuses]))
+        if version_id is not None:
+            query = query.where(canary_windows.c.version_id == version_id)
+        with self.db.reader.connect() as conn:
+            return [window_from_row(r) for r in conn.execute(query)]
+
+    def record_observation(self, observation: Observation, actor: str) -> Observation:
+        """Store an observation; a ROLLBACK or READY verdict is audited with the window's move
+        to READY (the rollback's own move is made by whoever withdraws the canary).
+
+        Raises:
+            NotFound: no such window.
+        """
+        with self.db.write() as conn:
+            row = self.window_row(conn, observation.window_id)
+            observation_id = conn.execute(
+                insert(canary_observations)
+                .values(
+                    window_id=observation.window_id,
+                    at=observation.at,
+                    verdict=observation.verdict.value,
+                    observation=observation.as_dict(),
+                )
+                .returning(canary_observations.c.id)
+            ).scalar_one()
+            if observation.verdict == Verdict.READY and row.status == WindowStatus.OPEN.value:
+                self.move_in(conn, row, WindowStatus.READY, "; ".join(observation.reasons), actor, observation.at)
+        return dataclasses.replace(observation, id=observation_id)
+
+    def observations(self, window_id: int) -> list[Observation]:
+        with self.db.reader.connect() as conn:
+            rows = conn.execute(
+                select(canary_observations.c.id, canary_observations.c.observation)
+                .where(canary_observations.c.window_id == window_id)
+                .order_by(canary_observations.c.id)
+            )
+            return [_observation_from_dict(r.observation, r.id) for r in rows]
+
+    def set_approval_run(self, window_id: int, flow_run_id: str, replacing: str | None, actor: str) -> CanaryWindow:
+        """Record which paused flow run waits for this window's sign-off (what ``loragate
+        approve`` resumes) -- only while no run, or the run ``replacing`` names, holds it:
+        two promotions triggered by one duplicated event cannot both wait. The claim is a
+        compare-and-set in the UPDATE's WHERE clause; the returned window names the holder.
+        """
+        with self.db.write() as conn:
+            row = self.window_row(conn, window_id)
+            free: ColumnElement[bool] = canary_windows.c.approval_flow_run_id.is_(None)
+            if replacing is not None:
+                free = or_(free, canary_windows.c.approval_flow_run_id == replacing)
+            claimed = conn.execute(
+                update(canary_windows)
+                .where(canary_windows.c.id == window_id, free)
+                .values(approval_flow_run_id=flow_run_id)
+            ).rowcount
+            if claimed == 1:
+                self.db.audit(
+                    conn,
+                    actor=actor,
+                    action="approval_requested",
+                    adapter_name=row.adapter_name,
+                    version_id=row.version_id,
+                    stage="production",
+                    to_value=flow_run_id[:64],
+                    details={"window_id": window_id, "flow_run_id": flow_run_id},
+                )
+            return window_from_row(self.window_row(conn, window_id))

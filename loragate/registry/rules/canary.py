@@ -1,0 +1,357 @@
+"""The canary watch: a window in which a canary must stay in band before sign-off.
+
+Deploying a version to the canary replicas opens a **window** (start, length, thresholds,
+kept in the registry so a later change of settings does not move the goalposts of a running
+canary). Each scheduled evaluation sends the same prompts through the canary and the
+production replicas and records an **observation**: per side the error rate and latency
+p50/p95, and the canary's *golden drift* -- the share of golden prompts it answers
+differently from what shadow validation recorded for the version.
+
+This module is pure judgement, like ``lifecycle``: from an observation and the ones before
+it, the verdict. Errors above production's or drift above epsilon are not noise: they roll
+the canary back at once. A p95 above ``ratio x production + slack`` counts as a breach only
+when a rank test says the canary is slower too (one slow sample moves a p95 of 16, not the
+ranks), and must repeat ``latency_breaches`` times in a row. The probes go in back-to-back
+pairs (the canary, then production, on the same prompt), so the test is Wilcoxon's
+signed-rank test on each pair's log ratio beyond log(ratio): a host's load shifts both
+halves of a pair alike, where it drowns a difference between two pooled samples
+(Mann-Whitney, kept for observations with too few pairs). A
+window that takes live traffic also carries the live judgement (``rules/live.py``): worse
+live errors or a tripped breaker roll back, a live latency breach joins the streak, too few
+live requests (or an unmet A/B bar, when it gates) keep it from ready. The window is ready
+for sign-off once its length has passed with every monitor in band.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from loragate.registry.errors import IllegalTransition
+from loragate.registry.rules.significance import mann_whitney_greater, wilcoxon_greater
+
+if TYPE_CHECKING:
+    from loragate.registry.rules.live import LiveJudgement
+
+
+class WindowStatus(StrEnum):
+    OPEN = "open"  # observing
+    READY = "ready"  # in band for its whole length: waiting for a sign-off
+    PROMOTED = "promoted"
+    REJECTED = "rejected"  # a person said no
+    ROLLED_BACK = "rolled_back"  # a monitor went out of band
+    SUPERSEDED = "superseded"  # another version of the adapter entered canary
+
+
+# where each status may go; a move already made is a no-op, never an error
+WINDOW_MOVES: dict[WindowStatus, frozenset[WindowStatus]] = {
+    WindowStatus.OPEN: frozenset({WindowStatus.READY, WindowStatus.ROLLED_BACK, WindowStatus.SUPERSEDED}),
+    WindowStatus.READY: frozenset(
+        {WindowStatus.PROMOTED, WindowStatus.REJECTED, WindowStatus.ROLLED_BACK, WindowStatus.SUPERSEDED}
+    ),
+    # a promotion whose transaction rolled back: production went back to the version before
+    WindowStatus.PROMOTED: frozenset({WindowStatus.ROLLED_BACK}),
+}
+ACTIVE = (WindowStatus.OPEN, WindowStatus.READY)
+
+Pairs = tuple[tuple[float, float], ...]
+
+
+class Verdict(StrEnum):
+    CONTINUE = "continue"
+    ROLLBACK = "rollback"
+    READY = "ready"
+
+
+@dataclass(frozen=True)
+class CanaryThresholds:
+    length_s: float
+    p95_ratio: float = 1.10
+    p95_slack_ms: float = 0.0
+    drift_epsilon: float = 0.05
+    latency_breaches: int = 2
+    # live traffic (rules/live.py): the minimum live canary requests before ready, the
+    # confidence of the live tests, and whether the A/B bar gates readiness
+    min_live_requests: int = 0
+    confidence: float = 0.95
+    ab_gate: bool = False
+    ab_error_margin: float = 0.01
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> CanaryThresholds:
+        return cls(
+            length_s=settings.canary_window_s,
+            p95_ratio=settings.canary_p95_ratio,
+            p95_slack_ms=settings.canary_p95_slack_ms,
+            drift_epsilon=settings.canary_drift_epsilon,
+            latency_breaches=settings.canary_latency_breaches,
+            min_live_requests=settings.canary_min_live_requests,
+            confidence=settings.canary_confidence,
+            ab_gate=settings.canary_ab_gate,
+            ab_error_margin=settings.canary_ab_error_margin,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CanaryThresholds:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True)
+class SideStats:
+    """What one side (the canary or production replicas) did in one observation."""
+
+    requests: int
+    errors: int
+    p50_ms: float | None
+    p95_ms: float | None
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    # the answered requests' latencies, for the rank test (empty in records older than it)
+    latencies_ms: tuple[float, ...] = ()
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    @classmethod
+    def from_samples(cls, latencies_ms: list[float], errors: list[str]) -> SideStats:
+        kinds: dict[str, int] = {}
+        for kind in errors:
+            kinds[kind] = kinds.get(kind, 0) + 1
+        return cls(
+            requests=len(latencies_ms) + len(errors),
+            errors=len(errors),
+            p50_ms=percentile(latencies_ms, 50),
+            p95_ms=percentile(latencies_ms, 95),
+            error_kinds=kinds,
+            latencies_ms=tuple(round(v, 3) for v in latencies_ms),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "latencies_ms": list(self.latencies_ms), "error_rate": round(self.error_rate, 4)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SideStats:
+        return cls(
+            data["requests"],
+            data["errors"],
+            data["p50_ms"],
+            data["p95_ms"],
+            dict(data.get("error_kinds", {})),
+            tuple(float(v) for v in data.get("latencies_ms") or ()),
+        )
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return round(ordered[rank - 1], 3)
+
+
+@dataclass(frozen=True)
+class Monitor:
+    name: str
+    value: float | None
+    bound: float | None
+    in_band: bool
+
+    def describe(self) -> str:
+        value = "n/a" if self.value is None else f"{self.value:.4g}"
+        bound = "n/a" if self.bound is None else f"{self.bound:.4g}"
+        return f"{self.name} {value} {'<=' if self.in_band else '>'} {bound}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# monitors whose breach counts towards the latency streak (probe and live)
+LATENCY_MONITORS = frozenset({"p95_ms", "live_p95_ms", "live_ms_per_token_p95"})
+
+
+# fewer back-to-back pairs than this: the pooled samples' rank test instead
+MIN_PAIRS = 8
+
+
+def probe_slower(thresholds: CanaryThresholds, canary: SideStats, production: SideStats, pairs_ms: Pairs = ()) -> bool:
+    """Whether a rank test finds the canary slower at the confidence: the signed-rank test
+    on the pairs' log ratios beyond log(p95_ratio) where there are MIN_PAIRS of them, else
+    Mann-Whitney on the pooled samples; True where neither has samples (older records: the
+    p95 decides)."""
+    # beyond the band, pair by pair: slower than ratio x production, not merely slower (an
+    # adapter's own LoRA arithmetic makes it a little slower than a bare base, every time)
+    margin = math.log(thresholds.p95_ratio) if thresholds.p95_ratio > 0 else 0.0
+    ratios = [math.log(c / p) - margin for c, p in pairs_ms if c > 0 and p > 0]
+    if len(ratios) >= MIN_PAIRS:
+        paired = wilcoxon_greater(ratios)
+        return paired is not None and paired.p_value < 1 - thresholds.confidence
+    if not canary.latencies_ms or not production.latencies_ms:
+        return True
+    test = mann_whitney_greater(list(canary.latencies_ms), list(production.latencies_ms))
+    return test is not None and test.p_value < 1 - thresholds.confidence
+
+
+def monitors(
+    thresholds: CanaryThresholds, canary: SideStats, production: SideStats, drift: float, pairs_ms: Pairs = ()
+) -> list[Monitor]:
+    """The three monitors of one observation, each with its bound. The p95 is out of band
+    above its bound only when the rank test confirms the canary is slower."""
+    p95_bound = None
+    p95_in_band = True
+    if canary.p95_ms is not None and production.p95_ms is not None:
+        p95_bound = production.p95_ms * thresholds.p95_ratio + thresholds.p95_slack_ms
+        p95_in_band = canary.p95_ms <= p95_bound or not probe_slower(thresholds, canary, production, pairs_ms)
+    elif canary.p95_ms is None and canary.requests:
+        p95_in_band = False  # every canary request failed: no latency to judge, and that is not in band
+    return [
+        Monitor("error_rate", canary.error_rate, production.error_rate, canary.error_rate <= production.error_rate),
+        Monitor("p95_ms", canary.p95_ms, p95_bound, p95_in_band),
+        Monitor("golden_drift", drift, thresholds.drift_epsilon, drift <= thresholds.drift_epsilon),
+    ]
+
+
+@dataclass(frozen=True)
+class CanaryWindow:
+    id: int
+    adapter_name: str
+    version_id: str
+    status: WindowStatus
+    opened_at: datetime
+    thresholds: CanaryThresholds
+    closed_at: datetime | None = None
+    reason: str | None = None
+    approval_flow_run_id: str | None = None
+    # share of the adapter's live requests the canary answers (0: a dark canary, probes only)
+    share: float = 0.0
+
+    @property
+    def ends_at(self) -> datetime:
+        return self.opened_at + timedelta(seconds=self.thresholds.length_s)
+
+    def promoted_already(self, production: str | None) -> bool:
+        """Whether a sign-off or a promotion of this window finds its work done: the window
+        was promoted and its version is production (a re-run). Otherwise the window must be
+        ready, which is what both the sign-off and the move itself start from.
+
+        Raises:
+            IllegalTransition: the window is neither promoted to production nor ready.
+        """
+        if self.status == WindowStatus.PROMOTED and production == self.version_id:
+            return True
+        if self.status != WindowStatus.READY:
+            raise IllegalTransition(
+                f"{self.version_id}'s canary window is {self.status.value}, not ready for promotion", field="version_id"
+            )
+        return False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "adapter_name": self.adapter_name,
+            "version_id": self.version_id,
+            "status": self.status.value,
+            "opened_at": self.opened_at.isoformat(),
+            "ends_at": self.ends_at.isoformat(),
+            "thresholds": self.thresholds.as_dict(),
+            "closed_at": self.closed_at.isoformat() if self.closed_at else None,
+            "reason": self.reason,
+            "approval_flow_run_id": self.approval_flow_run_id,
+            "share": self.share,
+        }
+
+
+@dataclass(frozen=True)
+class Observation:
+    window_id: int
+    at: datetime
+    canary: SideStats
+    production: SideStats
+    drift: float
+    drifted_cases: list[str]
+    verdict: Verdict
+    monitors: list[Monitor]
+    reasons: list[str]
+    id: int | None = None
+    # the live judgement of this evaluation (LiveJudgement.as_dict()); None: probes only
+    live: dict[str, Any] | None = None
+    # (canary ms, production ms) of each probe both sides answered, back to back
+    pairs_ms: Pairs = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "window_id": self.window_id,
+            "at": self.at.isoformat(),
+            "canary": self.canary.as_dict(),
+            "production": self.production.as_dict(),
+            "drift": self.drift,
+            "drifted_cases": self.drifted_cases,
+            "verdict": self.verdict.value,
+            "monitors": [m.as_dict() for m in self.monitors],
+            "reasons": self.reasons,
+            "live": self.live,
+            "pairs_ms": [list(pair) for pair in self.pairs_ms],
+        }
+
+
+def _latency_breach(checks: list[Monitor]) -> bool:
+    return any(m.name in LATENCY_MONITORS and not m.in_band for m in checks)
+
+
+def judge(
+    window: CanaryWindow,
+    canary: SideStats,
+    production: SideStats,
+    drift: float,
+    earlier: list[Observation],
+    now: datetime,
+    live: LiveJudgement | None = None,
+    pairs_ms: Pairs = (),
+) -> tuple[Verdict, list[Monitor], list[str]]:
+    """The verdict on one observation, given the window's earlier ones (oldest first) and,
+    for a window that takes live traffic, the live judgement of the same evaluation, and
+    the probes' back-to-back pairs.
+
+    Returns (verdict, monitors, reasons); reasons name every monitor out of band, or say
+    why the window is not ready yet. A window with a share of live traffic and a minimum of
+    live requests is not ready without a live judgement.
+    """
+    t = window.thresholds
+    checks = monitors(t, canary, production, drift, pairs_ms)
+    by_name = {m.name: m for m in checks}
+    if live is not None:
+        checks += live.monitors
+    reasons = [f"{m.describe()} (out of band)" for m in checks if not m.in_band]
+    if live is not None:
+        reasons += live.reasons
+    if not by_name["error_rate"].in_band or not by_name["golden_drift"].in_band or (live and live.rollback):
+        return Verdict.ROLLBACK, checks, reasons
+    if _latency_breach(checks):
+        streak = 1
+        for previous in reversed(earlier):
+            if _latency_breach(previous.monitors):
+                streak += 1
+            else:
+                break
+        if streak >= t.latency_breaches:
+            return Verdict.ROLLBACK, checks, [*reasons, f"p95 out of band {streak} observations in a row"]
+        return Verdict.CONTINUE, checks, [*reasons, f"p95 out of band {streak}/{t.latency_breaches} in a row"]
+    if live is not None:
+        not_ready = live.not_ready_reasons
+    elif window.share > 0 and t.min_live_requests > 0:
+        not_ready = [f"live: no live figures for a window at share {window.share:g}"]
+    else:
+        not_ready = []
+    if now < window.ends_at:
+        left = (window.ends_at - now).total_seconds()
+        return Verdict.CONTINUE, checks, [f"in band; window ends in {left:.0f} s", *not_ready]
+    if not_ready:
+        return Verdict.CONTINUE, checks, ["window over but not ready", *not_ready]
+    return Verdict.READY, checks, [f"in band for the whole window ({t.length_s:g} s)"]

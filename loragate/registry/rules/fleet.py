@@ -1,0 +1,189 @@
+"""The serving fleet: which vLLM replicas serve which base, and what each should serve.
+
+A replica serves one pinned base in one role. Production replicas serve every adapter's
+production version; canary replicas serve an adapter's canary version when it has one, its
+production version otherwise. Each version a replica serves lives in the replica-visible
+adapter directory under an immutable path of its own (``<dir>/<name>/<version id>``): vLLM's
+prefix cache is keyed by (adapter name, path), so a new path per version rules out stale
+cache blocks, and a path is never reused for other bytes.
+
+This module is pure planning, like ``lifecycle``: the desired state of the fleet from the
+pointers and the actions that turn a replica's actual state into it. The index files the
+resolver plugin reads are written by ``loragate.registry.storage.resolver_index``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from loragate.registry.errors import InvalidInput
+from loragate.registry.rules.names import AdapterName
+
+
+class ReplicaRole(StrEnum):
+    CANARY = "canary"
+    PRODUCTION = "production"
+
+
+@dataclass(frozen=True)
+class Replica:
+    url: str
+    base_model_id: str
+    base_model_commit: str
+    role: ReplicaRole
+    # where loragate materializes bundles, as the replica sees it (a shared volume)
+    adapter_dir: str
+    # the replica's --max-lora-rank and --max-loras
+    max_lora_rank: int
+    max_loras: int
+    # the name the replica serves its base under (--served-model-name)
+    served_model_name: str
+    created_at: datetime | None = None
+    created_by: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "base_model_id": self.base_model_id,
+            "base_model_commit": self.base_model_commit,
+            "role": self.role.value,
+            "adapter_dir": self.adapter_dir,
+            "max_lora_rank": self.max_lora_rank,
+            "max_loras": self.max_loras,
+            "served_model_name": self.served_model_name,
+            "created_at": self.created_at.isoformat() if self.created_at else None,
+            "created_by": self.created_by,
+        }
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One adapter version on a replica: where its bundle is, as the replica sees it."""
+
+    name: str
+    version_id: str
+    path: str
+
+
+# a version served beside its adapter's plain name, as ``name@version``: the canary warm on the
+# production replicas while its window splits traffic, the previous production kept warm for a
+# rollback that only moves traffic. Only the fleet's admin key can address it; the replicas'
+# traffic split sends users there (infra/vllm_plugin/loragate_resolver/traffic.py).
+QUALIFIER = "@"
+
+
+def qualified_name(name: str, version_id: str) -> str:
+    """The name a replica serves one version of ``name`` under, beside the plain name."""
+    return f"{name}{QUALIFIER}{version_id}"
+
+
+def version_path(adapter_dir: str, name: str, version_id: str) -> str:
+    """The immutable replica-visible path of one version's bundle."""
+    return os.path.join(adapter_dir, *name.split("/"), version_id)
+
+
+@dataclass(frozen=True)
+class AdapterPointers:
+    name: str
+    base_model_id: str
+    canary: str | None
+    production: str | None
+
+
+def served_version(role: ReplicaRole, pointers: AdapterPointers) -> str | None:
+    """The version of an adapter a replica of ``role`` serves."""
+    if role == ReplicaRole.CANARY and pointers.canary is not None:
+        return pointers.canary
+    return pointers.production
+
+
+def desired_placements(replica: Replica, adapters: Iterable[AdapterPointers]) -> dict[str, Placement]:
+    """What ``replica`` should serve, by adapter name, from the adapters' pointers."""
+    wanted = {}
+    for pointers in adapters:
+        if pointers.base_model_id != replica.base_model_id:
+            continue
+        version = served_version(replica.role, pointers)
+        if version is not None:
+            wanted[pointers.name] = Placement(
+                pointers.name, version, version_path(replica.adapter_dir, pointers.name, version)
+            )
+    return wanted
+
+
+class ActionKind(StrEnum):
+    LOAD = "load"  # the name is not served: load it from its path
+    SWITCH = "switch"  # served from another path: switch it to the wanted one
+    UNLOAD = "unload"  # served, but no pointer wants it here
+    REPAIR = "repair"  # served from the wanted path, but the bytes there do not verify
+
+
+@dataclass(frozen=True)
+class FleetAction:
+    replica: str
+    kind: ActionKind
+    name: str
+    served_path: str | None  # what the replica serves the name from now
+    placement: Placement | None  # what it should serve (None for an unload)
+    # files of the wanted copy that are missing or do not match their digests
+    damaged: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.kind == ActionKind.UNLOAD:
+            return f"{self.replica}: unload {self.name} (served from {self.served_path}, no pointer wants it)"
+        assert self.placement is not None
+        damage = (
+            f" ({', '.join(self.damaged)} at {self.placement.path} do not match their digests)" if self.damaged else ""
+        )
+        if self.kind == ActionKind.REPAIR:
+            return f"{self.replica}: repair {self.name} = {self.placement.version_id}{damage}"
+        if self.kind == ActionKind.LOAD:
+            return f"{self.replica}: load {self.name} = {self.placement.version_id}{damage}"
+        return f"{self.replica}: switch {self.name} from {self.served_path} to {self.placement.version_id}{damage}"
+
+
+def plan_reconcile(
+    replica: Replica,
+    desired: Mapping[str, Placement],
+    served: Mapping[str, str],
+    damaged: Mapping[str, list[str]] | None = None,
+) -> list[FleetAction]:
+    """The actions that make what ``replica`` serves (adapter name -> path) what is desired,
+    given which wanted copies on disk do not verify (adapter name -> damaged files).
+
+    Only adapters bound to the replica's base are loragate's to unload: a name that is not
+    ``<namespace>/<base>/<task>`` of this base was put there by someone else and stays.
+    A version served warm as ``name@version`` from the wanted path is in sync: a rollback
+    that only moved traffic left it so, and the replica's split sends users there.
+    """
+    damaged = damaged or {}
+    actions = []
+    for name, placement in sorted(desired.items()):
+        current = served.get(name)
+        bad = tuple(damaged.get(name, ()))
+        warm = served.get(qualified_name(name, placement.version_id)) == placement.path
+        if current != placement.path and warm and not bad:
+            continue
+        if current is None:
+            actions.append(FleetAction(replica.url, ActionKind.LOAD, name, None, placement, bad))
+        elif current != placement.path:
+            actions.append(FleetAction(replica.url, ActionKind.SWITCH, name, current, placement, bad))
+        elif bad:
+            actions.append(FleetAction(replica.url, ActionKind.REPAIR, name, current, placement, bad))
+    for name, path in sorted(served.items()):
+        if name not in desired and _base_of(name) == replica.base_model_id:
+            actions.append(FleetAction(replica.url, ActionKind.UNLOAD, name, path, None))
+    return actions
+
+
+def _base_of(served_name: str) -> str | None:
+    """The base segment of a served adapter name; None for a name loragate did not give."""
+    try:
+        return AdapterName.parse(served_name).base
+    except InvalidInput:
+        return None

@@ -1,0 +1,373 @@
+"""The live half of a canary verdict: what real requests said about canary and production.
+
+Each production replica counts, per adapter, version and canary window, the requests it
+answered (``GET /loragate/traffic``); ``LiveStats.from_replicas`` sums one such document
+per replica into a canary side and a production side. Field meanings, per version entry
+(the plugin's ``live_stats.py``): ``requests`` the version handled, ``errors`` among them
+(a failure that fell back included), ``fallbacks`` the requests the base answered for it
+(its failures, and requests its open breaker kept from it, which are not in ``requests``),
+latency samples of its good answers, ``accepted``/``retried`` the tenant's feedback,
+``samples`` the texts of its last good non-streaming answers (``rules/formats.py``).
+Entries of version ``"base"`` (the base answering for the adapter) are reported apart,
+since a version's own ``fallbacks`` already says which side fell back.
+
+``judge_live`` turns them into monitors. Both sides are served by the same replicas at the
+same moments, so what differs is the version -- but live counts are small at a 1 % share,
+so every rule is a test at the window's confidence, never a bare comparison: one error in
+100 against none in 1000 is noise (Fisher p = 0.09), ten is not. Worse errors or a tripped
+breaker roll back; a p95 (or per-token p95) above ``ratio x production + slack`` that the
+rank test confirms is a latency breach for the streak rule; too few live requests, or
+(with the A/B gate on) an unmet bar, keep the window from becoming ready. Where the golden
+set declares an output schema, the sampled answers' format compliance is reported per
+version and compared as an A/B metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loragate.registry.errors import ErrorCode, ReplicaError
+from loragate.registry.rules.ab import ABReport, compare
+from loragate.registry.rules.canary import CanaryThresholds, Monitor, percentile
+from loragate.registry.rules.formats import FormatCheck, FormatCompliance, measure
+from loragate.registry.rules.significance import fisher_exact_greater, mann_whitney_greater
+
+BASE = "base"  # the version of an entry the base model answered
+_COUNTS = ("requests", "errors", "fallbacks", "accepted", "retried", "trips")
+_SAMPLES = ("latency_ms", "ttft_ms", "ms_per_token")
+
+
+@dataclass(frozen=True)
+class LiveSide:
+    """One side's live figures over a window, summed over replicas."""
+
+    requests: int = 0
+    errors: int = 0
+    fallbacks: int = 0
+    accepted: int = 0
+    retried: int = 0
+    latency_ms: tuple[float, ...] = ()
+    ttft_ms: tuple[float, ...] = ()
+    ms_per_token: tuple[float, ...] = ()
+    trips: int = 0
+    breaker_open: bool = False
+    samples: tuple[str, ...] = ()  # answer texts, pooled over replicas
+
+    @property
+    def routed(self) -> int:
+        """An upper bound of the requests sent its way: those it handled and those its
+        breaker kept from it (a failure that fell back is in both: counted twice, on both
+        sides alike)."""
+        return self.requests + self.fallbacks
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.errors / self.requests if self.requests else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        rated = self.accepted + self.retried
+        return self.accepted / rated if rated else None
+
+    @property
+    def p50_ms(self) -> float | None:
+        return percentile(list(self.latency_ms), 50)
+
+    @property
+    def p95_ms(self) -> float | None:
+        return percentile(list(self.latency_ms), 95)
+
+    @property
+    def p99_ms(self) -> float | None:
+        return percentile(list(self.latency_ms), 99)
+
+    @property
+    def ms_per_token_p95(self) -> float | None:
+        return percentile(list(self.ms_per_token), 95)
+
+    @property
+    def ttft_p95_ms(self) -> float | None:
+        return percentile(list(self.ttft_ms), 95)
+
+    def merge(self, other: LiveSide) -> LiveSide:
+        """Both sides' figures as one (counts added, samples pooled, a breaker open if either's is)."""
+        return LiveSide(
+            requests=self.requests + other.requests,
+            errors=self.errors + other.errors,
+            fallbacks=self.fallbacks + other.fallbacks,
+            accepted=self.accepted + other.accepted,
+            retried=self.retried + other.retried,
+            latency_ms=self.latency_ms + other.latency_ms,
+            ttft_ms=self.ttft_ms + other.ttft_ms,
+            ms_per_token=self.ms_per_token + other.ms_per_token,
+            trips=self.trips + other.trips,
+            breaker_open=self.breaker_open or other.breaker_open,
+            samples=self.samples + other.samples,
+        )
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any], where: str = "entry") -> LiveSide:
+        """One version entry of a replica's traffic document.
+
+        Raises:
+            ReplicaError: REPLICA_REFUSED naming the field that is not a count or samples.
+        """
+        try:
+            counts = {name: int(entry.get(name) or 0) for name in _COUNTS}
+            samples = {name: tuple(float(v) for v in entry.get(name) or ()) for name in _SAMPLES}
+            texts = tuple(entry.get("samples") or ())
+        except (TypeError, ValueError) as e:
+            raise ReplicaError(
+                f"{where} of a traffic report holds a count or sample that is not a number",
+                code=ErrorCode.REPLICA_REFUSED,
+                field=where,
+            ) from e
+        if not all(isinstance(t, str) for t in texts):
+            raise ReplicaError(
+                f"{where} of a traffic report holds an answer sample that is not a text",
+                code=ErrorCode.REPLICA_REFUSED,
+                field=where,
+            )
+        if any(v < 0 for v in counts.values()):
+            raise ReplicaError(f"{where} of a traffic report holds a negative count", field=where)
+        return cls(
+            requests=counts["requests"],
+            errors=counts["errors"],
+            fallbacks=counts["fallbacks"],
+            accepted=counts["accepted"],
+            retried=counts["retried"],
+            latency_ms=samples["latency_ms"],
+            ttft_ms=samples["ttft_ms"],
+            ms_per_token=samples["ms_per_token"],
+            trips=counts["trips"],
+            breaker_open=entry.get("breaker") == "open",
+            samples=texts,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The figures a person reads and the store keeps (sample counts, not the samples)."""
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "fallbacks": self.fallbacks,
+            "accepted": self.accepted,
+            "retried": self.retried,
+            "error_rate": self.error_rate,
+            "acceptance_rate": self.acceptance_rate,
+            "p50_ms": self.p50_ms,
+            "p95_ms": self.p95_ms,
+            "p99_ms": self.p99_ms,
+            "ms_per_token_p95": self.ms_per_token_p95,
+            "ttft_p95_ms": self.ttft_p95_ms,
+            "samples": len(self.latency_ms),
+            "answers_sampled": len(self.samples),
+            "trips": self.trips,
+            "breaker_open": self.breaker_open,
+        }
+
+
+@dataclass(frozen=True)
+class LiveStats:
+    """A window's live figures: the canary version's, production's, the base's answers for
+    the adapter, and the breaker alerts of its versions."""
+
+    canary: LiveSide
+    production: LiveSide
+    base: LiveSide = field(default_factory=LiveSide)
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    replicas: int = 0
+    canary_version: str | None = None
+    production_version: str | None = None  # None: the base answers for the adapter
+
+    @classmethod
+    def from_replicas(
+        cls,
+        documents: Iterable[dict[str, Any]],
+        adapter: str,
+        window_id: int,
+        canary_version: str,
+        production_version: str | None,
+    ) -> LiveStats:
+        """Sum the traffic documents of the production replicas (one per replica; a replica
+        reported twice counts once, its last document) for one adapter's window.
+
+        Production is the production version's entries of the window, or the base's while
+        the adapter has no production version.
+
+        Raises:
+            ReplicaError: REPLICA_REFUSED for a document or entry that is not a traffic report.
+        """
+        latest: dict[str, dict[str, Any]] = {}
+        for number, document in enumerate(documents):
+            if not isinstance(document, dict) or not isinstance(document.get("versions", []), list):
+                raise ReplicaError(f"traffic report {number} is not an object with a versions list", field="versions")
+            latest[str(document.get("replica", f"#{number}"))] = document
+        production_key = production_version or BASE
+        canary = production = base = LiveSide()
+        alerts = []
+        for name, document in latest.items():
+            for index, entry in enumerate(document.get("versions") or []):
+                if not isinstance(entry, dict) or entry.get("adapter") != adapter or entry.get("window") != window_id:
+                    continue
+                side = LiveSide.from_entry(entry, f"{name} versions[{index}]")
+                version = entry.get("version")
+                if version == canary_version:
+                    canary = canary.merge(side)
+                elif version == production_key:
+                    production = production.merge(side)
+                elif version == BASE:
+                    base = base.merge(side)
+            for alert in document.get("alerts") or []:
+                if (
+                    isinstance(alert, dict)
+                    and alert.get("adapter") == adapter
+                    and alert.get("window") in (window_id, None)
+                ):
+                    alerts.append({**alert, "replica": name})
+        return cls(canary, production, base, alerts, len(latest), canary_version, production_version)
+
+    @property
+    def canary_trips(self) -> int:
+        """Breaker trips of the canary: counted by the replicas, or alerted."""
+        alerted = sum(
+            1 for a in self.alerts if a.get("kind") == "breaker_open" and a.get("version") == self.canary_version
+        )
+        return max(self.canary.trips, alerted)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "replicas": self.replicas,
+            "canary": self.canary.summary(),
+            "production": self.production.summary(),
+            "base": self.base.summary(),
+            "alerts": self.alerts,
+            "canary_version": self.canary_version,
+        }
+
+
+@dataclass(frozen=True)
+class LiveJudgement:
+    """What the live figures say about one evaluation of a window (``judge`` folds it in)."""
+
+    monitors: list[Monitor]
+    rollback: bool
+    latency_breach: bool
+    not_ready_reasons: list[str]
+    ab: ABReport
+    stats: LiveStats
+    share: float
+    reasons: list[str] = field(default_factory=list)  # why it rolls back or breaches, with p
+    # side ("canary", "production") -> its sampled answers' compliance; None: no schema declared
+    format_compliance: dict[str, FormatCompliance] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON-able record kept on the observation (``Observation.live``)."""
+        return {
+            "share": self.share,
+            "stats": self.stats.summary(),
+            "monitors": [m.as_dict() for m in self.monitors],
+            "rollback": self.rollback,
+            "latency_breach": self.latency_breach,
+            "not_ready_reasons": self.not_ready_reasons,
+            "reasons": self.reasons,
+            "ab": self.ab.as_dict(),
+            "format_compliance": None
+            if self.format_compliance is None
+            else {side: f.as_dict() for side, f in self.format_compliance.items()},
+        }
+
+
+def _latency_monitor(
+    name: str, canary: list[float], production: list[float], t: CanaryThresholds
+) -> tuple[Monitor, str | None]:
+    """A p95 above ratio x production + slack is a breach only if the rank test says the
+    canary is slower too: one slow sample moves a p95, not the ranks."""
+    c95, p95 = percentile(canary, 95), percentile(production, 95)
+    if c95 is None or p95 is None:
+        return Monitor(name, c95, None, True), None
+    bound = p95 * t.p95_ratio + t.p95_slack_ms
+    test = mann_whitney_greater(canary, production)
+    slower = test is not None and test.p_value < 1 - t.confidence
+    if test is None or c95 <= bound or not slower:
+        return Monitor(name, c95, bound, True), None
+    return Monitor(name, c95, bound, False), (
+        f"{name} {c95:.4g} > {bound:.4g} and slower by rank test "
+        f"(p={test.p_value:.2g}, P(slower)={test.superiority:.2f})"
+    )
+
+
+def judge_live(
+    thresholds: CanaryThresholds, live: LiveStats, share: float, format_check: FormatCheck | None = None
+) -> LiveJudgement:
+    """The live monitors of one evaluation of a window opened at ``share``.
+
+    - ``live_error_rate``: out of band (ROLLBACK) when the canary's error rate is higher
+      than production's by Fisher's one-sided exact test at the confidence;
+    - ``live_breaker``: out of band (ROLLBACK) on any canary breaker trip (counted by a
+      replica, or a ``breaker_open`` alert for the canary version);
+    - ``live_p95_ms``, ``live_ms_per_token_p95``: out of band (a latency breach, for the
+      streak rule) when above ratio x production + slack and the rank test finds the canary
+      slower at the confidence;
+    - not ready while a canary with a share answered fewer than ``min_live_requests`` (a
+      dark canary, share 0, is exempt), its fallbacks are significantly more frequent than
+      production's, or (``ab_gate``) the A/B bar is not met;
+    - ``format_check`` (``formats.schema_check`` of the golden set's schemas; None: no
+      schema, not measured): each side's sampled answers' format compliance, reported and
+      compared in the A/B report (``format_compliance``).
+    """
+    t = thresholds
+    alpha = 1 - t.confidence
+    c, p = live.canary, live.production
+    reasons: list[str] = []
+    errors = fisher_exact_greater(c.errors, c.requests, p.errors, p.requests)
+    errors_worse = errors is not None and errors.p_value < alpha
+    if errors is not None and errors_worse:
+        reasons.append(
+            f"live errors {c.errors}/{c.requests} worse than production's {p.errors}/{p.requests} "
+            f"(p={errors.p_value:.2g} < {alpha:.2g})"
+        )
+    trips = live.canary_trips
+    if trips:
+        reasons.append(f"the canary's circuit breaker tripped {trips} time(s)")
+    p95, p95_reason = _latency_monitor("live_p95_ms", list(c.latency_ms), list(p.latency_ms), t)
+    per_token, per_token_reason = _latency_monitor(
+        "live_ms_per_token_p95", list(c.ms_per_token), list(p.ms_per_token), t
+    )
+    reasons += [r for r in (p95_reason, per_token_reason) if r]
+    checks = [
+        Monitor("live_error_rate", c.error_rate, p.error_rate, not errors_worse),
+        Monitor("live_breaker", float(trips), 0.0, trips == 0),
+        p95,
+        per_token,
+    ]
+    not_ready = []
+    if share > 0 and c.requests < t.min_live_requests:
+        not_ready.append(f"live: {c.requests} of {t.min_live_requests} requests needed")
+    fallbacks = fisher_exact_greater(c.fallbacks, c.routed, p.fallbacks, p.routed)
+    if fallbacks is not None and fallbacks.p_value < alpha:
+        not_ready.append(
+            f"live: the canary fell back to the base {c.fallbacks} of {c.routed} times "
+            f"against production's {p.fallbacks} of {p.routed} (p={fallbacks.p_value:.2g})"
+        )
+    formats = None
+    if format_check is not None:
+        formats = {
+            "canary": measure(live.canary_version, c.samples, format_check),
+            "production": measure(live.production_version or BASE, p.samples, format_check),
+        }
+    ab = compare(t, c, p, formats)
+    if t.ab_gate and not ab.meets_bar:
+        not_ready += ab.failing()
+    return LiveJudgement(
+        monitors=checks,
+        rollback=errors_worse or trips > 0,
+        latency_breach=not p95.in_band or not per_token.in_band,
+        not_ready_reasons=not_ready,
+        ab=ab,
+        stats=live,
+        share=share,
+        reasons=reasons,
+        format_compliance=None if formats is None else {k: v for k, v in formats.items() if v is not None},
+    )

