@@ -9,30 +9,22 @@ them one format: each on-disk case below must read identically through both.
 
 from __future__ import annotations
 
-import importlib
 import json
-from pathlib import Path
 
 import pytest
 
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.storage import resolver_index
+from tests import test_resolver_index
 
-ROOT = Path(__file__).resolve().parents[1]
+# the plugin package as a replica imports it
+resolver = test_resolver_index.resolver
 NAME = "acme/tiny-llama/support"
 ENTRY = {"version": "v1", "path": "/adapters/acme/tiny-llama/support/v1", "files": {"manifest.json": "ab" * 32}}
 
 
-@pytest.fixture(scope="module")
-def plugin():
-    """The plugin package as a replica imports it (vLLM is needed only inside ``register``)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(ROOT / "infra" / "vllm_plugin"))
-        return importlib.import_module("loragate_resolver")
-
-
-def test_both_sides_name_the_same_file_and_format(plugin):
-    assert (plugin.INDEX_FILE, plugin.INDEX_FORMAT) == (resolver_index.INDEX_FILE, resolver_index.INDEX_FORMAT)
+def test_both_sides_name_the_same_file_and_format(resolver):
+    assert (resolver.INDEX_FILE, resolver.INDEX_FORMAT) == (resolver_index.INDEX_FILE, resolver_index.INDEX_FORMAT)
 
 
 ON_DISK = [
@@ -51,20 +43,20 @@ ON_DISK = [
 
 
 @pytest.mark.parametrize(("case", "content"), ON_DISK, ids=[c for c, _ in ON_DISK])
-def test_an_index_on_disk_reads_the_same_through_loragate_and_the_plugin(plugin, tmp_path, case, content):
+def test_an_index_on_disk_reads_the_same_through_loragate_and_the_plugin(resolver, tmp_path, case, content):
     if content is not None:
         (tmp_path / resolver_index.INDEX_FILE).write_text(content)
     ours = resolver_index.read_index(str(tmp_path))
-    assert plugin.read_index(str(tmp_path)) == ours
+    assert resolver.read_index(str(tmp_path)) == ours
     assert ours["format"] == resolver_index.INDEX_FORMAT  # a reader sees the current format or an empty index
 
 
-def test_an_index_loragate_writes_is_what_the_plugin_reads(plugin, tmp_path):
+def test_an_index_loragate_writes_is_what_the_plugin_reads(resolver, tmp_path):
     index = {"format": resolver_index.INDEX_FORMAT, "roles": {"production": {NAME: ENTRY}}}
     resolver_index.write_index(str(tmp_path), index)
-    assert plugin.read_index(str(tmp_path)) == index
+    assert resolver.read_index(str(tmp_path)) == index
 
 
 @pytest.mark.parametrize("name", [NAME, "solo", "a/b"])
-def test_a_versions_path_is_laid_out_the_same_on_both_sides(plugin, name):
-    assert plugin.version_path("/adapters", name, "v7") == version_path("/adapters", name, "v7")
+def test_a_versions_path_is_laid_out_the_same_on_both_sides(resolver, name):
+    assert resolver.version_path("/adapters", name, "v7") == version_path("/adapters", name, "v7")
