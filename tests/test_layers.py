@@ -52,6 +52,12 @@ def touched_attributes(path: Path) -> set[str]:
     return {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
 
 
+def source_folders() -> list[Path]:
+    """The repository's top-level folders holding Python (hidden ones, virtual environments
+    among them, aside)."""
+    return [d for d in ROOT.iterdir() if d.is_dir() and not d.name.startswith(".") and any(d.rglob("*.py"))]
+
+
 def sources(layer: str) -> list[Path]:
     return sorted((ROOT / layer.replace(".", "/")).rglob("*.py"))
 
@@ -76,9 +82,7 @@ def test_nothing_imports_the_cli_except_its_tests():
 
 def test_the_repository_holds_no_python_package_but_loragate_and_its_kit():
     """What installs is ``loragate`` alone; beside it only what stays in the repository."""
-    holders = sorted(
-        d.name for d in ROOT.iterdir() if d.is_dir() and not d.name.startswith(".") and any(d.rglob("*.py"))
-    )
+    holders = sorted(d.name for d in source_folders())
     assert holders == ["bench", "infra", "kit", "loragate", "tests"]
 
 
@@ -132,15 +136,11 @@ MAX_MODULE_LINES = 450
 def test_no_module_is_longer_than_one_sitting():
     """One concern per module, small enough to read in one sitting (docs/reference/layout.md):
     every Python file of the repository, the kit, benchmarks and tests included."""
-    tracked = [
-        p
-        for p in ROOT.rglob("*.py")
-        if not ({".git", "site", "build"} & set(p.parts))
-        and not any(part.startswith(".venv") for part in p.relative_to(ROOT).parts)
-    ]
     long = {
         str(p.relative_to(ROOT)): n
-        for p in tracked
+        for folder in source_folders()
+        for p in folder.rglob("*.py")
+        if "build" not in p.relative_to(ROOT).parts
         if "migrations" not in p.parts and (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert long == {}

