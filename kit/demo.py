@@ -31,13 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from kit.demo_console import HOME, STARTED, banner, loragate, say, wait_for
+from kit.demo_registry import SUPPORT, registry, stage_of, version_of, window_status
 
 MODELS = HOME / "demo-models"
-SUPPORT = "acme/tiny-llama/support"
 WINDOW_S = 30
-# the local Prefect server keeps its state in SQLite, one writer at a time: evaluations every
-# few seconds (each a flow run, most cancelled while the last one runs) locked it for a
-# minute at a time on two cores
+# evaluations every few seconds are each a flow run, most cancelled while the last one runs:
+# on two cores they crowd out the gates the demo follows
 EVALUATE_EVERY_S = 10
 # activation tokens of the people who sign off
 PEOPLE: dict[str, str] = {}
@@ -66,40 +65,6 @@ def build_models() -> dict[str, Path]:
     say("a 4-bit base that overflows to NaN (only a forward pass shows it)")
     bundles["golden"] = write_golden_set("support", HOME / "golden-support.jsonl")
     return bundles
-
-
-def registry():
-    from loragate.registry.service import Registry
-    from loragate.registry.settings import Settings
-
-    return Registry.open(Settings())
-
-
-def version_of(name: str, source: Path) -> str | None:
-    """The version registered from ``source`` (its weights digest is in the version id)."""
-    from loragate.registry.intake.digests import sha256_file
-
-    digest = sha256_file(source / "adapter_model.safetensors")[:12]
-    with registry() as reg:
-        found = [v.version_id for v in reg.list_versions() if v.name == name and v.version_id.endswith(digest)]
-    return found[0] if found else None
-
-
-def stage_of(version_id: str) -> tuple[str, str]:
-    with registry() as reg:
-        v = reg.get_version(version_id)
-        return v.stage.value, v.validation_status.value
-
-
-def window_status(version_id: str) -> tuple[str, int, str | None]:
-    from loragate.registry.errors import NotFound
-
-    with registry() as reg:
-        try:
-            w = reg.latest_canary_window(version_id)
-        except NotFound:
-            return "none", 0, None
-        return w.status.value, len(reg.canary_observations(w.id)), w.approval_flow_run_id
 
 
 def flow_runs(pipeline, flow_name: str) -> list[Any]:
@@ -252,7 +217,7 @@ def main() -> None:
     from kit.demo_replicas import ask, demo_replica_secrets, direct_load_refused, tampered_copy_repaired
     from kit.demo_traffic import LoopingUsers, live_errors_rolled_back
     from loragate.infra.pipeline import POOLS, PipelineSecrets, start_pipeline
-    from loragate.infra.prefect_local import fresh_local_database, start_prefect_server
+    from loragate.infra.prefect_local import start_local_prefect_server
     from loragate.infra.replica import VllmReplica, hand_admin_key, start_replicas, stop_replicas
     from loragate.registry.rules.access import Role
 
@@ -334,8 +299,7 @@ def main() -> None:
 
         # the replicas die with the thread that starts them (PR_SET_PDEATHSIG): the main one
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            prefect_db = fresh_local_database(HOME / "prefect", "loragate_demo_prefect")
-            server_f = pool.submit(start_prefect_server, HOME / "prefect", 4200, database_url=prefect_db)
+            server_f = pool.submit(start_local_prefect_server, HOME / "prefect", 4200, database="loragate_demo_prefect")
             start_replicas(replicas)
             server = server_f.result()
         ui = server.ui_url

@@ -9,6 +9,7 @@ from pathlib import Path
 from secrets import token_urlsafe
 
 from kit.demo_console import HOME, loragate, say
+from kit.demo_registry import SUPPORT, registry
 
 
 def demo_replica_secrets() -> tuple[Path, str]:
@@ -80,8 +81,6 @@ def intact(weights: Path, version: str) -> bool:
     """Whether the weights file holds the bytes the registry recorded for the version."""
     import hashlib
 
-    from kit.demo import registry
-
     with registry() as reg:
         expected = reg.bundle_digests(version)[weights.name]
     return hashlib.sha256(weights.read_bytes()).hexdigest() == expected
@@ -91,8 +90,6 @@ def ask(urls: dict[str, str], prompt: str) -> None:
     """Which version each replica answers the demo's adapter with (its version header: under
     the plain name or a warm ``name@version``), and its answer to ``prompt``."""
     import httpx
-
-    from kit.demo import SUPPORT
 
     for role, url in urls.items():
         body = {"model": SUPPORT, "prompt": prompt, "max_tokens": 8, "temperature": 0, "user": "demo"}

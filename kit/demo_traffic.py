@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from kit.demo_console import say
+from kit.demo_console import banner, loragate, say, wait_for
+from kit.demo_registry import SUPPORT, registry, stage_of, version_of
 
 USERS = [f"tenant-user-{i}" for i in range(12)]
 
@@ -110,9 +111,6 @@ def live_errors_rolled_back(pipeline, bundle, golden, users: LoopingUsers, fault
     with the fallback header, its breaker trips, and the canary watch rolls it back on the
     live figures alone."""
     import json
-
-    from kit.demo import SUPPORT, registry, stage_of, version_of
-    from kit.demo_console import banner, loragate, wait_for
 
     banner("support v3: a canary that fails its users' requests -- rolled back on live traffic alone")
     loragate("training-completed", str(bundle), "--name", SUPPORT, "--golden-set", str(golden), env=pipeline.env)
