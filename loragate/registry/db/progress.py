@@ -10,7 +10,6 @@ gate; ``records/progress.py`` says what each wait means):
 from __future__ import annotations
 
 from sqlalchemy import exists, func, select
-from sqlalchemy.orm import aliased
 
 from loragate.registry.db.database import Database, utc
 from loragate.registry.db.schema import adapter_versions, adapters, canary_observations, canary_windows, validation_runs
@@ -19,7 +18,7 @@ from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.rules.lifecycle import Stage, ValidationStatus
 
 _v = adapter_versions
-_newer = aliased(adapter_versions)
+_newer = adapter_versions.alias("newer")  # Core's alias: the ORM's costs every command ~0.2 s to import
 _STAGING = _v.c.stage == Stage.STAGING.value
 
 
