@@ -10,7 +10,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # reach its servers from here
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install vllm lint docs test test-fast demo ui bench clean
+.PHONY: install vllm postgres lint docs test test-fast demo ui bench clean
 
 # uv installs the pinned set in seconds where pip resolves it for minutes. torch's CPU wheel
 # lies in pip's find-links folder, which uv does not read unless told (UV_FIND_LINKS); both
@@ -43,6 +43,14 @@ $(CHROMIUM):
 	apt-get install -y --no-install-recommends chromium || \
 		(apt-get update && apt-get install -y --no-install-recommends chromium)
 
+# the machine's Postgres at 127.0.0.1:5432: the store tests and the local stack's Prefect
+# server keep their state there (SQLite locks under a pipeline's workers); started when it
+# does not answer, as the machine's packages install it
+PG_READY := pg_isready -h 127.0.0.1 -p 5432 -q
+postgres:
+	$(PG_READY) || { pg_ctlcluster --skip-systemctl-redirect "$$(ls /etc/postgresql)" main start && \
+		for _ in $$(seq 1 30); do $(PG_READY) && break; sleep 1; done; $(PG_READY); }
+
 # style and types fail the build like a failing test does
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -55,14 +63,14 @@ DOCS_SITE := site
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(DOCS_SITE)
 
-test: lint docs $(VLLM_STAMP) $(CHROMIUM)
+test: lint docs postgres $(VLLM_STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest
 
 # everything but the model-loading tests, for a quick loop while editing
 test-fast: lint docs
 	$(BIN)/python -m pytest -m "not slow"
 
-demo: $(STAMP) $(VLLM_STAMP)
+demo: postgres $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m kit.demo
 
 # the Prefect UI on the last demo's history (.loragate/prefect)

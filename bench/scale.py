@@ -67,7 +67,7 @@ from kit.basekit import build_base
 from kit.modelkit import train_adapter
 from kit.tenant_tasks import write_golden_set
 from loragate.infra.pipeline import SWEEPS_EVERY_S, PipelineSecrets, set_interval, start_pipeline
-from loragate.infra.prefect_local import start_prefect_server
+from loragate.infra.prefect_local import start_local_prefect_server
 from loragate.infra.replica import (
     VllmReplica,
     hand_admin_key,
@@ -135,7 +135,7 @@ def burst(
 
     home = work / label
     databases = Databases.create("scale", "registry", "prefect")
-    registry_url, prefect_url = databases.url("registry"), databases.prefect_url("prefect")
+    registry_url = databases.url("registry")
     env = {
         "LORAGATE_HOME": str(home),
         "LORAGATE_DATABASE_URL": registry_url,
@@ -168,8 +168,8 @@ def burst(
         tokens = {role: registry.create_token(role.value, f"pipeline-{role.value}", pipeline=True)[1] for role in Role}
         key = generate_key_pair()
         registry.add_signing_key(key.public_pem, "signing", "pipeline")
-        log(f"{label}: a Prefect server on Postgres, the deployments, a worker per pool")
-        server = start_prefect_server(home / "prefect", database_url=prefect_url)
+        log(f"{label}: the local stack's Prefect server, the deployments, a worker per pool")
+        server = start_local_prefect_server(home / "prefect", database=databases.names["prefect"])
         pipeline = start_pipeline(
             home / "prefect",
             env,

@@ -2,8 +2,8 @@
 
 Builds a tiny Llama base and trains tenant adapters offline (good ones, one with a renamed
 layer prefix the registry refuses at the door, one whose 4-bit compute dtype overflows,
-which only shadow validation sees). Starts a local Prefect server (on the local Postgres
-when one answers, SQLite otherwise) with loragate's deployments, a worker per work pool
+which only shadow validation sees). Starts the local stack's Prefect server (its state on the
+machine's Postgres, which ``make demo`` starts first) with loragate's deployments, a worker per work pool
 (each holding only its role's token, never on the Prefect server) and two vLLM CPU replicas
 (canary, production), with a dozen users looping on production (``demo_traffic``). Then it
 emits ``loragate.training.completed`` events and follows each gate: register, shadow

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import os
 import secrets
 import signal
@@ -281,9 +282,9 @@ def start_worker(
         )
 
 
-# the local Postgres a developer machine (and CI) has; the demo's Prefect server keeps its
-# state there when it answers, SQLite under its home otherwise
-LOCAL_POSTGRES = os.environ.get("LORAGATE_DEMO_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+# the machine's Postgres (``make postgres`` starts it); the local stack's Prefect server keeps
+# its state there when it answers, SQLite under its home otherwise
+LOCAL_POSTGRES = os.environ.get("LORAGATE_LOCAL_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 DATABASE_URL_FILE = "database-url"
 
 
@@ -306,6 +307,16 @@ def fresh_local_database(home: Path, name: str) -> str | None:
     home.mkdir(parents=True, exist_ok=True)
     (home / DATABASE_URL_FILE).write_text(url)
     return url
+
+
+def start_local_prefect_server(home: Path, port: int | None = None, *, database: str | None = None) -> PrefectServer:
+    """The local stack's Prefect server (``make demo``, ``start_pipeline`` when handed none):
+    its state on a fresh database of the local Postgres -- ``database``, else one named after
+    ``home`` -- and on SQLite under ``home`` only where no Postgres answers (``make demo`` and
+    ``make test`` start the machine's own first, ``make postgres``)."""
+    home = Path(home).resolve()
+    name = database or f"loragate_prefect_{hashlib.sha256(str(home).encode()).hexdigest()[:12]}"
+    return start_prefect_server(home, port, database_url=fresh_local_database(home, name))
 
 
 def kept_database_url(home: Path) -> str | None:

@@ -23,11 +23,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from sqlalchemy.engine import make_url
 
 from loragate.infra.prefect_local import (
     FAST_POLL_ENV,
     PrefectServer,
+    start_local_prefect_server,
     start_prefect_server,
     start_worker,
     stop,
@@ -50,26 +50,23 @@ __all__ = [
 
 @pytest.fixture(scope="session", name="prefect_server")
 def prefect_server_fixture(tmp_path_factory) -> Iterator[PrefectServer]:
-    """On a Postgres database of its own: workers, flow runs, the test process and a browser
-    write to it at once, and the SQLite default then answers 503 "database is locked"
-    (Prefect #18934) -- a browser's resume request among them."""
+    """The local stack's server (``start_local_prefect_server``, what ``make demo`` and
+    ``start_pipeline`` start) on a Postgres database of its own: workers, flow runs, the test
+    process and a browser write to it at once, and SQLite would answer 503 "database is
+    locked" (Prefect #18934) -- a browser's resume request among them."""
     from sqlalchemy import create_engine, text
 
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     database = f"prefect_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{database}"'))
-    url = make_url(PG_ADMIN_URL).set(drivername="postgresql+asyncpg", database=database)
     try:
-        server = start_prefect_server(
-            tmp_path_factory.mktemp("prefect-server"), database_url=url.render_as_string(hide_password=False)
-        )
+        server = start_local_prefect_server(tmp_path_factory.mktemp("prefect-server"), database=database)
+        assert server.on_postgres, "the local stack's Prefect server fell back to SQLite: no Postgres answered"
         try:
             yield server
         finally:
             _drain_clients()
             stop(server)
     finally:
+        admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
         admin.dispose()
