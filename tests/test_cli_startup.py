@@ -109,3 +109,39 @@ def test_help_and_bad_arguments_do_not_import(startup, module):
 def test_the_probe_sees_a_heavy_import():
     """Guard against a check that can never fail: the same probe, after a heavy import."""
     assert imported(probe("import pydantic"), "pydantic")
+
+
+# what a command that reads the store needs no more than the parser does
+NOT_FOR_READING = {
+    "sqlalchemy.orm": "the ORM (the store is SQLAlchemy Core)",
+    "prefect": "the pipeline's orchestrator (~2 s)",
+    "torch": "the model kit and validation",
+    "alembic": "migrations (only `loragate init` runs them)",
+}
+
+READ = """
+import json, sys
+from loragate.cli.main import main
+code = main(["--json", "list"])
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+def test_a_command_that_reads_the_store_imports_only_the_store(tmp_path):
+    """``loragate --json list`` against a fresh SQLite registry imports SQLAlchemy Core and
+    the store -- what opening it needs -- and none of the heavier neighbours."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LORAGATE_HOME": str(tmp_path / "home"), "LORAGATE_ACTOR": "test"}
+    for name in ("LORAGATE_DATABASE_URL", "LORAGATE_ARTIFACTS", "LORAGATE_TOKEN"):
+        env.pop(name, None)
+    init = subprocess.run(
+        [sys.executable, "-m", "loragate.cli.main", "init"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert init.returncode == 0, init.stderr
+    proc = subprocess.run(
+        [sys.executable, "-c", READ], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["code"] == 0 and imported(result, "sqlalchemy")
+    heavy = {m: NOT_FOR_READING[m] for m in NOT_FOR_READING if imported(result, m)}
+    assert heavy == {}
