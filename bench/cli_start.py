@@ -4,6 +4,7 @@ Run from the repository root::
 
     .venv/bin/python -m bench.cli_start                 # 10 runs of each command on each side
     .venv/bin/python -m bench.cli_start --runs 5 --against HEAD~3
+    .venv/bin/python -m bench.cli_start --runs 5 --fleet-runs 5 --against f10ecdd
 
 Each command is a fresh process, ``python -m loragate.cli.main ...`` in the code's root with
 ``PYTHONPATH`` set to it, in this same Python environment:
@@ -11,7 +12,9 @@ Each command is a fresh process, ``python -m loragate.cli.main ...`` in the code
 * ``--help``: the top-level help (target: 0.3 s or less);
 * ``rollback --help``: a subcommand's help;
 * ``--json list``: a real read-only command against a fresh SQLite registry (a temporary
-  ``LORAGATE_HOME`` that side's own ``loragate init`` created), which does import the store.
+  ``LORAGATE_HOME`` that side's own ``loragate init`` created), which does import the store;
+* with ``--fleet-runs N``: ``rollback NAME`` on an idle fleet of two vLLM replicas, the
+  command doing its real work end to end (``bench/cli_rollback.py``).
 
 The other side is the code at ``--against REF`` (default: the parent of the commit that
 added this file, the last revision whose parser imported every command's dependencies at
@@ -35,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.cli_rollback import bench_fleet_rollback, cli_module
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -70,11 +75,6 @@ def side_env(code: Path, home: Path) -> dict[str, str]:
     return env
 
 
-def cli_module(code: Path) -> str:
-    """The CLI's module on that side: ``loragate.cli.main``, or ``cli.main`` before the package moved."""
-    return "loragate.cli.main" if (code / "loragate" / "cli" / "main.py").is_file() else "cli.main"
-
-
 def run_command(code: Path, env: dict[str, str], argv: list[str]) -> float:
     """Wall seconds of ``python -m <cli module> *argv`` in ``code``, a fresh process."""
     start = time.perf_counter()
@@ -103,7 +103,7 @@ def summary(samples: list[float]) -> dict[str, float | int]:
     return {"n": len(ordered), "median_s": round(statistics.median(ordered), 4), "p90_s": round(p90, 4)}
 
 
-def bench(against: str, runs: int) -> dict:
+def bench(against: str, runs: int, fleet_runs: int = 0) -> dict:
     commit = git("rev-parse", "--verify", f"{against}^{{commit}}")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="loragate-bench-cli-start-") as tmp:
@@ -127,6 +127,8 @@ def bench(against: str, runs: int) -> dict:
                 for side in order if i % 2 == 0 else reversed(order):  # ABBA: neither side always first
                     for name, argv in COMMANDS.items():
                         samples[side][name].append(run_command(sides[side], envs[side], argv))
+            if fleet_runs:
+                rollbacks = bench_fleet_rollback(sides, fleet_runs, Path(tmp) / "fleet")
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=False)
     figures = {}
@@ -142,6 +144,16 @@ def bench(against: str, runs: int) -> dict:
             },
             "target_s": target,
             "after_median_within_target": after["median_s"] <= target,
+        }
+    if fleet_runs:
+        before, after = summary(rollbacks["before"]), summary(rollbacks["after"])
+        figures["rollback_idle_2_replicas"] = {
+            "argv": ["rollback", "NAME", "--json"],
+            "before": before,
+            "after": after,
+            "after_over_before": {
+                k: round(after[k] / before[k], 3) if before[k] else None for k in ("median_s", "p90_s")
+            },
         }
     return {
         "benchmark": "loragate command start-up: this tree against an earlier revision, fresh processes",
@@ -166,11 +178,17 @@ def main() -> None:
         metavar="REF",
         help="the git revision to compare with (default: the parent of the commit that added this benchmark)",
     )
+    parser.add_argument(
+        "--fleet-runs",
+        type=int,
+        default=0,
+        help="also time `loragate rollback` on an idle fleet of 2 vLLM replicas, this many runs a side",
+    )
     parser.add_argument("--out", type=Path, default=OUT / "cli-start.json", help="where the JSON goes too")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
-    result = bench(args.against or default_against(), args.runs)
+    result = bench(args.against or default_against(), args.runs, args.fleet_runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     log(f"done in {result['wall_s']}s; written to {args.out}")
