@@ -23,9 +23,9 @@ from loragate.registry.rules.canary import (
     SideStats,
     Verdict,
     WindowStatus,
-    judge,
     percentile,
 )
+from loragate.registry.rules.verdict import judge
 from loragate.registry.service import Registry
 from tests.support.moves import promote
 from tests.support.registries import IN_PROCESS, mark_validated, sql_engine

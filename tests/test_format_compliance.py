@@ -20,7 +20,8 @@ from loragate.registry.intake.golden import GoldenCase, GoldenSet
 from loragate.registry.render.canary import canary_evidence_markdown
 from loragate.registry.rules.canary import CanaryThresholds, CanaryWindow, Observation, SideStats, Verdict, WindowStatus
 from loragate.registry.rules.formats import FormatCompliance, declared_schemas, measure, schema_check
-from loragate.registry.rules.live import LiveSide, LiveStats, judge_live
+from loragate.registry.rules.live import LiveStats, judge_live
+from loragate.registry.rules.live_side import LiveSide
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "infra" / "vllm_plugin"
 if str(PLUGIN_DIR) not in sys.path:

@@ -1,6 +1,7 @@
 """The repository's import graph has no cycle: a module never needs, however indirectly, a
-module that needs it -- deferred imports inside functions counted, since they run; imports
-under ``if TYPE_CHECKING:`` left out, since they never do.
+module that needs it -- deferred imports inside functions counted, since they run, and
+imports under ``if TYPE_CHECKING:`` too: a type that needs its user is a cycle of concepts
+the runtime merely does not see.
 
 An edge goes to the module an import names (``from a.b import c`` to ``a.b.c`` when that is
 a module, else to ``a.b``), not to the packages above it that Python initialises on the way.
@@ -28,20 +29,13 @@ def modules_under(root: Path, folders: tuple[str, ...]) -> dict[str, Path]:
     return found
 
 
-def _type_checking_only(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
 def imported_names(path: Path, module: str) -> set[str]:
-    """Every module name ``path`` imports when it runs, relative imports resolved."""
+    """Every module name ``path`` imports, anywhere in it, relative imports resolved."""
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     names: set[str] = set()
     pending: list[ast.AST] = [ast.parse(path.read_text(), filename=str(path))]
     while pending:
         node = pending.pop()
-        if _type_checking_only(node):
-            pending.extend(getattr(node, "orelse", []))
-            continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -112,17 +106,17 @@ def test_the_import_graph_has_no_cycle():
 
 def test_the_cycle_finder_sees_a_cycle_through_a_deferred_import(tmp_path):
     """Guard against a checker that can never fail: a -> b at import, b -> c -> a inside
-    functions; ``typed`` imports ``a`` only for type checking, which is no edge."""
+    functions; ``typed`` -> ``d`` only for type checking, and ``d`` -> ``typed``."""
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "a.py").write_text("from pkg import b\n")
     (package / "b.py").write_text("def f():\n    from pkg.c import g\n")
     (package / "c.py").write_text("def g():\n    import pkg.a\n")
-    (package / "typed.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
+    (package / "typed.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.d import x\n")
     (package / "d.py").write_text("from . import typed\n")
     (package / "e.py").write_text("from .d import typed\n")
     graph = import_graph(modules_under(tmp_path, ("pkg",)))
-    assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
-    assert graph["pkg.typed"] == set()
+    assert sorted(cycles(graph)) == [["pkg.a", "pkg.b", "pkg.c"], ["pkg.d", "pkg.typed"]]
+    assert graph["pkg.typed"] == {"pkg.d"}
     assert graph["pkg.d"] == {"pkg.typed"} and graph["pkg.e"] == {"pkg.d"}

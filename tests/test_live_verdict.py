@@ -1,4 +1,4 @@
-"""The canary verdict on live traffic (rules/live.py, rules/ab.py, rules/canary.judge): noise
+"""The canary verdict on live traffic (rules/live.py, rules/ab.py, rules/verdict.py): noise
 is never a rollback, a canary really worse always is, and what the replicas report is
 summed once per replica. Pure functions: no replica, no store."""
 
@@ -19,9 +19,10 @@ from loragate.registry.rules.canary import (
     SideStats,
     Verdict,
     WindowStatus,
-    judge,
 )
-from loragate.registry.rules.live import LiveJudgement, LiveSide, LiveStats, judge_live
+from loragate.registry.rules.live import LiveJudgement, LiveStats, judge_live
+from loragate.registry.rules.live_side import LiveSide
+from loragate.registry.rules.verdict import judge
 
 ADAPTER, WINDOW, CANARY, PRODUCTION = "acme/tiny-llama/support", 7, "v2", "v1"
 T0 = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)

@@ -11,7 +11,7 @@ a user's), interleaved prompt by prompt with production's answers so a busy host
 alike: while the canary takes live traffic, as ``name@version`` on the production replicas
 themselves (both versions on the same replicas); a dark canary on the canary replicas. Live: the
 figures every production replica's split counted for both versions in this window.
-``loragate.registry.rules.canary.judge`` decides on both; the observation is recorded either way.
+``loragate.registry.rules.verdict.judge`` decides on both; the observation is recorded either way.
 
 A withdrawal sends 0 % to the canary first (pushed to every replica), then moves the pointer
 back; a promotion sends 100 % to the warm canary first, then moves production, then keeps
@@ -35,11 +35,12 @@ from loragate.registry.errors import (
 )
 from loragate.registry.intake.jsonio import loads_object
 from loragate.registry.records.adapters import utcnow
-from loragate.registry.rules.canary import ACTIVE, CanaryWindow, Observation, SideStats, WindowStatus, judge
+from loragate.registry.rules.canary import ACTIVE, CanaryWindow, Observation, SideStats, WindowStatus
 from loragate.registry.rules.fleet import Replica, ReplicaRole, qualified_name
 from loragate.registry.rules.formats import declared_schemas, schema_check
 from loragate.registry.rules.live import LiveJudgement, LiveStats, judge_live
 from loragate.registry.rules.names import AdapterName
+from loragate.registry.rules.verdict import judge
 from loragate.registry.service import Registry
 from loragate.tasks.fleet import promote_and_switch, replica_client, rollback_and_switch
 from loragate.tasks.replicas import Completion, ReplicaClient

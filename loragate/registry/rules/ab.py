@@ -37,7 +37,7 @@ from loragate.registry.rules.significance import (
 
 if TYPE_CHECKING:
     from loragate.registry.rules.formats import FormatCompliance
-    from loragate.registry.rules.live import LiveSide
+    from loragate.registry.rules.live_side import LiveSide
 
 # what a gate needs measured; the others gate only when measured
 REQUIRED = ("error_rate", "latency_p50_ms", "latency_p95_ms")

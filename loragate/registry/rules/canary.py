@@ -15,11 +15,9 @@ ranks), and must repeat ``latency_breaches`` times in a row. The probes go in ba
 pairs (the canary, then production, on the same prompt), so the test is Wilcoxon's
 signed-rank test on each pair's log ratio beyond log(ratio): a host's load shifts both
 halves of a pair alike, where it drowns a difference between two pooled samples
-(Mann-Whitney, kept for observations with too few pairs). A
-window that takes live traffic also carries the live judgement (``rules/live.py``): worse
-live errors or a tripped breaker roll back, a live latency breach joins the streak, too few
-live requests (or an unmet A/B bar, when it gates) keep it from ready. The window is ready
-for sign-off once its length has passed with every monitor in band.
+(Mann-Whitney, kept for observations with too few pairs). The
+verdict on an observation, with the live judgement of a window that takes live traffic, is
+``rules/verdict.py``'s.
 """
 
 from __future__ import annotations
@@ -28,13 +26,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loragate.registry.errors import IllegalTransition
 from loragate.registry.rules.significance import mann_whitney_greater, wilcoxon_greater
-
-if TYPE_CHECKING:
-    from loragate.registry.rules.live import LiveJudgement
 
 
 class WindowStatus(StrEnum):
@@ -299,59 +294,3 @@ class Observation:
             "live": self.live,
             "pairs_ms": [list(pair) for pair in self.pairs_ms],
         }
-
-
-def _latency_breach(checks: list[Monitor]) -> bool:
-    return any(m.name in LATENCY_MONITORS and not m.in_band for m in checks)
-
-
-def judge(
-    window: CanaryWindow,
-    canary: SideStats,
-    production: SideStats,
-    drift: float,
-    earlier: list[Observation],
-    now: datetime,
-    live: LiveJudgement | None = None,
-    pairs_ms: Pairs = (),
-) -> tuple[Verdict, list[Monitor], list[str]]:
-    """The verdict on one observation, given the window's earlier ones (oldest first) and,
-    for a window that takes live traffic, the live judgement of the same evaluation, and
-    the probes' back-to-back pairs.
-
-    Returns (verdict, monitors, reasons); reasons name every monitor out of band, or say
-    why the window is not ready yet. A window with a share of live traffic and a minimum of
-    live requests is not ready without a live judgement.
-    """
-    t = window.thresholds
-    checks = monitors(t, canary, production, drift, pairs_ms)
-    by_name = {m.name: m for m in checks}
-    if live is not None:
-        checks += live.monitors
-    reasons = [f"{m.describe()} (out of band)" for m in checks if not m.in_band]
-    if live is not None:
-        reasons += live.reasons
-    if not by_name["error_rate"].in_band or not by_name["golden_drift"].in_band or (live and live.rollback):
-        return Verdict.ROLLBACK, checks, reasons
-    if _latency_breach(checks):
-        streak = 1
-        for previous in reversed(earlier):
-            if _latency_breach(previous.monitors):
-                streak += 1
-            else:
-                break
-        if streak >= t.latency_breaches:
-            return Verdict.ROLLBACK, checks, [*reasons, f"p95 out of band {streak} observations in a row"]
-        return Verdict.CONTINUE, checks, [*reasons, f"p95 out of band {streak}/{t.latency_breaches} in a row"]
-    if live is not None:
-        not_ready = live.not_ready_reasons
-    elif window.share > 0 and t.min_live_requests > 0:
-        not_ready = [f"live: no live figures for a window at share {window.share:g}"]
-    else:
-        not_ready = []
-    if now < window.ends_at:
-        left = (window.ends_at - now).total_seconds()
-        return Verdict.CONTINUE, checks, [f"in band; window ends in {left:.0f} s", *not_ready]
-    if not_ready:
-        return Verdict.CONTINUE, checks, ["window over but not ready", *not_ready]
-    return Verdict.READY, checks, [f"in band for the whole window ({t.length_s:g} s)"]

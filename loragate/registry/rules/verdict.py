@@ -1,0 +1,82 @@
+"""The canary verdict on one observation: the probes' monitors (``rules/canary.py``) and, for
+a window that takes live traffic, the live judgement of the same evaluation
+(``rules/live.py``).
+
+Errors above production's or golden drift above epsilon roll the canary back at once, as do
+worse live errors or a tripped breaker. A latency breach -- a probe's, or a live one the
+rank test confirms -- must repeat ``latency_breaches`` observations in a row. Too few live
+requests (or an unmet A/B bar, when it gates) keep the window from ready; it is ready for
+sign-off once its length has passed with every monitor in band.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from loragate.registry.rules.canary import (
+    LATENCY_MONITORS,
+    CanaryWindow,
+    Monitor,
+    Observation,
+    Pairs,
+    SideStats,
+    Verdict,
+    monitors,
+)
+from loragate.registry.rules.live import LiveJudgement
+
+
+def _latency_breach(checks: list[Monitor]) -> bool:
+    return any(m.name in LATENCY_MONITORS and not m.in_band for m in checks)
+
+
+def judge(
+    window: CanaryWindow,
+    canary: SideStats,
+    production: SideStats,
+    drift: float,
+    earlier: list[Observation],
+    now: datetime,
+    live: LiveJudgement | None = None,
+    pairs_ms: Pairs = (),
+) -> tuple[Verdict, list[Monitor], list[str]]:
+    """The verdict on one observation, given the window's earlier ones (oldest first) and,
+    for a window that takes live traffic, the live judgement of the same evaluation, and
+    the probes' back-to-back pairs.
+
+    Returns (verdict, monitors, reasons); reasons name every monitor out of band, or say
+    why the window is not ready yet. A window with a share of live traffic and a minimum of
+    live requests is not ready without a live judgement.
+    """
+    t = window.thresholds
+    checks = monitors(t, canary, production, drift, pairs_ms)
+    by_name = {m.name: m for m in checks}
+    if live is not None:
+        checks += live.monitors
+    reasons = [f"{m.describe()} (out of band)" for m in checks if not m.in_band]
+    if live is not None:
+        reasons += live.reasons
+    if not by_name["error_rate"].in_band or not by_name["golden_drift"].in_band or (live and live.rollback):
+        return Verdict.ROLLBACK, checks, reasons
+    if _latency_breach(checks):
+        streak = 1
+        for previous in reversed(earlier):
+            if _latency_breach(previous.monitors):
+                streak += 1
+            else:
+                break
+        if streak >= t.latency_breaches:
+            return Verdict.ROLLBACK, checks, [*reasons, f"p95 out of band {streak} observations in a row"]
+        return Verdict.CONTINUE, checks, [*reasons, f"p95 out of band {streak}/{t.latency_breaches} in a row"]
+    if live is not None:
+        not_ready = live.not_ready_reasons
+    elif window.share > 0 and t.min_live_requests > 0:
+        not_ready = [f"live: no live figures for a window at share {window.share:g}"]
+    else:
+        not_ready = []
+    if now < window.ends_at:
+        left = (window.ends_at - now).total_seconds()
+        return Verdict.CONTINUE, checks, [f"in band; window ends in {left:.0f} s", *not_ready]
+    if not_ready:
+        return Verdict.CONTINUE, checks, ["window over but not ready", *not_ready]
+    return Verdict.READY, checks, [f"in band for the whole window ({t.length_s:g} s)"]
