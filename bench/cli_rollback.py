@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from bench.fleet_setup import BASE_ID, LOGS, build_setup, log, promote_back, use_fleet
-from bench.harness import replicas_obey
-from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+from bench.harness import production_replicas, replicas_obey
+from loragate.infra.replica import start_replicas, stop_replicas
 from loragate.tasks.fleet import promote_and_switch
 
 REPLICAS = 2
@@ -52,18 +52,7 @@ def bench_fleet_rollback(sides: dict[str, Path], runs: int, work: Path) -> dict[
     setup = build_setup(work, None)
     secrets_dir, _ = replicas_obey(setup.registry)
     adapter_dir = work / "adapters"
-    LOGS.mkdir(parents=True, exist_ok=True)
-    replicas = [
-        VllmReplica(
-            setup.base,
-            BASE_ID,
-            adapter_dir=adapter_dir,
-            secrets_dir=secrets_dir,
-            die_with_parent=True,
-            log_path=LOGS / f"cli-rollback-replica-{i}.log",
-        )
-        for i in range(REPLICAS)
-    ]
+    replicas = production_replicas(setup.base, BASE_ID, REPLICAS, adapter_dir, secrets_dir, LOGS, "cli-rollback")
     log(f"starting {REPLICAS} vLLM replicas for loragate rollback")
     start_replicas(replicas)
     try:

@@ -59,7 +59,7 @@ from bench.fleet_setup import (
     use_fleet,
 )
 from bench.fleet_traffic import LoopingClient, latency
-from bench.harness import emit, replicas_obey
+from bench.harness import emit, production_replicas, replicas_obey
 from kit.tenant_tasks import golden_cases
 from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.errors import ReplicaError
@@ -365,17 +365,7 @@ def main() -> None:
                 count = 2 if args.under_load_only else 3
                 log(f"starting {count} vLLM replicas (logs in {LOGS})")
                 t0 = time.perf_counter()
-                started = [
-                    VllmReplica(
-                        setup.base,
-                        BASE_ID,
-                        adapter_dir=adapter_dir,
-                        secrets_dir=secrets_dir,
-                        die_with_parent=True,
-                        log_path=LOGS / f"replica-{i}.log",
-                    )
-                    for i in range(count)
-                ]
+                started = production_replicas(setup.base, BASE_ID, count, adapter_dir, secrets_dir, LOGS, "replica")
                 start_replicas(started)
                 log(f"{count} replicas answer after {time.perf_counter() - t0:.0f}s")
                 urls = [r.url for r in started]

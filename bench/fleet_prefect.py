@@ -47,7 +47,7 @@ from typing import Any
 from bench.cores import REPLICA_NICENESS, cores_split, replicas_yielding
 from bench.fleet_setup import BASE_ID, Setup, build_setup, log, promote_back, seconds, use_fleet
 from bench.fleet_traffic import LoopingClient, latency
-from bench.harness import Databases, emit, replicas_obey, serving_path
+from bench.harness import Databases, emit, production_replicas, replicas_obey, serving_path
 from loragate.infra.pipeline import ROOT, deploy
 from loragate.infra.prefect_local import PrefectServer, start_prefect_server, start_worker, stop, stop_process
 from loragate.infra.replica import VllmReplica, hand_admin_key, start_replicas, stop_replicas
@@ -247,17 +247,7 @@ def main() -> None:
         adapter_dir = work / "adapters"
         # the replicas read this registry (owner-moves: production is promoted back in process)
         replica_secrets, admin_key = replicas_obey(setup.registry)
-        replicas = [
-            VllmReplica(
-                setup.base,
-                BASE_ID,
-                adapter_dir=adapter_dir,
-                secrets_dir=replica_secrets,
-                die_with_parent=True,
-                log_path=work / f"replica-{i}.log",
-            )
-            for i in range(2)
-        ]
+        replicas = production_replicas(setup.base, BASE_ID, 2, adapter_dir, replica_secrets, work, "replica")
         server = None
         databases = None
         kinds = ("sqlite", "postgres") if args.prefect_db == "both" else (args.prefect_db,)

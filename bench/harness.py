@@ -47,6 +47,25 @@ def production_and_canary(
     ]
 
 
+def production_replicas(
+    base_dir: Path, served_name: str, count: int, adapter_dir: Path, secrets_dir: Path, logs: Path, prefix: str
+) -> list[VllmReplica]:
+    """``count`` production replicas (not started) sharing ``adapter_dir``, each logging to
+    ``logs/<prefix>-<i>.log``; they go when the benchmark goes, even killed."""
+    logs.mkdir(parents=True, exist_ok=True)
+    return [
+        VllmReplica(
+            base_dir,
+            served_name,
+            adapter_dir=adapter_dir,
+            secrets_dir=secrets_dir,
+            die_with_parent=True,
+            log_path=logs / f"{prefix}-{i}.log",
+        )
+        for i in range(count)
+    ]
+
+
 def replicas_obey(registry, directory: Path | None = None) -> tuple[Path, str]:
     """(the replicas' secrets directory, their admin key) for replicas a benchmark drives with
     ``registry``: the key already in ``directory`` (running replicas'), else the one its fleet

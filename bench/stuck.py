@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, log, use_fleet
-from bench.harness import emit, replicas_obey
+from bench.harness import emit, production_replicas, replicas_obey
 from kit.modelkit import train_adapter
 from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.errors import LoragateError
@@ -158,21 +158,10 @@ def main() -> None:
                 database_lock_timeout_s=args.lock_timeout_s,
             )
             adapter_dir = work / "adapters"
-            LOGS.mkdir(parents=True, exist_ok=True)
             log("starting 2 vLLM replicas")
             # the replicas read this registry (owner-moves: the benchmark promotes in process)
             replica_secrets, _ = replicas_obey(setup.registry)
-            started = [
-                VllmReplica(
-                    setup.base,
-                    BASE_ID,
-                    adapter_dir=adapter_dir,
-                    secrets_dir=replica_secrets,
-                    die_with_parent=True,
-                    log_path=LOGS / f"stuck-{i}.log",
-                )
-                for i in range(2)
-            ]
+            started = production_replicas(setup.base, BASE_ID, 2, adapter_dir, replica_secrets, LOGS, "stuck")
             start_replicas(started)
             proxy = FaultProxy(started[1].url)
             urls = [started[0].url, proxy.url]

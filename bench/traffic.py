@@ -45,7 +45,7 @@ import httpx
 
 import bench.fleet_setup
 from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, use_fleet
-from bench.harness import emit, replicas_obey
+from bench.harness import emit, production_replicas, replicas_obey
 from bench.traffic_balancer import round_robin
 from bench.traffic_clients import ADMIN_HEADER
 from bench.traffic_cost import bench_cost
@@ -242,19 +242,8 @@ def main() -> None:
                 urls, adapter_dir = args.replica, args.adapter_dir
             else:
                 adapter_dir = work / "adapters"
-                LOGS.mkdir(parents=True, exist_ok=True)
                 log(f"starting 2 vLLM replicas (logs in {LOGS})")
-                started = [
-                    VllmReplica(
-                        setup.base,
-                        BASE_ID,
-                        adapter_dir=adapter_dir,
-                        secrets_dir=secrets_dir,
-                        die_with_parent=True,
-                        log_path=LOGS / f"traffic-replica-{i}.log",
-                    )
-                    for i in range(2)
-                ]
+                started = production_replicas(setup.base, BASE_ID, 2, adapter_dir, secrets_dir, LOGS, "traffic-replica")
                 start_replicas(started)
                 urls = [r.url for r in started]
             use_fleet(setup, urls, adapter_dir)
