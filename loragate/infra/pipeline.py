@@ -248,11 +248,12 @@ def start_pipeline(
     server: PrefectServer | None = None,
     warm_workers: bool = True,
 ) -> LocalPipeline:
-    """The local stack's Prefect server under ``home`` (or the one given), loragate deployed on it, and one
-    worker per pool whose flow runs see ``loragate_env`` and act with that pool's share of
-    ``secrets`` (written under ``<server home>/secrets/<pool>``). An ``*_every_s`` of
-    ``None`` leaves that deployment to be started by hand; ``warm_workers=False`` gives every
-    pool a process worker (a flow run per process: ``bench/pipeline.py``'s peer)."""
+    """The local stack's Prefect server under ``home`` (or the one given), loragate deployed
+    on it, and one worker per pool whose flow runs see ``loragate_env`` and act with that
+    pool's share of ``secrets`` (written under ``<server home>/secrets/<pool>``). An
+    ``*_every_s`` of ``None`` leaves that deployment to be started by hand;
+    ``warm_workers=False`` gives every pool a process worker (a flow run per process:
+    ``bench/pipeline.py``'s peer)."""
     owns_server = server is None
     server = server or start_local_prefect_server(home)
     pipeline = LocalPipeline(server, {**server.env, **loragate_env}, owns_server=owns_server)
