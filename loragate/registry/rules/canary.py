@@ -7,17 +7,15 @@ production replicas and records an **observation**: per side the error rate and 
 p50/p95, and the canary's *golden drift* -- the share of golden prompts it answers
 differently from what shadow validation recorded for the version.
 
-This module is pure judgement, like ``lifecycle``: from an observation and the ones before
-it, the verdict. Errors above production's or drift above epsilon are not noise: they roll
-the canary back at once. A p95 above ``ratio x production + slack`` counts as a breach only
-when a rank test says the canary is slower too (one slow sample moves a p95 of 16, not the
-ranks), and must repeat ``latency_breaches`` times in a row. The probes go in back-to-back
-pairs (the canary, then production, on the same prompt), so the test is Wilcoxon's
-signed-rank test on each pair's log ratio beyond log(ratio): a host's load shifts both
-halves of a pair alike, where it drowns a difference between two pooled samples
-(Mann-Whitney, kept for observations with too few pairs). The
-verdict on an observation, with the live judgement of a window that takes live traffic, is
-``rules/verdict.py``'s.
+This module is pure, like ``lifecycle``: the window, its thresholds, each side's probe
+figures and the monitors they make. A p95 above ``ratio x production + slack`` is out of
+band only when a rank test says the canary is slower too (one slow sample moves a p95 of
+16, not the ranks). The probes go in back-to-back pairs (the canary, then production, on
+the same prompt), so the test is Wilcoxon's signed-rank test on each pair's log ratio
+beyond log(ratio): a host's load shifts both halves of a pair alike, where it drowns a
+difference between two pooled samples (Mann-Whitney, kept for observations with too few
+pairs). The verdict on an observation -- with the ones before it and, for a window that
+takes live traffic, the live judgement -- is ``rules/verdict.py``'s.
 """
 
 from __future__ import annotations
