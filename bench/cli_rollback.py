@@ -73,7 +73,8 @@ def bench_fleet_rollback(sides: dict[str, Path], runs: int, work: Path) -> dict[
                 promote_back(setup)
                 if i:  # the first round is each side's warm-up (bytecode, page cache)
                     samples[side].append(took)
-            log(f"rollback round {i}/{runs}: " + ", ".join(f"{s} {v[-1]:.2f}s" for s, v in samples.items() if v))
+            done = ", ".join(f"{s} {v[-1]:.2f}s" for s, v in samples.items() if v) if i else "warm-up"
+            log(f"rollback round {i}/{runs}: {done}")
         return samples
     finally:
         stop_replicas(replicas)
