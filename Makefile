@@ -86,6 +86,8 @@ bench: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m bench.pipeline
 	$(BIN)/python -m bench.stuck
 	$(BIN)/python -m bench.scale
+	$(BIN)/python -m bench.traffic
+	$(BIN)/python -m bench.cli_start --fleet-runs 5
 
 clean:
 	rm -rf .loragate demo-out bench/out tests/artifacts $(DOCS_SITE)

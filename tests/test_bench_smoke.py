@@ -35,6 +35,12 @@ def test_registry_benchmark_runs_in_smoke_mode(tmp_path):
     assert result["naive_files"]
 
 
+def test_command_start_up_benchmark_runs_against_a_worktree_of_head(tmp_path):
+    result = run_bench("bench.cli_start", "--runs", "1", "--against", "HEAD", "--out", str(tmp_path / "c.json"))
+    assert set(result["commands"]) == {"help", "rollback_help", "json_list"}
+    assert all(c["before"]["n"] == c["after"]["n"] == 1 for c in result["commands"].values())
+
+
 def test_validation_benchmark_runs_in_smoke_mode():
     result = run_bench("bench.validation", "--smoke")
     assert [r["adapters"] for r in result["results"]] == [2, 3]
