@@ -77,7 +77,7 @@ demo: postgres $(STAMP) $(VLLM_STAMP)
 ui: $(STAMP)
 	$(BIN)/python -m loragate.infra.pipeline
 
-bench: $(STAMP) $(VLLM_STAMP)
+bench: postgres $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m bench.registry
 	$(BIN)/python -m bench.validation
 	$(BIN)/python -m bench.fleet
