@@ -2,20 +2,20 @@
 
 Builds a tiny Llama base and trains tenant adapters offline (good ones, one with a renamed
 layer prefix the registry refuses at the door, one whose 4-bit compute dtype overflows,
-which only shadow validation sees). Starts the local stack's Prefect server (its state on the
-machine's Postgres, which ``make demo`` starts first) with loragate's deployments, a worker per work pool
-(each holding only its role's token, never on the Prefect server) and two vLLM CPU replicas
-(canary, production), with a dozen users looping on production (``demo_traffic``). Then it
-emits ``loragate.training.completed`` events and follows each gate: register, shadow
-validation (which signs what passed), canary -- half the users' requests answered by it,
-sticky per user --, the scheduled evaluations, the promotion waiting for a
-sign-off -- a forged one through the Prefect API refused, the release worker's own token
-refused a direct move, then alice's from the CLI with an approval code of her own --,
-production switched in place, a rollback that only moves users to the previous version kept
-warm, a canary rolled back on its users' failed requests alone, and a replica copy tampered
-on disk (seen by ``fleet status``, answered by the base, repaired by ``fleet reconcile``). It ends with a
-summary and stops what it started, also on Ctrl-C. History stays under ``.loragate/``;
-``make ui`` reopens the Prefect UI on it.
+which only shadow validation sees). Starts the local stack's Prefect server (its state on
+the machine's Postgres, which ``make demo`` starts first) with loragate's deployments, a
+worker per work pool (each holding only its role's token, never on the Prefect server) and
+two vLLM CPU replicas (canary, production), with a dozen users looping on production
+(``demo_traffic``). Then it emits ``loragate.training.completed`` events and follows each
+gate: register, shadow validation (which signs what passed), canary -- half the users'
+requests answered by it, sticky per user --, the scheduled evaluations, the promotion
+waiting for a sign-off -- a forged one through the Prefect API refused, the release worker's
+own token refused a direct move, then alice's from the CLI with an approval code of her own
+--, production switched in place, a rollback that only moves users to the previous version
+kept warm, a canary rolled back on its users' failed requests alone, and a replica copy
+tampered on disk (seen by ``fleet status``, answered by the base, repaired by ``fleet
+reconcile``). It ends with a summary and stops what it started, also on Ctrl-C. History
+stays under ``.loragate/``; ``make ui`` reopens the Prefect UI on it.
 """
 
 from __future__ import annotations

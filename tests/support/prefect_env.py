@@ -59,8 +59,8 @@ def prefect_server_fixture(tmp_path_factory) -> Iterator[PrefectServer]:
     database = f"prefect_{uuid.uuid4().hex[:10]}"
     try:
         server = start_local_prefect_server(tmp_path_factory.mktemp("prefect-server"), database=database)
-        assert server.on_postgres, "the local stack's Prefect server fell back to SQLite: no Postgres answered"
         try:
+            assert server.on_postgres, "the local stack's Prefect server fell back to SQLite: no Postgres answered"
             yield server
         finally:
             _drain_clients()
