@@ -3,14 +3,17 @@ module that needs it -- deferred imports inside functions counted, since they ru
 imports under ``if TYPE_CHECKING:`` too: a type that needs its user is a cycle of concepts
 the runtime merely does not see.
 
-An edge goes to the module an import names (``from a.b import c`` to ``a.b.c`` when that is
-a module, else to ``a.b``), not to the packages above it that Python initialises on the way.
+Imports are absolute (ruff's TID252 refuses a relative one), read by ``test_layers``'
+parser. An edge goes to the module an import names (``from a.b import c`` to ``a.b.c`` when
+that is a module, else to ``a.b``), not to the packages above it that Python initialises on
+the way.
 """
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.test_layers import imported_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("loragate", "kit", "bench", "tests")
@@ -29,28 +32,10 @@ def modules_under(root: Path, folders: tuple[str, ...]) -> dict[str, Path]:
     return found
 
 
-def imported_names(path: Path, module: str) -> set[str]:
-    """Every module name ``path`` imports, anywhere in it, relative imports resolved."""
-    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    names: set[str] = set()
-    pending: list[ast.AST] = [ast.parse(path.read_text(), filename=str(path))]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            source = ".".join([*base, *([node.module] if node.module else [])])
-            names.add(source)
-            names.update(f"{source}.{alias.name}" for alias in node.names)
-        pending.extend(ast.iter_child_nodes(node))
-    return names
-
-
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     graph = {}
     for module, path in modules.items():
-        names = imported_names(path, module)
+        names = imported_modules(path)
         # ``from a.b import c``: the module a.b.c when there is one, else a.b itself
         targets = {n for n in names if n in modules}
         targets -= {n.rpartition(".")[0] for n in targets if n.rpartition(".")[0] in targets and n in names}
@@ -114,8 +99,8 @@ def test_the_cycle_finder_sees_a_cycle_through_a_deferred_import(tmp_path):
     (package / "b.py").write_text("def f():\n    from pkg.c import g\n")
     (package / "c.py").write_text("def g():\n    import pkg.a\n")
     (package / "typed.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.d import x\n")
-    (package / "d.py").write_text("from . import typed\n")
-    (package / "e.py").write_text("from .d import typed\n")
+    (package / "d.py").write_text("from pkg import typed\n")
+    (package / "e.py").write_text("from pkg.d import typed\n")
     graph = import_graph(modules_under(tmp_path, ("pkg",)))
     assert sorted(cycles(graph)) == [["pkg.a", "pkg.b", "pkg.c"], ["pkg.d", "pkg.typed"]]
     assert graph["pkg.typed"] == {"pkg.d"}
