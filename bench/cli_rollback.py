@@ -30,20 +30,21 @@ def cli_module(code: Path) -> str:
     return "loragate.cli.main" if (code / "loragate" / "cli" / "main.py").is_file() else "cli.main"
 
 
-def timed_rollback(code: Path, env: dict[str, str], name: str) -> float:
+def run_command(code: Path, env: dict[str, str], argv: list[str], timeout_s: float = 120) -> float:
+    """Wall seconds of ``python -m <cli module> *argv`` in ``code``, a fresh process."""
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", cli_module(code), "rollback", name, "--json"],
+        [sys.executable, "-m", cli_module(code), *argv],
         cwd=code,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout_s,
         check=False,
     )
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
-        raise SystemExit(f"loragate rollback in {code} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        raise SystemExit(f"loragate {' '.join(argv)} in {code} exited {proc.returncode}: {proc.stderr.strip()}")
     return elapsed
 
 
@@ -69,7 +70,7 @@ def bench_fleet_rollback(sides: dict[str, Path], runs: int, work: Path) -> dict[
         order = list(sides)
         for i in range(runs + 1):
             for side in order if i % 2 == 0 else reversed(order):
-                took = timed_rollback(sides[side], envs[side], setup.name)
+                took = run_command(sides[side], envs[side], ["rollback", setup.name, "--json"], timeout_s=300)
                 promote_back(setup)
                 if i:  # the first round is each side's warm-up (bytecode, page cache)
                     samples[side].append(took)

@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.cli_rollback import bench_fleet_rollback, cli_module
+from bench.cli_rollback import bench_fleet_rollback, cli_module, run_command
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -73,18 +73,6 @@ def side_env(code: Path, home: Path) -> dict[str, str]:
     for name in ("LORAGATE_DATABASE_URL", "LORAGATE_ARTIFACTS", "LORAGATE_TOKEN", "LORAGATE_PROGRESS"):
         env.pop(name, None)
     return env
-
-
-def run_command(code: Path, env: dict[str, str], argv: list[str]) -> float:
-    """Wall seconds of ``python -m <cli module> *argv`` in ``code``, a fresh process."""
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", cli_module(code), *argv], cwd=code, env=env, capture_output=True, text=True, timeout=120
-    )
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"loragate {' '.join(argv)} in {code} exited {proc.returncode}: {proc.stderr.strip()}")
-    return elapsed
 
 
 def code_root_of(code: Path, env: dict[str, str]) -> str:
