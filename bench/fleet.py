@@ -36,7 +36,6 @@ import argparse
 import os
 import platform
 import statistics
-import tempfile
 import threading
 import time
 import uuid
@@ -59,7 +58,7 @@ from bench.fleet_setup import (
     use_fleet,
 )
 from bench.fleet_traffic import LoopingClient, latency
-from bench.harness import emit, production_replicas, replicas_obey
+from bench.harness import emit, production_replicas, replicas_obey, secrets_put_back, work_directory
 from kit.tenant_tasks import golden_cases
 from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.errors import ReplicaError
@@ -349,8 +348,7 @@ def main() -> None:
     steady_s, switches, interleaved = (2.0, 2, 10) if args.smoke else (10.0, 8, 100)
     wall = time.perf_counter()
 
-    with tempfile.TemporaryDirectory(prefix="loragate-bench-fleet-") as tmp:
-        work = Path(tmp)
+    with work_directory("loragate-bench-fleet-") as work, secrets_put_back(args.replica_secrets):
         setup = build_setup(work, args.base)
         secrets_dir, _ = replicas_obey(setup.registry, args.replica_secrets)
         started: list[VllmReplica] = []

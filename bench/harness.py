@@ -6,14 +6,25 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
+import tempfile
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from loragate.infra.replica import VllmReplica
+from loragate.infra.replica import (
+    ADMIN_KEY_FILE,
+    OWNER_MOVES_FILE,
+    REGISTRY_URL_FILE,
+    VllmReplica,
+    write_replica_secrets,
+)
 from tests.support.postgres import admin_engine, drop_database, pg_url
 
 
@@ -81,6 +92,40 @@ def replicas_obey(registry, directory: Path | None = None) -> tuple[Path, str]:
     url = replica_registry_url(registry.settings.database_url)
     own = write_replica_secrets(Path(registry.settings.home) / "replica-secrets", key, url, owner_moves=True)
     return (write_replica_secrets(directory, key, url, owner_moves=True) if directory else own), key
+
+
+@contextmanager
+def secrets_put_back(directory: Path | None) -> Iterator[None]:
+    """Running replicas' secrets (``directory``) as they were before the run, put back when it
+    ends: the run points them at its own registry, which it then deletes, and replicas keep
+    reading the registry they are pointed at (their routes refresh) until told another."""
+    names = (ADMIN_KEY_FILE, REGISTRY_URL_FILE, OWNER_MOVES_FILE)
+    held = {n: (directory / n).read_text() if (directory / n).exists() else None for n in names} if directory else {}
+    try:
+        yield
+    finally:
+        if directory and held.get(ADMIN_KEY_FILE):
+            key, url, owner_moves = (held[n] for n in names)
+            write_replica_secrets(directory, key, url, owner_moves=bool(owner_moves))
+
+
+@contextmanager
+def work_directory(prefix: str, deadline_s: float = 10.0) -> Iterator[Path]:
+    """A scratch directory, removed when the run ends. A replica that opened the run's SQLite
+    registry just before the removal may create its ``-wal``/``-shm`` files again behind it:
+    the removal is tried again until the directory is gone, ``deadline_s`` at most."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        ends = time.monotonic() + deadline_s
+        while path.exists():
+            try:
+                shutil.rmtree(path)
+            except OSError:
+                if time.monotonic() > ends:
+                    raise
+                time.sleep(0.2)
 
 
 def emit(result: dict[str, Any], out: Path | None) -> None:

@@ -33,10 +33,8 @@ import argparse
 import datetime
 import os
 import platform
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -45,7 +43,7 @@ import httpx
 
 import bench.fleet_setup
 from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, use_fleet
-from bench.harness import emit, production_replicas, replicas_obey
+from bench.harness import emit, production_replicas, replicas_obey, secrets_put_back, work_directory
 from bench.traffic_balancer import round_robin
 from bench.traffic_clients import ADMIN_HEADER
 from bench.traffic_cost import bench_cost
@@ -230,10 +228,7 @@ def main() -> None:
         "machine": machine(),
         "smoke": args.smoke,
     }
-    # running replicas keep reading the run's registry until told another: a file they open
-    # as it is removed is left behind, and removed again below
-    with tempfile.TemporaryDirectory(prefix="loragate-bench-traffic-", ignore_cleanup_errors=True) as tmp:
-        work = Path(tmp)
+    with work_directory("loragate-bench-traffic-") as work, secrets_put_back(args.replica_secrets):
         setup = build_setup(work, args.base)
         secrets_dir, admin_key = replicas_obey(setup.registry, args.replica_secrets)
         started: list[VllmReplica] = []
@@ -303,11 +298,6 @@ def main() -> None:
         finally:
             stop_replicas(started)
             setup.registry.close()
-    for _ in range(3):
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not Path(tmp).exists():
-            break
-        time.sleep(1.0)
     result["wall_s"] = round(time.perf_counter() - wall, 1)
     emit(result, args.out)
 

@@ -27,6 +27,10 @@ def run_bench(module: str, *argv: str, timeout: int = 600) -> dict:
     return json.loads(proc.stdout)
 
 
+def secrets_of(directory: Path) -> dict[str, str]:
+    return {f.name: f.read_text() for f in sorted(directory.iterdir()) if f.is_file()}
+
+
 def test_registry_benchmark_runs_in_smoke_mode(tmp_path):
     result = run_bench("bench.registry", "--scale", "smoke", "--peers", "auto", "--out", str(tmp_path / "r.json"))
     assert set(result["loragate"]) == {"postgres", "sqlite"}
@@ -50,10 +54,13 @@ def test_validation_benchmark_runs_in_smoke_mode():
     assert quality["inside_the_reports_ms_mean"]["regression_s"] > 0 and quality["scan_verdicts"]
 
 
-def test_fleet_benchmark_runs_in_smoke_mode_on_the_session_replicas(replicas, replica_adapters, tiny_base):
+def test_fleet_benchmark_runs_in_smoke_mode_on_the_session_replicas_and_gives_them_back(
+    replicas, replica_adapters, tiny_base
+):
     urls = [replicas["prod-a"].url, replicas["prod-b"].url]
     argv = [f"--replica={url}" for url in urls]
     secrets = str(replicas["prod-a"].secrets_dir)  # the replicas obey only the fleet: their key, registry
+    before = secrets_of(replicas["prod-a"].secrets_dir)
     result = run_bench(
         "bench.fleet",
         "--smoke",
@@ -79,6 +86,8 @@ def test_fleet_benchmark_runs_in_smoke_mode_on_the_session_replicas(replicas, re
         "per_replica_golden_completions",
     }
     assert under_load["phases"]["per_replica_golden_completions"]["n"] == 2  # a rollback verifies both replicas
+    # pointed back at the registry they read before, not at the run's, which is gone
+    assert secrets_of(replicas["prod-a"].secrets_dir) == before
 
 
 def test_copies_benchmark_runs_in_smoke_mode(tmp_path):
@@ -118,9 +127,10 @@ def test_scale_benchmark_runs_in_smoke_mode_on_the_session_replicas(
     assert result["restart"]["2"]["answering"] == 2 and result["restart"]["2"]["fleet_in_sync"]
 
 
-def test_traffic_benchmark_runs_in_smoke_mode_on_the_session_replicas(
+def test_traffic_benchmark_runs_in_smoke_mode_on_the_session_replicas_and_gives_them_back(
     tmp_path, replicas, replica_adapters, tiny_base, support_bundle, tickets_bundle
 ):
+    before = secrets_of(replicas["prod-a"].secrets_dir)
     argv = [
         f"--replica={replicas['prod-a'].url}",
         f"--replica={replicas['prod-b'].url}",
@@ -140,3 +150,4 @@ def test_traffic_benchmark_runs_in_smoke_mode_on_the_session_replicas(
     assert result["cost"]["on"]["n"] > 0 and result["cost"]["off"]["n"] > 0 and result["cost"]["peer"]
     assert result["withdraw"]["rounds"] and {"routing", "reload"} <= set(result["rollback"])
     assert all(isinstance(t["met"], bool) or t["met"] is None for t in result["targets"].values())
+    assert secrets_of(replicas["prod-a"].secrets_dir) == before

@@ -1,0 +1,53 @@
+"""What the benchmarks that drive running replicas leave behind: the replicas pointed back at
+the registry they read before, and no scratch directory, even when a replica's late read of
+the run's SQLite registry creates its files again behind the removal."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from bench import harness
+from loragate.infra.replica import write_replica_secrets
+
+
+def test_running_replicas_secrets_are_put_back_as_they_were_when_the_run_ends(tmp_path):
+    secrets = write_replica_secrets(tmp_path / "secrets", "session-key", "sqlite:////session/registry.db")
+    before = {f.name: f.read_text() for f in secrets.iterdir()}
+    with pytest.raises(RuntimeError), harness.secrets_put_back(secrets):
+        write_replica_secrets(secrets, "run-key", "sqlite:////run/registry.db", owner_moves=True)
+        raise RuntimeError("the run failed")
+    assert {f.name: f.read_text() for f in secrets.iterdir()} == before
+
+
+def test_a_file_created_again_behind_the_removal_is_removed_on_the_next_try(tmp_path, monkeypatch):
+    real_rmtree = shutil.rmtree
+    tries = []
+
+    def racing_rmtree(path, *args, **kwargs):
+        # what a replica's read does: it opened registry.db before the removal, and creates
+        # the -wal file after the removal listed the directory
+        tries.append(path)
+        if len(tries) == 1:
+            (path / "registry.db").unlink()
+            (path / "registry.db-wal").write_text("")
+            raise OSError(39, "Directory not empty", str(path))
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(harness.shutil, "rmtree", racing_rmtree)
+    monkeypatch.setattr(harness.time, "sleep", lambda s: None)
+    with harness.work_directory("loragate-test-") as work:
+        (work / "registry.db").write_text("")
+    assert len(tries) == 2 and not work.exists()
+
+
+def test_a_directory_that_keeps_coming_back_fails_the_run_after_the_deadline(tmp_path, monkeypatch):
+    def never_empty(path, *args, **kwargs):
+        raise OSError(39, "Directory not empty", str(path))
+
+    monkeypatch.setattr(harness.shutil, "rmtree", never_empty)
+    monkeypatch.setattr(harness.time, "sleep", lambda s: None)
+    with pytest.raises(OSError), harness.work_directory("loragate-test-", deadline_s=0.0) as work:
+        pass
+    work.rmdir()
