@@ -48,7 +48,6 @@ import platform
 import secrets
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -58,7 +57,15 @@ from typing import Any
 import httpx
 
 from bench.delay_proxy import DelayProxy
-from bench.harness import Databases, ServingReplica, emit, production_and_canary, replicas_obey
+from bench.harness import (
+    Databases,
+    ServingReplica,
+    emit,
+    production_and_canary,
+    replicas_obey,
+    secrets_put_back,
+    work_directory,
+)
 from bench.scale_prefect import flow_run_states, pause_trigger, promote_runs
 from bench.scale_restart import bench_restart
 from bench.scale_verdicts import CONTROL_SLOWDOWN, verdicts
@@ -348,8 +355,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "smoke": args.smoke,
     }
-    with tempfile.TemporaryDirectory(prefix="loragate-bench-scale-") as tmp:
-        work = Path(tmp)
+    with work_directory("loragate-bench-scale-") as work, secrets_put_back(args.replica_secrets):
         base_dir = args.base or build_base(work / "tiny-llama")
         golden = write_golden_set("support", work / "golden.jsonl")
         bundle = args.bundle or train_adapter(base_dir, "support", work / "support")

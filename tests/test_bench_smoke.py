@@ -99,9 +99,10 @@ def test_copies_benchmark_runs_in_smoke_mode(tmp_path):
     assert {"first_lookup", "repeat_lookup", "unverified_lookup"} <= set(result["resolver"]["big"])
 
 
-def test_scale_benchmark_runs_in_smoke_mode_on_the_session_replicas(
+def test_scale_benchmark_runs_in_smoke_mode_on_the_session_replicas_and_gives_them_back(
     tmp_path, replicas, replica_adapters, tiny_base, support_bundle
 ):
+    before = secrets_of(replicas["prod-a"].secrets_dir)
     argv = [
         f"--production={replicas['prod-a'].url}",
         f"--canary={replicas['canary'].url}",
@@ -125,6 +126,7 @@ def test_scale_benchmark_runs_in_smoke_mode_on_the_session_replicas(
     # a suspended promote run has not ended: it queued, and has no run time yet
     assert burst["flow_runs"]["canary"]["ran_s"] and burst["flow_runs"]["promote"]["queued_s"]
     assert result["restart"]["2"]["answering"] == 2 and result["restart"]["2"]["fleet_in_sync"]
+    assert secrets_of(replicas["prod-a"].secrets_dir) == before
 
 
 def test_traffic_benchmark_runs_in_smoke_mode_on_the_session_replicas_and_gives_them_back(
