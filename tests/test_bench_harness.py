@@ -21,7 +21,7 @@ def test_running_replicas_secrets_are_put_back_as_they_were_when_the_run_ends(tm
     assert {f.name: f.read_text() for f in secrets.iterdir()} == before
 
 
-def test_a_file_created_again_behind_the_removal_is_removed_on_the_next_try(tmp_path, monkeypatch):
+def test_a_file_created_again_behind_the_removal_is_removed_on_the_next_try(monkeypatch):
     real_rmtree = shutil.rmtree
     tries = []
 
@@ -42,7 +42,7 @@ def test_a_file_created_again_behind_the_removal_is_removed_on_the_next_try(tmp_
     assert len(tries) == 2 and not work.exists()
 
 
-def test_a_directory_that_keeps_coming_back_fails_the_run_after_the_deadline(tmp_path, monkeypatch):
+def test_a_directory_that_keeps_coming_back_fails_the_run_after_the_deadline(monkeypatch):
     def never_empty(path, *args, **kwargs):
         raise OSError(39, "Directory not empty", str(path))
 
