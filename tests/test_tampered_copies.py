@@ -15,6 +15,7 @@ import pytest
 from kit.tamper import flip_a_byte
 from loragate.registry.rules.fleet import ActionKind
 from loragate.registry.storage.copies import QUARANTINE_DIR, cache_file
+from loragate.tasks import reconcile
 from loragate.tasks.reconcile import CopyChecker, fleet_status, reconcile_fleet
 from loragate.tasks.replicas import ReplicaClient
 from tests.support.fleet import SUPPORT_PROMPT, admin_client, answer, served
@@ -77,3 +78,35 @@ def test_a_tampered_copy_is_reported_refused_by_the_resolver_and_repaired_by_rec
     # kept where loragate runs, never on the adapter volume a replica host can write
     assert cache_file(fleet.registry.settings.home, prod_a.adapter_dir).is_file()
     assert not list(Path(prod_a.adapter_dir).glob("*verified*"))
+
+
+def test_a_user_whose_request_loads_the_repaired_copy_before_reconcile_does_fails_nothing(fleet, monkeypatch):
+    """A replica that refused the damaged copy serves no copy; once reconcile has fetched a
+    fresh one, a user's request can reach the replica before reconcile's own load, and the
+    resolver loads the fresh copy for it. Reconcile's load then finds the name loaded from
+    the path it wanted: converged, not failed."""
+    fleet.promote(fleet.v1, "canary")
+    fleet.promote(fleet.v1, "production")
+    expected = fleet.registry.expected_outputs(fleet.v1)
+    assert expected is not None
+    prod_a = fleet.replicas["prod-a"]
+    copy = Path(fleet.path(fleet.v1))
+    flip_a_byte(copy / WEIGHTS)
+    with admin_client(fleet.registry, prod_a.url) as client:
+        client.unload(fleet.name)  # as after the resolver refused the damaged copy
+
+    users_answers = []
+    fetch_afresh = reconcile.materialize_for
+
+    def fetched_then_a_user_asks(registry, replica, placement):
+        fetch_afresh(registry, replica, placement)
+        if replica.url == prod_a.url:
+            users_answers.append(answer(prod_a.url, fleet.name))
+
+    monkeypatch.setattr(reconcile, "materialize_for", fetched_then_a_user_asks)
+    states = reconcile_fleet(fleet.registry)
+
+    assert users_answers == [expected[1]["support-0"].strip()], "the user was served the fresh copy"
+    assert next(s for s in states if s.replica.url == prod_a.url).error is None
+    assert served(prod_a)[fleet.name] == str(copy)
+    assert not own_actions(fleet, prod_a.url), "in sync after"

@@ -58,22 +58,32 @@ def _quiet(_: str) -> None:
 # -- one replica ------------------------------------------------------------------------
 
 
-def switch_replica(client: ReplicaClient, name: str, path: str) -> None:
-    """Serve ``name`` from ``path``: unload it, load it fresh from the new path.
+def load_replica(client: ReplicaClient, name: str, path: str) -> None:
+    """Serve ``name`` from ``path`` where the replica serves no ``name``.
 
-    A request that arrives in between is answered by the resolver from the index, which
-    already names ``path``; if it wins the race, the load finds the name loaded -- from
-    the same path, which is what is checked afterwards.
+    A user's request for the name that arrives first is answered by the resolver from the
+    index, which already names ``path``; if it wins the race, the load finds the name
+    loaded -- from the same path, which is what is checked afterwards.
 
     Raises:
         ReplicaError: the replica is unreachable or refused, and does not serve ``path``.
     """
-    client.unload(name)
     try:
         client.load(name, path)
     except ReplicaError:
         if client.served_adapters().get(name) != path:
             raise
+
+
+def switch_replica(client: ReplicaClient, name: str, path: str) -> None:
+    """Serve ``name`` from ``path``: unload it, load it fresh from the new path (a request
+    in between may load it first: ``load_replica``).
+
+    Raises:
+        ReplicaError: the replica is unreachable or refused, and does not serve ``path``.
+    """
+    client.unload(name)
+    load_replica(client, name, path)
 
 
 def unload_replica(client: ReplicaClient, name: str) -> None:

@@ -25,7 +25,14 @@ from loragate.registry.service import Registry
 from loragate.registry.storage.copies import VerifiedCache, cache_file, damaged_files, quarantine
 from loragate.registry.storage.resolver_index import adapter_entries, drop_unknown, replace_entries
 from loragate.tasks.copies import materialize_for
-from loragate.tasks.fleet import Progress, replica_client, switch_replica, unload_replica, verify_replica
+from loragate.tasks.fleet import (
+    Progress,
+    load_replica,
+    replica_client,
+    switch_replica,
+    unload_replica,
+    verify_replica,
+)
 
 
 def _quiet(_: str) -> None:
@@ -177,7 +184,7 @@ def _reconcile_adapter(
                     progress(f"{replica.url}: {action.name}'s damaged copy moved to {quarantined}")
                 materialize_for(registry, replica, action.placement)
                 if action.kind == ActionKind.LOAD:
-                    client.load(action.name, action.placement.path)
+                    load_replica(client, action.name, action.placement.path)
                 else:
                     switch_replica(client, action.name, action.placement.path)
                 if action.kind == ActionKind.REPAIR:

@@ -29,7 +29,7 @@ from loragate.registry.rules.canary import CanaryWindow
 from loragate.registry.rules.fleet import Placement, Replica, qualified_name, version_path
 from loragate.registry.service import Registry
 from loragate.tasks.copies import materialize_for
-from loragate.tasks.fleet import verify_replica
+from loragate.tasks.fleet import switch_replica, verify_replica
 from loragate.tasks.replicas import replica_client
 from loragate.tasks.routes import failures, on_each, production_replicas, push_routes, serves_warm
 
@@ -73,8 +73,7 @@ def warm_version(registry: Registry, name: str, version_id: str, progress: Progr
         wanted = placement(replica)
         with replica_client(registry, replica.url) as client:
             if client.served_adapters().get(served_as) != wanted.path:
-                client.unload(served_as)
-                client.load(served_as, wanted.path)
+                switch_replica(client, served_as, wanted.path)
             verification = verify_replica(client, replica, wanted, expected, agreement)
         return {
             "replica": replica.url,
