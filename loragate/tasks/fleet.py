@@ -76,12 +76,8 @@ def load_replica(client: ReplicaClient, name: str, path: str) -> None:
 
 
 def switch_replica(client: ReplicaClient, name: str, path: str) -> None:
-    """Serve ``name`` from ``path``: unload it, load it fresh from the new path (a request
-    in between may load it first: ``load_replica``).
-
-    Raises:
-        ReplicaError: the replica is unreachable or refused, and does not serve ``path``.
-    """
+    """Serve ``name`` from ``path``: unload it, load it fresh (``load_replica``: a request in
+    between may load it first). Raises ReplicaError as ``load_replica`` does."""
     client.unload(name)
     load_replica(client, name, path)
 
