@@ -10,15 +10,16 @@ import pytest
 
 from bench import harness
 from loragate.infra.replica import write_replica_secrets
+from tests.test_bench_smoke import secrets_of
 
 
 def test_running_replicas_secrets_are_put_back_as_they_were_when_the_run_ends(tmp_path):
     secrets = write_replica_secrets(tmp_path / "secrets", "session-key", "sqlite:////session/registry.db")
-    before = {f.name: f.read_text() for f in secrets.iterdir()}
+    before = secrets_of(secrets)
     with pytest.raises(RuntimeError), harness.secrets_put_back(secrets):
         write_replica_secrets(secrets, "run-key", "sqlite:////run/registry.db", owner_moves=True)
         raise RuntimeError("the run failed")
-    assert {f.name: f.read_text() for f in secrets.iterdir()} == before
+    assert secrets_of(secrets) == before
 
 
 def test_a_file_created_again_behind_the_removal_is_removed_on_the_next_try(monkeypatch):
