@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from loragate.registry.intake.golden import GoldenCase
+if TYPE_CHECKING:  # annotations only: the GPU agreement check loads this module alone (bench/)
+    from loragate.registry.intake.golden import GoldenCase
 
 
 @dataclass(frozen=True)
