@@ -4,7 +4,7 @@ audited with what it replaced, a no-op when equal, refused for anything but a fi
 in [0, 1] or for a closed window (nothing changed); two changes racing end consistent. An
 alert is recorded once per adapter, kind, version and replica in 15 minutes, even when two
 recorders race, and ``loragate status`` lists it. The CLI: ``canary share`` exits 0, or 2
-with one line naming ``share``.
+with one line naming ``share``, or 3 above the cap (``share_above_cap``).
 """
 
 from __future__ import annotations
@@ -284,6 +284,23 @@ def test_the_cli_refuses_a_bad_share_in_one_line_naming_it_and_changes_nothing(s
     assert refused.returncode == 2
     (line,) = refused.stderr.strip().splitlines()
     assert line.startswith("error: invalid_share [share]:")
+    assert stored_share(registry, window.id) == 0.01 and audit_count(registry) == before
+
+
+@pytest.mark.parametrize("above", ["100%", "0.6"])
+def test_the_cli_refuses_a_signing_token_a_share_above_the_cap_as_a_permission_and_changes_nothing(share_cli, above):
+    """No person signed the canary off: a pipeline's signing token cannot send more than
+    LORAGATE_CANARY_MAX_SHARE (50 %) of the users to it (tests/test_canary_share_cap.py)."""
+    run, registry, window = share_cli
+    before = audit_count(registry)
+    refused = run("canary", "share", NAME, above)
+    assert refused.returncode == 3
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("error: permission denied:") and "LORAGATE_CANARY_MAX_SHARE" in line
+    shown = run("canary", "share", NAME, above, "--json")
+    assert shown.returncode == 3
+    assert json.loads(shown.stdout)["error"]["code"] == "share_above_cap"
+    assert json.loads(shown.stdout)["error"]["field"] == "share"
     assert stored_share(registry, window.id) == 0.01 and audit_count(registry) == before
 
 

@@ -60,7 +60,7 @@ def test_downgrade_drops_the_share_keeping_the_window_and_upgrade_adds_it_back_a
             "open"
         )
     migrate.upgrade(engine)
-    assert migrate.current_revision(engine) == migrate.HEAD == "0011"
+    assert migrate.current_revision(engine) == migrate.HEAD
     assert share_of(engine, window_id) == 0.0  # existing windows start with no live traffic
     with pytest.raises(IntegrityError), engine.begin() as conn:  # the CHECK is back too
         conn.execute(text("UPDATE canary_windows SET share = 1.5 WHERE id = :w"), {"w": window_id})
@@ -155,7 +155,8 @@ def test_downgrade_revokes_the_share_grants_and_upgrade_restores_them(windowed):
 @pytest.mark.postgres
 @pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 def test_the_application_as_each_database_user_changes_a_share_and_records_alerts_within_its_grants(windowed):
-    """What the real code paths write: signing and activation change a share, the fleet
+    """What the real code paths write: signing and activation change a share (up to the
+    cap: above it, migration 0012's rules, tests/test_canary_rules_in_sql.py), the fleet
     records a traffic alert (its advisory lock and insert need no grant beyond the audit
     log's) but cannot change a share -- the database refuses it, whatever the application
     was told."""
@@ -170,7 +171,7 @@ def test_the_application_as_each_database_user_changes_a_share_and_records_alert
         settings = registry.settings.model_copy(update={"database_url": url.render_as_string(hide_password=False)})
         return Registry.open(settings, principal=IN_PROCESS)
 
-    for role, share in (("signing", 0.3), ("activation", 0.6)):
+    for role, share in (("signing", 0.3), ("activation", 0.45)):
         with as_role(role) as acting:
             assert acting.set_canary_share(NAME, share, reason=role).share == share
     with as_role("fleet") as fleet:
@@ -178,4 +179,4 @@ def test_the_application_as_each_database_user_changes_a_share_and_records_alert
         assert fleet.record_traffic_alert(NAME, "fallback_rate", {"replica": "http://r:1"}) is False
         with pytest.raises(PermissionDenied, match="loragate_fleet"):
             fleet.set_canary_share(NAME, 0.9)
-    assert share_of(engine, window_id) == 0.6
+    assert share_of(engine, window_id) == 0.45

@@ -31,8 +31,8 @@ from loragate.registry.rules.canary import ACTIVE, WindowStatus
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.service import Registry
 from loragate.registry.storage.signing import key_id
-from loragate.tasks.fleet import switch_replica
 from loragate.tasks.naming import artifact_key
+from loragate.tasks.replica_switch import switch_replica
 from loragate.tasks.validation import ValidationPolicy, validate_versions
 from tests.support.browser import approve_in_ui
 from tests.support.faults import Fault, FaultProxy
@@ -242,6 +242,7 @@ def validated_canary(stack: Stack, name: str, bundle: Path, tickets_bundle: Path
     policy = ValidationPolicy.from_settings(stack.settings)
     reports = validate_versions(stack.registry, [version], policy)
     assert reports[0].status.value == "passed", reports[0].failures
+    stack.registry.sign_version(version, SIGNING_KEY.private_pem)  # as the validate gate does
     return version, other
 
 

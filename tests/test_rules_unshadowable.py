@@ -193,3 +193,45 @@ def test_every_loragate_function_pins_its_search_path(migrated_in_place):
         engine.dispose()
     assert len(functions) >= 8
     assert {name: config for name, config in functions if config != ["search_path=pg_catalog, pg_temp"]} == {}
+
+
+@pytest.fixture
+def not_the_owner(pg_template):
+    """An empty database owned by the server's admin, and a user that owns its ``public``
+    schema but not the database: what a deployment migrating with an application user
+    gets. ``pg_template`` first: the loragate roles exist in the cluster."""
+    admin = admin_engine()
+    suffix = uuid.uuid4().hex[:8]
+    name, migrator = f"loragate_test_{suffix}_notowner", f"loragate_test_migrator_{suffix}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE ROLE "{migrator}" LOGIN'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    in_database = create_engine(pg_url(name), isolation_level="AUTOCOMMIT")
+    with in_database.connect() as conn:
+        conn.execute(text(f'ALTER SCHEMA public OWNER TO "{migrator}"'))
+    migrating = create_engine(make_url(pg_url(name)).set(username=migrator))
+    yield name, migrator, migrating, in_database
+    migrating.dispose()
+    in_database.dispose()
+    drop_database(admin, name)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP ROLE "{migrator}"'))
+    admin.dispose()
+
+
+def test_a_migrating_user_who_cannot_revoke_temporary_stops_saying_what_to_run_and_as_whom(not_the_owner):
+    name, migrator, migrating, in_database = not_the_owner
+    admin_user = make_url(pg_url(name)).username
+    with pytest.raises(DBAPIError) as stopped:
+        migrate.upgrade(migrating)
+    assert getattr(stopped.value.orig, "sqlstate", None) == "42501", stopped.value
+    first = str(stopped.value.orig).splitlines()[0]
+    statement = f'REVOKE TEMPORARY ON DATABASE "{name}" FROM PUBLIC'
+    assert first.startswith(f"run {statement} as the database owner ({admin_user}) or a superuser"), first
+    assert migrator in first
+    assert migrate.current_revision(migrating) is None  # one transaction: nothing kept
+    # what it says, run as whom it says, lets the same user migrate to the end
+    with in_database.connect() as conn:
+        conn.execute(text(statement))
+    migrate.upgrade(migrating)
+    assert migrate.current_revision(migrating) == migrate.HEAD

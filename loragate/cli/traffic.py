@@ -5,7 +5,9 @@ canary answers: a fraction (``0.1``) or a percentage (``10%``). A share above 0 
 canary on every production replica first if it is not warm there yet; then the replicas
 are told to read the routing table at once (``tasks/traffic.py``). A share that is not a
 number from 0 to 1 is refused before anything is read or changed (exit 2, one line
-naming ``share``).
+naming ``share``); a share above ``LORAGATE_CANARY_MAX_SHARE`` is refused the same way as a
+permission (exit 3, ``share_above_cap``) unless a person's sign-off of the canary is
+redeemed and waits for its promotion.
 
 ``canary feedback REQUEST_ID accepted|retried`` feeds "task completion": the id is the
 ``x-loragate-request-id`` header of an answer, signed by the replica that gave it; a
@@ -36,9 +38,9 @@ def cmd_canary_share(args: argparse.Namespace) -> int:
     from loragate.tasks.traffic import set_share  # the replicas' client: only when a share changes
 
     with open_registry(args) as reg:
-        before = reg.active_canary_window(args.name)
+        before = reg.check_canary_share(args.name, share)  # the share it replaces
         window = set_share(reg, args.name, share, reason=args.reason, progress=progress_printer(args))
-    was = before.share if before is not None and before.id == window.id else None
+    was = before.share if before.id == window.id else None
     emit(
         args,
         {**window.as_dict(), "previous_share": was},

@@ -57,6 +57,8 @@ class ErrorCode(StrEnum):
     APPROVAL_CODE_REVOKED = "approval_code_revoked"
     APPROVAL_CODE_SELF = "approval_code_self"
     APPROVAL_REQUIRED = "approval_required"
+    # a canary share above LORAGATE_CANARY_MAX_SHARE without a person's sign-off pending
+    SHARE_ABOVE_CAP = "share_above_cap"
     INVALID_ROLE = "invalid_role"
     INVALID_NAMESPACE = "invalid_namespace"
     INVALID_HOLDER = "invalid_holder"

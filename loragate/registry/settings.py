@@ -14,7 +14,7 @@ import getpass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -115,6 +115,10 @@ class Settings(BaseSettings):
     # each prompt is sent this many times per observation (latency samples)
     canary_probe_rounds: int = Field(default=2, ge=1)
     # -- live traffic through the canary (the split inside each production replica) --
+    # the most of an adapter's live requests a canary answers without a person's sign-off:
+    # above it only the promotion's own "every user to the canary" step, on a redeemed
+    # sign-off. `loragate init` copies it into the database, whose rules hold the roles to it
+    canary_max_share: float = Field(default=0.5, ge=0.0, le=1.0)
     # share of an adapter's live requests the canary answers while its window runs
     canary_share: float = Field(default=0.01, ge=0.0, le=1.0)
     # live canary requests a window needs before it may become ready (fewer: it says so)
@@ -174,6 +178,14 @@ class Settings(BaseSettings):
     def _vllm_rank(cls, value: int) -> int:
         if value not in VLLM_LORA_RANKS:
             raise ValueError(f"{value} is not one vLLM accepts {VLLM_LORA_RANKS}")
+        return value
+
+    @field_validator("canary_share")
+    @classmethod
+    def _share_within_cap(cls, value: float, info: ValidationInfo) -> float:
+        cap = info.data.get("canary_max_share")  # validated first: declared first
+        if cap is not None and value > cap:
+            raise ValueError(f"{value:g} is above LORAGATE_CANARY_MAX_SHARE ({cap:g})")
         return value
 
     @field_validator("database_url")

@@ -15,7 +15,8 @@ figures every production replica's split counted for both versions in this windo
 
 A withdrawal sends 0 % to the canary first (pushed to every replica), then moves the pointer
 back; a promotion sends 100 % to the warm canary first, then moves production, then keeps
-the replaced version warm as ``name@version`` so a rollback only moves traffic.
+the replaced version warm as ``name@version`` so a rollback only moves traffic. Each move
+unloads the warm copies it leaves behind once it commits (``tasks/warm_copies.py``).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from loragate.registry.rules.live import LiveJudgement, LiveStats, judge_live
 from loragate.registry.rules.names import AdapterName
 from loragate.registry.rules.verdict import judge
 from loragate.registry.service import Registry
-from loragate.tasks.fleet import promote_and_switch, replica_client, rollback_and_switch
-from loragate.tasks.replicas import Completion, ReplicaClient
+from loragate.tasks.fleet import promote_and_switch, rollback_and_switch
+from loragate.tasks.replicas import Completion, ReplicaClient, replica_client
 from loragate.tasks.routes import push_routes
 from loragate.tasks.traffic import cool_version, read_traffic, warm_version
 from loragate.tasks.traffic_watch import TrafficAlert, alerts_in, record_alerts
@@ -125,9 +126,12 @@ def deploy_canary(registry: Registry, version_id: str, progress: Progress = _qui
         InvalidInput: INVALID_SETTING when the version would be served nowhere (no canary
             replica, and no live split: no production replica, version or share); the promotion is
             illegal (VALIDATION_REQUIRED for a version that did not pass).
+        IllegalTransition: VALIDATION_REQUIRED or SIGNATURE_REQUIRED, a version whose canary
+            window the registry would refuse (nothing moved).
         DeployFailed: a replica could not be switched or verified (nothing moved).
     """
     version = registry.get_version(version_id)
+    registry.check_canary_ready(version_id)  # its window would be refused: move nothing
     canaries, productions = stage_replicas(registry, version.name)
     share = registry.settings.canary_share
     # nothing to split while the adapter has no production version: its first canary is dark
@@ -325,8 +329,10 @@ def promote_canary(
     if window.promoted_already(previous):
         return window, registry.get_adapter(name).previous, []  # a re-run
     share_before = window.share
-    if share_before > 0 and share_before < 1:
-        # every user to the warm canary first: the switch below then moves no user's traffic
+    # every user to the warm canary first, so the switch below moves no user's traffic -- only
+    # on a person's sign-off pending (or as the owner): without one the switch moves them
+    all_users_first = 0 < share_before < 1 and registry.canary_share_allowed(window, 1.0)
+    if all_users_first:
         registry.set_canary_share(name, 1.0, reason="promotion: all live traffic to the canary")
         push_routes(registry, name, progress)
     try:
@@ -339,7 +345,7 @@ def promote_canary(
             acknowledge_scan_review=acknowledge_scan_review,
         )
     except BaseException:
-        if share_before > 0 and share_before < 1:
+        if all_users_first:
             registry.set_canary_share(name, share_before, reason="promotion failed: the split as it was")
             push_routes(registry, name, progress)
         raise
@@ -351,9 +357,10 @@ def promote_canary(
 
 def keep_previous_warm(registry: Registry, name: str, previous: str | None, progress: Progress = _quiet) -> None:
     """After a promotion: the replaced version stays warm as ``name@version`` on the
-    production replicas, so rolling back only moves traffic. The promoted one stays as it is:
-    where it was warm, the promotion was a routing change and users are answered by that warm
-    copy. Best effort: without a warm previous, a rollback reloads, as it always could."""
+    production replicas, so rolling back only moves traffic. The promotion itself already put
+    the promoted version under the plain name and unloaded its warm copy and the previous
+    previous (``tasks/warm_copies.py``). Best effort: without a warm previous, a rollback
+    reloads, as it always could."""
     if previous is None:
         return
     try:

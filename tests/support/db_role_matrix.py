@@ -116,11 +116,13 @@ MATRIX = [
     ),
     ("remove-a-pointer", "DELETE FROM stage_pointers WHERE adapter_id = :adapter_id", LIFECYCLE),
     (
-        # closed at once: the fixture's window is the adapter's one active window (0008)
-        "insert-a-canary-window",
+        # a window is opened only as open, for a validated, signed canary, within the cap
+        # (0012's trigger refuses signing and activation; the grant everyone else). Opening
+        # one is signing's real path: tests/test_db_roles.py, tests/test_canary_rules_in_sql.py
+        "insert-a-canary-window-already-closed",
         "INSERT INTO canary_windows (adapter_name, version_id, status, opened_at, thresholds, closed_at) "
         "VALUES (:name, :v, 'superseded', now(), '{}', now())",
-        LIFECYCLE,
+        NOBODY,
     ),
     (
         "close-a-canary-window",
@@ -132,8 +134,10 @@ MATRIX = [
         "UPDATE canary_windows SET approval_flow_run_id = 'probe' WHERE id = :window_id",
         LIFECYCLE,
     ),
-    # the live-traffic share of a running window (migration 0011)
+    # the live-traffic share of a running window (migration 0011), up to the cap (0012): every
+    # user only by activation applying a person's sign-off, and the fixture's code is unused
     ("change-a-canary-share", "UPDATE canary_windows SET share = 0.5 WHERE id = :window_id", LIFECYCLE),
+    ("give-a-canary-every-user", "UPDATE canary_windows SET share = 1.0 WHERE id = :window_id", NOBODY),
     ("reopen-a-window-for-another-version", "UPDATE canary_windows SET version_id = :v", NOBODY),
     (
         "observe-a-canary",

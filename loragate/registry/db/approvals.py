@@ -238,6 +238,27 @@ class ApprovalRepository:
         ).rowcount
         return code_id if applied == 1 else None
 
+    def sign_off_pending(self, conn: Connection, window: Any) -> bool:
+        """Whether a person's sign-off of ``window``'s version waits for the promotion to
+        apply it: an approve code for the version, bound to this window or to none,
+        redeemed, not applied, within its lifetime counted from its redemption, its
+        reviewer's token active. What lets the promotion raise the window's share above the
+        cap; migration 0012's trigger asks the same of the activation user on Postgres."""
+        redeemed = (
+            select(approval_codes.c.used_at, approval_codes.c.issued_at, approval_codes.c.expires_at)
+            .join(api_tokens, api_tokens.c.token_id == approval_codes.c.token_id)
+            .where(
+                approval_codes.c.version_id == window.version_id,
+                approval_codes.c.decision == Decision.APPROVE.value,
+                or_(approval_codes.c.window_id.is_(None), approval_codes.c.window_id == window.id),
+                approval_codes.c.used_at.is_not(None),
+                approval_codes.c.applied_at.is_(None),
+                api_tokens.c.revoked_at.is_(None),
+            )
+        )
+        now = utcnow()
+        return any(now < utc(r.used_at) + (utc(r.expires_at) - utc(r.issued_at)) for r in conn.execute(redeemed))
+
     def spend(self, code_id: str, secret: str, spent_by: str) -> bool:
         """A code presented with its secret and refused, still unused: used and applied by no
         move, so the secret redeems nothing afterwards (whoever read it from the

@@ -199,6 +199,9 @@ canary_windows = Table(
     Column("approval_flow_run_id", String(64), nullable=True),
     # the fraction of the adapter's live requests the window's version answers (0011)
     Column("share", Float, nullable=False, server_default=text("0")),
+    # the secret the replicas key each user's bucket with (0012); never leaves the database
+    # through the application: window_from_row does not read it
+    Column("bucket_key", String(64), nullable=False),
     CheckConstraint(
         "status IN ('open', 'ready', 'promoted', 'rejected', 'rolled_back', 'superseded')",
         name="ck_canary_windows_status",
@@ -214,6 +217,17 @@ canary_windows = Table(
         postgresql_where=text("status IN ('open', 'ready')"),
         sqlite_where=text("status IN ('open', 'ready')"),
     ),
+)
+
+# the registry's own limits, one row the owner writes from the settings (0012): what the
+# database's rules read, never the environment
+registry_limits = Table(
+    "registry_limits",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("canary_max_share", Float, nullable=False),
+    CheckConstraint("id = 1", name="ck_registry_limits_one_row"),
+    CheckConstraint("canary_max_share >= 0 AND canary_max_share <= 1", name="ck_registry_limits_canary_max_share"),
 )
 
 canary_observations = Table(

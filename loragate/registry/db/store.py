@@ -10,6 +10,7 @@ is stored in ``db/canary.py``, not in a file of everything.
     store.golden      golden sets                  (db/validation.py)
     store.validation  validation runs              (db/validation.py)
     store.canary      windows, observations, sign-offs (db/canary.py)
+    store.limits      the limits the database's rules read (db/limits.py)
     store.audit       the audit log, gc references (db/audit.py)
     store.progress    versions waiting between gates (db/progress.py)
 """
@@ -25,6 +26,7 @@ from loragate.registry.db.canary import CanaryRepository
 from loragate.registry.db.catalog import CatalogRepository
 from loragate.registry.db.database import DEFAULT_LIMITS, Database, SessionLimits, make_engine
 from loragate.registry.db.fleet import FleetRepository
+from loragate.registry.db.limits import LimitsRepository
 from loragate.registry.db.pointers import PointerRepository
 from loragate.registry.db.progress import ProgressRepository
 from loragate.registry.db.validation import GoldenSetRepository, ValidationRunRepository
@@ -43,6 +45,7 @@ class SqlStore:
         self.validation = ValidationRunRepository(self.db)
         self.canary = CanaryRepository(self.db)
         self.approvals = ApprovalRepository(self.db, self.canary)
+        self.limits = LimitsRepository(self.db)
         self.audit = AuditRepository(self.db)
         self.progress = ProgressRepository(self.db)
 

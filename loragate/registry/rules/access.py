@@ -240,6 +240,12 @@ class Principal:
         they authenticate a token."""
         return cls(actor=actor, roles=frozenset(Role))
 
+    @property
+    def owner_in_process(self) -> bool:
+        """Made by ``in_process``: the registry's owner, who holds its database credentials
+        and no token -- limited by no role's rule, as the database's owner is not."""
+        return self.token_id is None and self.kind is None
+
     def covers(self, name: str | None) -> bool:
         if self.namespace is None:
             return True

@@ -4,13 +4,21 @@ A share is a finite number from 0 (a dark canary: only the probes reach it) to 1
 live request, the step before production moves). People write it as a fraction (``0.1``)
 or a percentage (``10%``); everything else -- NaN, infinities, booleans, text that is
 neither -- is refused as INVALID_SHARE before anything changes.
+
+A share has a cap, the operator's ``LORAGATE_CANARY_MAX_SHARE`` (50 % by default): how many
+users a canary may answer before a person has signed it off. Raising a window's share above
+it is the promotion's own step -- every user to the canary, so the switch that follows moves
+nobody -- and is refused (SHARE_ABOVE_CAP) unless a person's sign-off of the version is
+redeemed and not yet applied, to a caller who may promote it. Lowering a share never needs
+one: it only sends users back to production. The database holds the roles' users to the
+same rule against its own copy of the cap (migration 0012).
 """
 
 from __future__ import annotations
 
 import math
 
-from loragate.registry.errors import ErrorCode, InvalidInput
+from loragate.registry.errors import ErrorCode, InvalidInput, PermissionDenied
 
 
 def check_share(value: object, *, field: str = "share") -> float:
@@ -57,3 +65,19 @@ def parse_share(text: str, *, field: str = "share") -> float:
             )
         return number / 100.0
     return check_share(number, field=field)
+
+
+def needs_sign_off(share: float, current: float, cap: float) -> bool:
+    """Whether moving a window's share from ``current`` to ``share`` takes a person's
+    sign-off: raising it above ``cap``."""
+    return share > cap and share > current
+
+
+def above_cap(share: float, cap: float, version_id: str, *, field: str = "share") -> PermissionDenied:
+    """The refusal of a share above the cap (nothing changed)."""
+    return PermissionDenied(
+        f"{share:.2%} of live requests to {version_id} is above LORAGATE_CANARY_MAX_SHARE ({cap:.2%}): "
+        "only the promotion raises it, on a person's sign-off redeemed and not yet applied",
+        code=ErrorCode.SHARE_ABOVE_CAP,
+        field=field,
+    )

@@ -72,12 +72,16 @@ class Registry(
         """Create or upgrade the schema (Alembic) and the artifact store; returns the first
         admin token when the registry has no active one yet (shown once, stored hashed).
 
-        Whoever can run migrations owns the database already, so this needs no token.
+        Whoever can run migrations owns the database already, so this needs no token. It
+        also copies the settings' limits into the database (``db/limits.py``): the owner's
+        path is the only one that may write them.
         """
         self._store.upgrade_schema()
+        actor = f"{self.settings.actor} (loragate init)"
+        self._store.limits.set_canary_max_share(self.settings.canary_max_share, actor)
         self._artifacts.ensure()
         if any(t.role == Role.ADMIN and t.active for t in self._store.access.tokens()):
             return None
         issued = issue_token()
-        self._store.access.create_token(issued, Role.ADMIN, None, "admin", f"{self.settings.actor} (loragate init)")
+        self._store.access.create_token(issued, Role.ADMIN, None, "admin", actor)
         return issued

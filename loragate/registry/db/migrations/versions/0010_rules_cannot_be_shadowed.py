@@ -246,14 +246,43 @@ def _drop_role_if_unused(name: str) -> None:
     )
 
 
+# PUBLIC (grantee 0) still holds TEMPORARY on this database
+PUBLIC_HAS_TEMPORARY = (
+    "EXISTS (SELECT 1 FROM pg_catalog.pg_database d, "
+    "pg_catalog.aclexplode(coalesce(d.datacl, pg_catalog.acldefault('d', d.datdba))) a "
+    "WHERE d.datname = pg_catalog.current_database() AND a.grantee = 0 AND a.privilege_type = 'TEMPORARY')"
+)
+REVOKE_TEMPORARY = "REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC"
+# what the error tells the owner to run: the name always quoted, as they will paste it
+REVOKE_TEMPORARY_SHOWN = 'REVOKE TEMPORARY ON DATABASE "%s" FROM PUBLIC'
+
+
 def _temporary(grant: bool) -> None:
-    """TEMPORARY on this database for PUBLIC: only its owner (or a superuser) may change it;
-    anyone else migrating leaves it as it is."""
-    statement = "GRANT TEMPORARY ON DATABASE %I TO PUBLIC" if grant else "REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC"
+    """TEMPORARY on this database for PUBLIC: only its owner (or a superuser) may change it.
+
+    Revoking it is part of the rules (a temporary table would shadow what they read), so a
+    migrating user that cannot revoke it while PUBLIC still holds it stops the migration,
+    saying what to run and as whom; once done, migrating again goes on. Granting it back
+    (a downgrade) is left as it is by anyone else: that only loosens.
+    """
+    if grant:
+        op.execute(
+            "DO $$ BEGIN IF pg_catalog.pg_has_role(current_user, (SELECT datdba FROM pg_catalog.pg_database "
+            "WHERE datname = current_database()), 'USAGE') THEN EXECUTE pg_catalog.format("
+            "'GRANT TEMPORARY ON DATABASE %I TO PUBLIC', current_database()); END IF; END $$"
+        )
+        return
     op.execute(
-        "DO $$ BEGIN IF pg_catalog.pg_has_role(current_user, (SELECT datdba FROM pg_catalog.pg_database "
-        f"WHERE datname = current_database()), 'USAGE') THEN EXECUTE pg_catalog.format('{statement}', "
-        "current_database()); END IF; END $$"
+        "DO $$ DECLARE db_owner name := (SELECT pg_catalog.pg_get_userbyid(datdba) FROM pg_catalog.pg_database "
+        "WHERE datname = pg_catalog.current_database()); BEGIN "
+        "IF pg_catalog.pg_has_role(current_user, db_owner, 'USAGE') THEN "
+        f"EXECUTE pg_catalog.format('{REVOKE_TEMPORARY}', pg_catalog.current_database()); "
+        f"ELSIF {PUBLIC_HAS_TEMPORARY} THEN "
+        "RAISE EXCEPTION 'run % as the database owner (%) or a superuser, then migrate again: % may not revoke it, "
+        "and while PUBLIC may create temporary tables every role could shadow the rules', "
+        f"pg_catalog.format('{REVOKE_TEMPORARY_SHOWN}', "
+        "pg_catalog.replace(pg_catalog.current_database(), '\"', '\"\"')), db_owner, current_user "
+        "USING ERRCODE = '42501'; END IF; END $$"
     )
 
 

@@ -1,0 +1,56 @@
+"""The registry's own limits, kept in the database for the database's rules to read: one row
+(``registry_limits``, migration 0012) that only the owner writes and every role's user reads.
+
+The operator sets a limit in the settings; ``loragate init`` -- the owner's path, the one the
+Kubernetes migrations Job runs -- copies it here, so the rules Postgres enforces on the
+roles' users need nothing from any process's environment. Today one limit: the largest
+share of an adapter's live requests a canary may answer without a person's sign-off. The
+application checks its setting; the database checks this row. A process whose setting
+differs from the row is held to the lower of the two.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import insert, select, update
+
+from loragate.registry.db.database import Database
+from loragate.registry.db.schema import registry_limits
+
+ROW = 1
+
+
+class LimitsRepository:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def canary_max_share(self) -> float:
+        """The cap the database holds the roles' users to (0 without the row: the rules
+        read a missing row as 0, refusing every share but none)."""
+        with self.db.reader.connect() as conn:
+            found = conn.execute(select(registry_limits.c.canary_max_share)).scalar()
+        return float(found) if found is not None else 0.0
+
+    def set_canary_max_share(self, value: float, actor: str) -> bool:
+        """Write the cap from the operator's setting, audited with what it replaced; the
+        same value again writes nothing. True when it changed. The owner's alone: no role's
+        user may write the row (a Postgres refusal is PermissionDenied)."""
+        with self.db.write() as conn:
+            before = conn.execute(
+                select(registry_limits.c.canary_max_share).where(registry_limits.c.id == ROW)
+            ).scalar()
+            if before == value:
+                return False
+            if before is None:
+                conn.execute(insert(registry_limits).values(id=ROW, canary_max_share=value))
+            else:
+                conn.execute(update(registry_limits).where(registry_limits.c.id == ROW).values(canary_max_share=value))
+            self.db.audit(
+                conn,
+                actor=actor,
+                action="registry_limit",
+                adapter_name=None,
+                from_value=None if before is None else repr(before),
+                to_value=repr(value),
+                details={"limit": "canary_max_share", "from": before, "to": value},
+            )
+        return True
