@@ -64,9 +64,10 @@ from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.errors import ReplicaError
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.storage.resolver_index import index_entry, read_index, write_index
-from loragate.tasks.fleet import promote_and_switch, replica_client, switch_replica
+from loragate.tasks.fleet import promote_and_switch
 from loragate.tasks.reconcile import reconcile_fleet
-from loragate.tasks.replicas import ReplicaClient
+from loragate.tasks.replica_switch import switch_replica
+from loragate.tasks.replicas import ReplicaClient, replica_client
 
 SPEEDUP_TARGET = 20.0
 # the switch is parallel: 3 replicas may take this much longer than 1

@@ -48,7 +48,8 @@ PATHS = ("routing", "reload")
 # where a rollback's time goes, each timed around the call the fleet switch makes (by module
 # or class attribute): the copies checked before the lock; under it, the whole switch, the
 # warm check, each replica's move (unload, or switch and golden completions); after the
-# commit, the routes pushed and every replica confirmed by the version header
+# commit, the routes pushed, every replica confirmed by the version header, and the warm
+# copies settled (production under its plain name again, the rolled-back copy unloaded)
 PHASES: dict[str, tuple[Any, str]] = {
     "copies_before_lock": (loragate.tasks.fleet.ReadyCopies, "prepare_rollback"),
     "fleet_switch_under_lock": (loragate.tasks.fleet.FleetSwitch, "apply"),
@@ -58,6 +59,7 @@ PHASES: dict[str, tuple[Any, str]] = {
     "after_commit": (loragate.tasks.fleet.FleetSwitch, "after_commit"),
     "push_routes": (loragate.tasks.fleet, "push_routes"),
     "confirm_version": (loragate.tasks.fleet, "confirm_version"),
+    "settle_warm_copies": (loragate.tasks.fleet, "settle_warm_copies"),
 }
 
 

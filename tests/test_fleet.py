@@ -22,8 +22,9 @@ from loragate.registry.rules.fleet import version_path
 from loragate.registry.service import Registry
 from loragate.registry.storage.resolver_index import index_entry, read_index, write_index
 from loragate.tasks.copies import ReadyCopies
-from loragate.tasks.fleet import FleetSwitch, promote_and_switch, switch_replica
+from loragate.tasks.fleet import FleetSwitch, promote_and_switch
 from loragate.tasks.reconcile import fleet_status, reconcile_fleet
+from loragate.tasks.replica_switch import switch_replica
 from loragate.tasks.replicas import ReplicaClient
 from tests.support.faults import Fault, FaultProxy
 from tests.support.fleet import (

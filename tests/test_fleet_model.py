@@ -169,25 +169,6 @@ def test_reconcile_plans_loads_switches_and_unloads_and_leaves_what_is_not_lorag
     }
 
 
-@pytest.mark.parametrize(
-    ("served", "expected"),
-    [
-        # a rollback that only moved traffic: the plain name is gone, the wanted version warm
-        ({"a/tiny-llama/x@v1": "/adapters/a/tiny-llama/x/v1"}, set()),
-        # the plain name still on the old bytes: users are routed to the warm one
-        ({"a/tiny-llama/x": "/adapters/a/tiny-llama/x/v0", "a/tiny-llama/x@v1": "/adapters/a/tiny-llama/x/v1"}, set()),
-        # warm from another path is not the wanted copy
-        ({"a/tiny-llama/x@v1": "/elsewhere/v1"}, {(ActionKind.LOAD, "a/tiny-llama/x")}),
-        # another version warm is not this one
-        ({"a/tiny-llama/x@v0": "/adapters/a/tiny-llama/x/v0"}, {(ActionKind.LOAD, "a/tiny-llama/x")}),
-    ],
-)
-def test_a_version_served_warm_under_its_qualified_name_is_in_sync(served, expected):
-    r = replica()
-    desired = desired_placements(r, [AdapterPointers("a/tiny-llama/x", "tiny-llama", None, "v1")])
-    assert {(a.kind, a.name) for a in plan_reconcile(r, desired, served)} == expected
-
-
 def test_the_index_holds_each_role_of_each_adapter_directory(tmp_path):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     replicas = [

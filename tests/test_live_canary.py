@@ -56,7 +56,7 @@ def assert_in_sync_on_production(fleet) -> None:
     """What the fleet reads agrees with the pointers: nothing for reconcile to do."""
     for state in fleet_status(fleet.registry):
         if state.replica.role.value == "production":
-            assert not [a for a in state.actions if a.name == fleet.name], [a.describe() for a in state.actions]
+            assert not [a for a in state.actions if a.adapter == fleet.name], [a.describe() for a in state.actions]
 
 
 @pytest.fixture

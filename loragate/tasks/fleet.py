@@ -16,7 +16,8 @@ prompts must equal what shadow validation recorded. If any replica fails, every 
 put back on exactly what it served before and the index is restored; the error names the
 replica and the cause. A production replica that already serves the target warm as
 ``name@version`` (the previous production, kept after a promotion) is not reloaded: the move
-sends its users there, confirmed per replica once the pointer has moved (``tasks/routes.py``).
+sends its users there, confirmed per replica once the pointer has moved (``tasks/routes.py``);
+production then goes back under its plain name, strays are unloaded (``tasks/warm_copies.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from loragate.registry.errors import (
     LoragateError,
     ReplicaError,
 )
-from loragate.registry.intake.golden import GoldenCase, GoldenSet
 from loragate.registry.retrying import policy
 from loragate.registry.rules.fleet import AdapterPointers, Placement, Replica, ReplicaRole, desired_placements
 from loragate.registry.rules.lifecycle import Plan, Pointer
@@ -43,8 +43,10 @@ from loragate.registry.rules.names import AdapterName
 from loragate.registry.service import Registry
 from loragate.registry.storage.resolver_index import Entries, adapter_entries, replace_entries
 from loragate.tasks.copies import ReadyCopies
-from loragate.tasks.replicas import ReplicaClient, replica_client
+from loragate.tasks.replica_switch import Verification, switch_replica, unload_replica, verify_replica
+from loragate.tasks.replicas import replica_client
 from loragate.tasks.routes import confirm_version, on_each, push_routes, serves_warm
+from loragate.tasks.warm_copies import settle_warm_copies
 
 Progress = Callable[[str], None]
 # a move retried after a lost compare-and-set, as the store retries its own writes
@@ -53,93 +55,6 @@ MOVE_ATTEMPTS = 8
 
 def _quiet(_: str) -> None:
     pass
-
-
-# -- one replica ------------------------------------------------------------------------
-
-
-def load_replica(client: ReplicaClient, name: str, path: str) -> None:
-    """Serve ``name`` from ``path`` where the replica serves no ``name``.
-
-    A user's request for the name that arrives first is answered by the resolver from the
-    index, which already names ``path``; if it wins the race, the load finds the name
-    loaded -- from the same path, which is what is checked afterwards.
-
-    Raises:
-        ReplicaError: the replica is unreachable or refused, and does not serve ``path``.
-    """
-    try:
-        client.load(name, path)
-    except ReplicaError:
-        if client.served_adapters().get(name) != path:
-            raise
-
-
-def switch_replica(client: ReplicaClient, name: str, path: str) -> None:
-    """Serve ``name`` from ``path``: unload it, load it fresh (``load_replica``: a request in
-    between may load it first). Raises ReplicaError as ``load_replica`` does."""
-    client.unload(name)
-    load_replica(client, name, path)
-
-
-def unload_replica(client: ReplicaClient, name: str) -> None:
-    client.unload(name)
-
-
-@dataclass(frozen=True)
-class Verification:
-    matched: int
-    total: int
-    mismatches: list[str]
-
-    @property
-    def agreement(self) -> float:
-        return self.matched / self.total if self.total else 1.0
-
-
-def verify_replica(
-    client: ReplicaClient,
-    replica: Replica,
-    placement: Placement,
-    expected: tuple[GoldenSet, dict[str, str]] | None,
-    agreement: float,
-) -> Verification:
-    """What the replica serves for the name is the version: its card, and its answers.
-
-    Raises:
-        DeployFailed: the card names another path or base, or the greedy completions of
-            the golden prompts agree with shadow validation's below ``agreement``.
-        ReplicaError: the replica is unreachable or refused.
-    """
-    card = next((m for m in client.models() if m.id == placement.name), None)
-    if card is None or card.root != placement.path or card.parent != replica.served_model_name:
-        seen = f"root {card.root}, parent {card.parent}" if card else "not served"
-        raise DeployFailed(
-            f"replica {replica.url} serves {placement.name} as {seen}, "
-            f"not {placement.path} on {replica.served_model_name}",
-            field="url",
-        )
-    if expected is None:
-        return Verification(0, 0, [])
-    golden, outputs = expected
-    mismatches = []
-    by_length: dict[int, list[GoldenCase]] = {}
-    for case in golden.cases:
-        by_length.setdefault(case.max_tokens, []).append(case)
-    for max_tokens, cases in by_length.items():
-        served = client.complete_many(placement.name, [c.prompt for c in cases], max_tokens, admin=True)
-        mismatches += [
-            c.id for c, text in zip(cases, served, strict=True) if text.strip() != outputs.get(c.id, "").strip()
-        ]
-    result = Verification(len(golden.cases) - len(mismatches), len(golden.cases), mismatches)
-    if result.agreement < agreement:
-        raise DeployFailed(
-            f"replica {replica.url} answers {len(mismatches)}/{result.total} golden prompts differently from "
-            f"shadow validation for {placement.version_id} (e.g. {mismatches[:2]}): it loaded the adapter but "
-            "does not serve it",
-            field="url",
-        )
-    return result
 
 
 # -- a stage's replicas, all or nothing ---------------------------------------------------
@@ -274,21 +189,19 @@ class FleetSwitch:
             return False
 
     def after_commit(self) -> None:
-        """Routed replicas read the routes now and confirm users get the target (a failure
-        is reported, not raised: the move has committed; replicas refresh routes anyway)."""
+        """Routed replicas read the routes now and confirm users get the target, then the warm
+        copies are settled; failures are reported, not raised: the move has committed."""
         routed = [m for m in self.moves if m.routed and m.after is not None]
-        if not routed:
-            return
-        assert routed[0].after is not None
-        version_id = routed[0].after.version_id
-        push_routes(self.registry, self.name, self.progress)
-        try:
-            confirmed = confirm_version(self.registry, self.name, version_id, progress=self.progress)
-        except DeployFailed as e:
-            self.progress(e.one_line())
-            return
-        for move in routed:
-            move.confirmed_s = confirmed.get(move.replica.url)
+        target = routed[0].after.version_id if routed and routed[0].after else None
+        if target is not None:
+            push_routes(self.registry, self.name, self.progress)
+            try:
+                confirmed = confirm_version(self.registry, self.name, target, progress=self.progress)
+                for move in routed:
+                    move.confirmed_s = confirmed.get(move.replica.url)
+            except DeployFailed as e:
+                self.progress(e.one_line())
+        settle_warm_copies(self.registry, self.name, self.progress)
 
     def _write_indexes(self, replicas: list[Replica], wanted: AdapterPointers) -> None:
         """Point this adapter's index entries at what the move wants -- only its own: other

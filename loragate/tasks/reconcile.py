@@ -1,9 +1,11 @@
 """The whole fleet against the registry: each replica's drift (what it serves against what
 the pointers want, and whether the bytes of each copy it serves still verify) and
 reconciliation, which makes every reachable replica serve what the pointers say -- loading
-what a restarted replica lost, correcting a wrong path, unloading what no pointer wants,
-repairing a damaged copy (quarantined, materialized again, reloaded, its answers
-verified) -- each action audited."""
+what a restarted replica lost, correcting a wrong path, unloading what no pointer wants and
+every stray warm copy ``name@version`` (a version that is neither the canary of an active
+window nor the previous production: ``rules/fleet.py`` ``warm_versions``), repairing a
+damaged copy (quarantined, materialized again, reloaded, its answers verified) -- each action
+audited. A missing warm copy is no drift: it is warmed when a split or a rollback needs it."""
 
 from __future__ import annotations
 
@@ -15,24 +17,22 @@ from typing import Any
 from loragate.registry.errors import LoragateError, ReplicaError
 from loragate.registry.rules.fleet import (
     ActionKind,
+    AdapterPointers,
     FleetAction,
     Placement,
     Replica,
+    adapter_of,
     desired_placements,
     plan_reconcile,
+    warm_versions,
 )
 from loragate.registry.service import Registry
 from loragate.registry.storage.copies import VerifiedCache, cache_file, damaged_files, quarantine
 from loragate.registry.storage.resolver_index import adapter_entries, drop_unknown, replace_entries
 from loragate.tasks.copies import materialize_for
-from loragate.tasks.fleet import (
-    Progress,
-    load_replica,
-    replica_client,
-    switch_replica,
-    unload_replica,
-    verify_replica,
-)
+from loragate.tasks.fleet import Progress
+from loragate.tasks.replica_switch import load_replica, switch_replica, unload_replica, verify_replica
+from loragate.tasks.replicas import replica_client
 
 
 def _quiet(_: str) -> None:
@@ -101,10 +101,17 @@ class CopyChecker:
             cache.save()
 
 
+def allowed_warm(registry: Registry, adapters: list[AdapterPointers]) -> dict[str, frozenset[str]]:
+    """Adapter name -> the versions it may keep warm as ``name@version`` now."""
+    windows = {w.adapter_name: w.version_id for w in registry.canary_windows()}
+    return {a.name: warm_versions(a, windows.get(a.name)) for a in adapters}
+
+
 def fleet_status(registry: Registry, checker: CopyChecker | None = None) -> list[ReplicaState]:
-    """Each replica's drift: what it serves against what the pointers want, and the copies
-    whose bytes no longer verify."""
+    """Each replica's drift: what it serves against what the pointers want (stray warm
+    copies included), and the copies whose bytes no longer verify."""
     adapters = registry.adapter_pointers()
+    warm = allowed_warm(registry, adapters)
     checker = checker or CopyChecker(registry)
     states = []
     try:
@@ -117,7 +124,7 @@ def fleet_status(registry: Registry, checker: CopyChecker | None = None) -> list
                 states.append(ReplicaState(replica, False, [], error=e.one_line()))
                 continue
             damaged = checker.damaged(replica, desired)
-            states.append(ReplicaState(replica, True, plan_reconcile(replica, desired, served, damaged)))
+            states.append(ReplicaState(replica, True, plan_reconcile(replica, desired, served, damaged, warm)))
     finally:
         checker.save()
     return states
@@ -125,7 +132,8 @@ def fleet_status(registry: Registry, checker: CopyChecker | None = None) -> list
 
 def reconcile_fleet(registry: Registry, progress: Progress = _quiet) -> list[ReplicaState]:
     """Make every reachable replica serve what the pointers want: load what a restarted
-    replica lost, correct a wrong path, unload what no pointer wants; each action audited.
+    replica lost, correct a wrong path, unload what no pointer wants and every stray warm
+    copy; each action audited.
 
     Each adapter is reconciled while holding its row, the lock a pointer move keeps through
     its switch: what a reconcile acts on is what a move committed, never a switch in flight
@@ -144,7 +152,7 @@ def reconcile_fleet(registry: Registry, progress: Progress = _quiet) -> list[Rep
     entries: list[dict[str, Any]] = []
     try:
         for state in states:
-            for name in sorted({a.name for a in state.actions}):
+            for name in sorted({a.adapter for a in state.actions}):
                 try:
                     entries += _reconcile_adapter(registry, checker, state, name, progress)
                 except (ReplicaError, LoragateError) as e:
@@ -165,14 +173,16 @@ def _reconcile_adapter(
     replica = state.replica
     with registry.holding_adapter(name) as held, replica_client(registry, replica.url) as client:
         desired = {k: v for k, v in desired_placements(replica, [held] if held else []).items() if k == name}
-        served = {k: v for k, v in client.served_adapters().items() if k == name}
+        served = {k: v for k, v in client.served_adapters().items() if adapter_of(k) == name}
+        window = registry.active_canary_window(name) if held else None
+        warm = {name: warm_versions(held, window.version_id if window else None)} if held else {}
         damaged = checker.damaged(replica, desired)
         for wanted in desired.values():
             if wanted.path in checker.repaired:
                 damaged.setdefault(wanted.name, list(checker.repaired[wanted.path]))
-        for action in plan_reconcile(replica, desired, served, damaged):
+        for action in plan_reconcile(replica, desired, served, damaged, warm):
             quarantined = None
-            if action.kind == ActionKind.UNLOAD:
+            if action.kind in (ActionKind.UNLOAD, ActionKind.UNLOAD_STRAY):
                 unload_replica(client, action.name)
             else:
                 assert action.placement is not None
@@ -201,7 +211,8 @@ def _reconcile_adapter(
                 {
                     "replica": state.replica.url,
                     "kind": action.kind.value,
-                    "name": action.name,
+                    "name": action.adapter,
+                    **({"served_as": action.name} if action.name != action.adapter else {}),
                     "from": action.served_path,
                     "to": action.placement.version_id if action.placement else None,
                     "version_id": action.placement.version_id if action.placement else None,

@@ -192,7 +192,7 @@ class PointerRepository:
         return utc(moved_at) if moved_at is not None else None
 
     def all_pointers(self, base_model_id: str | None = None) -> list[AdapterPointers]:
-        """Every adapter's canary and production pointer (of one base, or all)."""
+        """Every adapter's canary, production and previous pointer (of one base, or all)."""
         stmt = select(
             adapters.c.name, adapters.c.base, stage_pointers.c.stage, stage_pointers.c.version_id
         ).select_from(adapters.outerjoin(stage_pointers, stage_pointers.c.adapter_id == adapters.c.id))
@@ -207,7 +207,13 @@ class PointerRepository:
                 if r.stage is not None:
                     pointers[r.stage] = r.version_id
         return [
-            AdapterPointers(name, bases[name], p.get(Pointer.CANARY.value), p.get(Pointer.PRODUCTION.value))
+            AdapterPointers(
+                name,
+                bases[name],
+                p.get(Pointer.CANARY.value),
+                p.get(Pointer.PRODUCTION.value),
+                p.get(Pointer.PREVIOUS.value),
+            )
             for name, p in sorted(found.items())
         ]
 

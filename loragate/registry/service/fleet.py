@@ -224,7 +224,11 @@ class FleetMixin(RegistryBase):
             with self._store.pointers.claim(name=name) as claim:
                 entered = True
                 yield AdapterPointers(
-                    name, base, claim.pointers.get(Pointer.CANARY), claim.pointers.get(Pointer.PRODUCTION)
+                    name,
+                    base,
+                    claim.pointers.get(Pointer.CANARY),
+                    claim.pointers.get(Pointer.PRODUCTION),
+                    claim.pointers.get(Pointer.PREVIOUS),
                 )
         except NotFound:
             if entered:
