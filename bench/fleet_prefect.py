@@ -50,7 +50,8 @@ from bench.fleet_traffic import LoopingClient, latency
 from bench.harness import Databases, emit, production_replicas, replicas_obey, serving_path
 from loragate.infra.pipeline import ROOT, deploy
 from loragate.infra.prefect_local import PrefectServer, start_prefect_server, start_worker, stop, stop_process
-from loragate.infra.replica import VllmReplica, hand_admin_key, start_replicas, stop_replicas
+from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.infra.replica_secrets import hand_admin_key
 from loragate.registry.rules.access import Role
 from loragate.registry.rules.fleet import version_path
 from loragate.tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets

@@ -18,13 +18,8 @@ from typing import Any
 
 import httpx
 
-from loragate.infra.replica import (
-    ADMIN_KEY_FILE,
-    OWNER_MOVES_FILE,
-    REGISTRY_URL_FILE,
-    VllmReplica,
-    write_replica_secrets,
-)
+from loragate.infra.replica import VllmReplica
+from loragate.infra.replica_secrets import ADMIN_KEY_FILE, REGISTRY_URL_FILE, write_replica_secrets
 from tests.support.postgres import admin_engine, drop_database, pg_url
 
 
@@ -40,10 +35,16 @@ class ServingReplica:
 
 
 def production_and_canary(
-    base_dir: Path, served_name: str, adapter_dir: Path, logs: Path, secrets_dir: Path | None = None
+    base_dir: Path,
+    served_name: str,
+    adapter_dir: Path,
+    logs: Path,
+    secrets_dir: Path | None = None,
+    owner_moves: bool = False,
 ) -> list[VllmReplica]:
     """A production and a canary replica (not started), sharing ``adapter_dir``; they go
-    when the benchmark goes, even killed."""
+    when the benchmark goes, even killed. ``owner_moves``: the benchmark's owner moves
+    production in process, without a sign-off code."""
     return [
         VllmReplica(
             base_dir,
@@ -53,6 +54,7 @@ def production_and_canary(
             secrets_dir=secrets_dir,
             log_path=logs / f"{role}.log",
             die_with_parent=True,
+            owner_moves=owner_moves,
         )
         for role in ("production", "canary")
     ]
@@ -62,7 +64,8 @@ def production_replicas(
     base_dir: Path, served_name: str, count: int, adapter_dir: Path, secrets_dir: Path, logs: Path, prefix: str
 ) -> list[VllmReplica]:
     """``count`` production replicas (not started) sharing ``adapter_dir``, each logging to
-    ``logs/<prefix>-<i>.log``; they go when the benchmark goes, even killed."""
+    ``logs/<prefix>-<i>.log``, serving the benchmark owner's in-process moves; they go when
+    the benchmark goes, even killed."""
     logs.mkdir(parents=True, exist_ok=True)
     return [
         VllmReplica(
@@ -72,6 +75,7 @@ def production_replicas(
             secrets_dir=secrets_dir,
             die_with_parent=True,
             log_path=logs / f"{prefix}-{i}.log",
+            owner_moves=True,
         )
         for i in range(count)
     ]
@@ -81,17 +85,18 @@ def replicas_obey(registry, directory: Path | None = None) -> tuple[Path, str]:
     """(the replicas' secrets directory, their admin key) for replicas a benchmark drives with
     ``registry``: the key already in ``directory`` (running replicas'), else the one its fleet
     control holds (``LORAGATE_REPLICA_ADMIN_KEY_FILE``), else a new one -- also under its home,
-    where ``loragate`` finds it; the registry's URL; owner-moves (the benchmark's owner moves
-    production in process)."""
-    from loragate.infra.replica import replica_registry_url, write_replica_secrets
+    where ``loragate`` finds it; the registry's URL. Whether they serve the benchmark owner's
+    in-process moves is each replica process's own flag, set when it started
+    (``production_replicas``), never written here."""
+    from loragate.infra.replica_secrets import replica_registry_url, write_replica_secrets
     from loragate.tasks.replicas import replica_admin_key
 
     held = directory / "admin-key" if directory else None
     key = (held.read_text() if held and held.exists() else None) or replica_admin_key(registry.settings)
     key = key or secrets.token_urlsafe(32)
     url = replica_registry_url(registry.settings.database_url)
-    own = write_replica_secrets(Path(registry.settings.home) / "replica-secrets", key, url, owner_moves=True)
-    return (write_replica_secrets(directory, key, url, owner_moves=True) if directory else own), key
+    own = write_replica_secrets(Path(registry.settings.home) / "replica-secrets", key, url)
+    return (write_replica_secrets(directory, key, url) if directory else own), key
 
 
 @contextmanager
@@ -99,14 +104,14 @@ def secrets_put_back(directory: Path | None) -> Iterator[None]:
     """Running replicas' secrets (``directory``) as they were before the run, put back when it
     ends: the run points them at its own registry, which it then deletes, and replicas keep
     reading the registry they are pointed at (their routes refresh) until told another."""
-    names = (ADMIN_KEY_FILE, REGISTRY_URL_FILE, OWNER_MOVES_FILE)
+    names = (ADMIN_KEY_FILE, REGISTRY_URL_FILE)
     held = {n: (directory / n).read_text() if (directory / n).exists() else None for n in names} if directory else {}
     try:
         yield
     finally:
         if directory and held.get(ADMIN_KEY_FILE):
-            key, url, owner_moves = (held[n] for n in names)
-            write_replica_secrets(directory, key, url, owner_moves=bool(owner_moves))
+            key, url = (held[n] for n in names)
+            write_replica_secrets(directory, key, url)
 
 
 @contextmanager

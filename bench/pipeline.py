@@ -46,14 +46,8 @@ from kit.modelkit import train_adapter
 from kit.tenant_tasks import write_golden_set
 from loragate.infra.pipeline import PipelineSecrets, start_pipeline
 from loragate.infra.prefect_local import PrefectServer, start_prefect_server, stop
-from loragate.infra.replica import (
-    ADMIN_KEY_FILE,
-    hand_admin_key,
-    replica_registry_url,
-    start_replicas,
-    stop_replicas,
-    write_replica_secrets,
-)
+from loragate.infra.replica import start_replicas, stop_replicas
+from loragate.infra.replica_secrets import ADMIN_KEY_FILE, hand_admin_key, replica_registry_url, write_replica_secrets
 from loragate.registry.rules.access import Principal, Role
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.service import Registry

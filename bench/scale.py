@@ -75,13 +75,8 @@ from kit.modelkit import train_adapter
 from kit.tenant_tasks import write_golden_set
 from loragate.infra.pipeline import SWEEPS_EVERY_S, PipelineSecrets, set_interval, start_pipeline
 from loragate.infra.prefect_local import start_local_prefect_server
-from loragate.infra.replica import (
-    VllmReplica,
-    hand_admin_key,
-    start_replicas,
-    stop_replicas,
-    write_replica_secrets,
-)
+from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.infra.replica_secrets import hand_admin_key, write_replica_secrets
 from loragate.registry.rules.access import Principal, Role
 from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.service import Registry
@@ -369,7 +364,7 @@ def main() -> None:
         elif sizes:
             # the registry they read is each burst's own: written there when it is made
             secrets_dir = write_replica_secrets(work / "replica-secrets", secrets.token_urlsafe(32))
-            started = production_and_canary(base_dir, BASE_ID, work / "adapters", work, secrets_dir)
+            started = production_and_canary(base_dir, BASE_ID, work / "adapters", work, secrets_dir, owner_moves=True)
             log(f"starting {len(started)} vLLM replicas")
             start_replicas(started)
             serving = [ServingReplica(r.url, r.role, Path(r.adapter_dir or ""), secrets_dir) for r in started]

@@ -102,6 +102,7 @@ def restart_case(base_dir: Path, bundle: Path, golden: Path, work: Path, k: int)
         secrets_dir=secrets_dir,
         log_path=work / f"restart-{k}.log",
         die_with_parent=True,
+        owner_moves=True,
     )
     try:
         start_replicas([replica])

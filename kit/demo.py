@@ -218,7 +218,8 @@ def main() -> None:
     from kit.demo_traffic import LoopingUsers, live_errors_rolled_back
     from loragate.infra.pipeline import POOLS, PipelineSecrets, start_pipeline
     from loragate.infra.prefect_local import start_local_prefect_server
-    from loragate.infra.replica import VllmReplica, hand_admin_key, start_replicas, stop_replicas
+    from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+    from loragate.infra.replica_secrets import hand_admin_key
     from loragate.registry.rules.access import Role
 
     if HOME.exists():

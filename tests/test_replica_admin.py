@@ -1,9 +1,10 @@
-"""A replica obeys only the fleet: on the session's real vLLM replicas, the admin API (load,
-unload, in-place load, any other state-changing path) needs the fleet's admin key, a client's
-key never counts, and even with the admin key a load is only of bytes the registry recorded
-for a version this role may serve. Inference needs no admin key. The resolver, asked for a
-name a volume writer re-pointed at a validated but unapproved version, refuses it (and the
-traffic split answers the client from production's own path instead)."""
+"""A replica obeys only the fleet: on the session's real vLLM replicas, the runtime LoRA API
+(load, unload, in-place load) needs the fleet's admin key, a client's key never counts, and
+even with the admin key a load is only of bytes the registry recorded for a version this role
+may serve (every other state-changing route: tests/test_replica_surface.py). Inference needs
+no admin key. The resolver, asked for a name a volume writer re-pointed at a validated but
+unapproved version, refuses it (and the traffic split answers the client from production's
+own path instead)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 from kit.tamper import flip_a_byte
-from loragate.infra.replica import ADMIN_KEY_FILE, write_replica_secrets
+from loragate.infra.replica_secrets import ADMIN_KEY_FILE
 from loragate.registry.errors import ReplicaError
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.storage.resolver_index import index_entry, replace_entries
@@ -44,8 +45,8 @@ def test_a_replica_refuses_loads_and_unloads_without_the_fleets_admin_key_and_ke
         assert _refused(lambda: anyone.load(live.name, live.path(live.v1), inplace=True)) == 401
         assert _refused(lambda: anyone.unload(live.name)) == 401
         assert _refused(lambda: anyone.load(live.name.replace("/support", "/new"), live.path(live.v1))) == 401
-        # another state-changing admin path of vLLM's is closed the same way
-        assert anyone._http.post("/reset_prefix_cache").status_code == 401
+        # vLLM's other state-changing routes are closed to everyone (tests/test_replica_surface.py)
+        assert anyone._http.post("/adapters", json={"name": "x", "src": "/tmp"}).status_code == 403
     # a client's own key (vLLM's --api-key is a Bearer token) is not the admin key, even when
     # it is the admin key's very text: only the fleet's header counts
     key = (live.replicas["prod-a"].secrets_dir / ADMIN_KEY_FILE).read_text()
@@ -75,13 +76,9 @@ def test_with_the_admin_key_a_load_of_bytes_the_registry_did_not_record_is_refus
         # good weights at a path the registry does not own
         assert _refused(lambda: fleet.load(live.name, str(support_bundle), inplace=True)) == 403
         # a version production may not serve: validated and signed, but no one signed it off
-        secrets = replica.secrets_dir
-        write_replica_secrets(secrets, (secrets / ADMIN_KEY_FILE).read_text(), _url(secrets), owner_moves=False)
-        try:
-            unapproved = live.registry.materialize(live.v2, adapter_dir / "elsewhere" / live.v2)
-            assert _refused(lambda: fleet.load(live.name, str(unapproved), inplace=True)) == 403
-        finally:
-            write_replica_secrets(secrets, (secrets / ADMIN_KEY_FILE).read_text(), _url(secrets), owner_moves=True)
+        # (in staging: not even the canary the owner-moves replica would take)
+        unapproved = live.registry.materialize(live.v2, adapter_dir / "elsewhere" / live.v2)
+        assert _refused(lambda: fleet.load(live.name, str(unapproved), inplace=True)) == 403
         # the fleet's own load of what the registry placed still works
         fleet.load(live.name, live.path(live.v1), inplace=True)
     assert answer(replica.url, live.name) == before
@@ -93,11 +90,9 @@ def test_the_resolver_refuses_a_production_entry_a_volume_writer_pointed_at_an_u
     before = answer(replica.url, live.name)
     v2_path = version_path(adapter_dir, live.name, live.v2)
     live.registry.materialize(live.v2, Path(v2_path))
-    secrets = replica.secrets_dir
-    key = (secrets / ADMIN_KEY_FILE).read_text()
-    # what the canary pool could write: production's entry naming v2, its digests and all
+    # what the canary pool could write: production's entry naming v2 (validated, in staging:
+    # not the canary even an owner-moves replica takes), its digests and all
     forged = {"production": index_entry(live.v2, v2_path, live.registry.bundle_digests(live.v2))}
-    write_replica_secrets(secrets, key, _url(secrets), owner_moves=False)
     entries = replace_entries(adapter_dir, live.name, forged)
     try:
         with admin_client(live.registry, replica.url) as fleet:
@@ -110,12 +105,7 @@ def test_the_resolver_refuses_a_production_entry_a_volume_writer_pointed_at_an_u
         assert live.name not in {m.id for m in ReplicaClient(replica.url).models()}
     finally:
         replace_entries(adapter_dir, live.name, entries)
-        write_replica_secrets(secrets, key, _url(secrets), owner_moves=True)
     assert answer(replica.url, live.name) == before  # the real entry resolves again
-
-
-def _url(secrets) -> str:
-    return (secrets / "registry-url").read_text()
 
 
 def test_inference_needs_no_admin_key(live):

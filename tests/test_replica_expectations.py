@@ -16,7 +16,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 
-from loragate.infra.replica import replica_registry_url, write_replica_secrets
+from loragate.infra.replica_secrets import replica_registry_url, write_replica_secrets
+from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.storage.resolver_index import INDEX_FORMAT, index_entry, write_index
 from tests import test_approvals
@@ -32,9 +33,9 @@ import loragate_resolver  # noqa: E402
 from loragate_resolver import registry_reader  # noqa: E402
 
 
-def _secrets(tmp_path: Path, registry, *, owner_moves: bool = False) -> str:
+def _secrets(tmp_path: Path, registry) -> str:
     url = replica_registry_url(registry.settings.database_url)
-    return str(write_replica_secrets(tmp_path / "replica-secrets", "k" * 32, url, owner_moves=owner_moves))
+    return str(write_replica_secrets(tmp_path / "replica-secrets", "k" * 32, url))
 
 
 def _place(registry, adapter_dir: Path, role: str, version: str) -> str:
@@ -50,9 +51,9 @@ def _place(registry, adapter_dir: Path, role: str, version: str) -> str:
     return path
 
 
-def _lookup(adapter_dir: Path, role: str, secrets: str):
+def _lookup(adapter_dir: Path, role: str, secrets: str, owner_moves: bool = False):
     return loragate_resolver.lookup(
-        str(adapter_dir), role, NAME, loragate_resolver.registry_expectations(role, secrets)
+        str(adapter_dir), role, NAME, loragate_resolver.registry_expectations(role, secrets, owner_moves)
     )
 
 
@@ -79,13 +80,14 @@ def test_an_index_entry_naming_a_validated_but_unapproved_version_is_refused_on_
     # what the canary pool could serve through the database anyway: a canary promotion in flight
     _place(owner, adapters, "canary", signoff.v2)
     assert _lookup(adapters, "canary", secrets) == (signoff.v2, path)
-    # the registry's owner moving production in process (tests, one machine), opted into:
-    # production takes only the canary, so v2 stays refused and v1, the canary, is served
-    owner_moves = _secrets(tmp_path, owner, owner_moves=True)
+    # the registry's owner moving production in process (tests, one machine), opted into by
+    # the replica process: production takes only the canary, so v2 stays refused and v1, the
+    # canary, is served
     _place(owner, adapters, "production", signoff.v2)
-    assert _lookup(adapters, "production", owner_moves) is None
+    assert _lookup(adapters, "production", secrets, owner_moves=True) is None
     v1_path = _place(owner, adapters, "production", signoff.v1)
-    assert _lookup(adapters, "production", owner_moves) == (signoff.v1, v1_path)
+    assert _lookup(adapters, "production", secrets, owner_moves=True) == (signoff.v1, v1_path)
+    assert _lookup(adapters, "production", secrets) is None  # a process started without it
 
 
 def test_a_copy_whose_weights_and_index_digest_were_both_rewritten_is_refused(signoff, tmp_path):
@@ -146,6 +148,44 @@ def test_which_versions_each_role_may_serve(rule):
     assert got is allowed
 
 
+# (production or previous pointer, canary pointer, active canary windows of the version, served as name@version)
+QUALIFIED = [
+    (1, 0, 0, True),  # production, or previous: warm for a rollback that only moves traffic
+    (0, 1, 1, True),  # the canary while its window splits traffic
+    (0, 1, 0, False),  # the canary with no live window: nobody is to be sent there
+    (0, 0, 1, False),  # a window for a version that is not the canary (once any signing user's insert)
+    (0, 0, 0, False),
+]
+
+
+@pytest.mark.parametrize("rule", QUALIFIED)
+def test_a_qualified_name_is_served_only_for_production_previous_or_the_canary_with_a_live_window(rule):
+    pointed, canary, windows, allowed = rule
+    assert registry_reader.may_serve_qualified(pointed, canary, windows) is allowed
+
+
+def test_a_window_the_registry_holds_for_a_version_that_is_not_the_canary_opens_no_qualified_name(signoff, tmp_path):
+    """Once the replica served ``name@version`` for any version with an active window, so a
+    window row a signing user wrote for an unvalidated version sent users there."""
+    owner, adapters = signoff.owner, tmp_path / "adapters"
+    secrets = _secrets(tmp_path, owner)
+    path = version_path(str(adapters), NAME, signoff.v2)
+    owner.materialize(signoff.v2, Path(path))
+    expect = loragate_resolver.registry_expectations("production", secrets)
+    owner.close_canary_window(signoff.window_id, WindowStatus.ROLLED_BACK, "a test moves the window to v2")
+    engine = create_engine(owner.settings.database_url)
+    with engine.begin() as conn:  # as the registry's owner: the only writer the database does not check
+        conn.execute(
+            text(
+                "INSERT INTO canary_windows (adapter_name, version_id, status, opened_at, thresholds, share) "
+                "VALUES (:n, :v, 'open', CURRENT_TIMESTAMP, '{}', 1.0)"
+            ),
+            {"n": NAME, "v": signoff.v2},
+        )
+    engine.dispose()
+    assert loragate_resolver.lookup(str(adapters), "production", f"{NAME}@{signoff.v2}", expect) is None
+
+
 @pytest.mark.parametrize(
     "statement",
     [
@@ -170,3 +210,15 @@ def test_the_replica_database_user_reads_no_secret_and_writes_nothing(pg_templat
             assert refused.value.orig.sqlstate == "42501"  # insufficient_privilege
     finally:
         engine.dispose()
+
+
+def test_owner_moves_is_the_replica_processs_own_flag_never_a_file_of_the_shared_secrets(signoff, tmp_path):
+    """Once ``owner-moves`` was a file of the secrets directory every replica reads: one
+    ``replicas up --owner-moves`` (or a benchmark) widened every running replica."""
+    owner, adapters = signoff.owner, tmp_path / "adapters"
+    secrets = _secrets(tmp_path, owner)
+    assert sorted(p.name for p in Path(secrets).iterdir()) == ["admin-key", "feedback-key", "registry-url"]
+    (Path(secrets) / "owner-moves").write_text("1")  # what a writer of the directory once did
+    path = _place(owner, adapters, "production", signoff.v1)  # v1, the canary
+    assert _lookup(adapters, "production", secrets) is None
+    assert _lookup(adapters, "production", secrets, owner_moves=True) == (signoff.v1, path)

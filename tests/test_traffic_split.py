@@ -20,9 +20,15 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from kit.tamper import flip_a_byte
-from loragate.infra.replica import ADMIN_KEY_FILE, replica_registry_url, write_replica_secrets
+from loragate.infra.replica_secrets import (
+    ADMIN_KEY_FILE,
+    FEEDBACK_KEY_FILE,
+    replica_registry_url,
+    write_replica_secrets,
+)
 from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.rules.fleet import version_path
+from loragate.registry.rules.live import LiveStats
 from tests import test_approvals
 from tests.support.fleet import SUPPORT_PROMPT, admin_client
 from tests.test_approvals import NAME
@@ -41,6 +47,10 @@ ADMIN = "x-loragate-admin-key"
 
 def _key(replica) -> str:
     return (replica.secrets_dir / ADMIN_KEY_FILE).read_text()
+
+
+def _feedback_key(replica) -> str:
+    return (replica.secrets_dir / FEEDBACK_KEY_FILE).read_text()
 
 
 def _ask(replica, name: str, user: str, max_tokens: int = 1) -> httpx.Response:
@@ -95,19 +105,26 @@ def test_every_answer_names_its_version_and_only_the_fleet_can_name_one(live):
     answered = _ask(replica, live.name, "alice")
     assert answered.status_code == 200 and answered.headers["x-loragate-version"] == live.v1
     assert "x-loragate-fallback" not in answered.headers
-    found = request_ids.verify(_key(replica), answered.headers["x-loragate-request-id"])
+    found = request_ids.verify(_feedback_key(replica), answered.headers["x-loragate-request-id"])
     assert found is not None and (found.adapter, found.version) == (live.name, live.v1)
+    assert request_ids.verify(_key(replica), answered.headers["x-loragate-request-id"]) is None
     # a client may never pick a version, not even production's
     refused = _ask(replica, f"{live.name}@{live.v1}", "alice")
     assert refused.status_code == 404 and refused.json()["error"]["code"] == 404
-    # the figures need the fleet's key; the feedback needs only the signed id, counted once
+    # the figures need the fleet's key; the feedback needs only the sealed id, counted once
+    # here, and once across the fleet however many replicas it is replayed to
     assert httpx.get(replica.url + "/loragate/traffic").status_code == 401
     assert httpx.post(replica.url + "/loragate/routes", json={}).status_code == 401
     feedback = {"request_id": answered.headers["x-loragate-request-id"], "outcome": "accepted"}
     counted = [httpx.post(replica.url + "/loragate/feedback", json=feedback).json()["counted"] for _ in range(2)]
     assert counted == [True, False]
-    forged = {**feedback, "request_id": request_ids.sign("not-the-key", live.name, live.v1, None)}
-    assert httpx.post(replica.url + "/loragate/feedback", json=forged).status_code == 400
+    other = live.replicas["prod-b"]
+    assert httpx.post(other.url + "/loragate/feedback", json=feedback).json()["counted"] is True
+    documents = [{**_figures(r), "replica": r.url} for r in (replica, other)]
+    assert LiveStats.from_replicas(documents, live.name, None, "none", live.v1).production.accepted == 1
+    for key in ("not-the-key", _key(replica)):  # the admin key the fleet pools hold seals nothing
+        forged = {**feedback, "request_id": request_ids.sign(key, live.name, live.v1, None)}
+        assert httpx.post(replica.url + "/loragate/feedback", json=forged).status_code == 400
     mine = [v for v in _figures(replica)["versions"] if v["adapter"] == live.name]
     assert [(v["version"], v["requests"], v["accepted"], v["breaker"]) for v in mine] == [(live.v1, 1, 1, "closed")]
     assert len(mine[0]["latency_ms"]) == len(mine[0]["ttft_ms"]) == 1

@@ -1,45 +1,65 @@
-"""The live split's rules outside vLLM: the sticky bucket and its share, signed request ids,
-the routing table from the registry's rows, and the middleware's
-behaviour over a fake ASGI app (which version answers, the fallback chain, the headers, the
-figures, feedback counted once). The breaker's states: tests/test_traffic_breaker.py;
-tests/test_traffic_split.py drives real replicas."""
+"""The live split's rules outside vLLM: the sticky bucket and its share, the routing table
+from the registry's rows, and the middleware's behaviour over a fake ASGI app (which version
+answers, the fallback chain, the headers, the figures). Request ids and feedback:
+tests/test_traffic_feedback_units.py; what a client sends: tests/test_traffic_client_units.py;
+the breaker's states: tests/test_traffic_breaker.py; tests/test_traffic_split.py drives real
+replicas."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
+from loragate_resolver import request_ids, routing
+from loragate_resolver.breaker import CLOSED
 
-PLUGIN_DIR = Path(__file__).resolve().parents[1] / "infra" / "vllm_plugin"
-if str(PLUGIN_DIR) not in sys.path:
-    sys.path.insert(0, str(PLUGIN_DIR))
-from loragate_resolver import request_ids, routing  # noqa: E402
-from loragate_resolver.breaker import CLOSED  # noqa: E402
-from loragate_resolver.traffic import TrafficSplit  # noqa: E402
-
-KEY = "k" * 43
-NAME = "acme/tiny-llama/support"
+from tests.support.split import (
+    BUCKET_KEY,
+    FEEDBACK_KEY,
+    KEY,
+    NAME,
+    FakeVllm,
+    _split,
+    ask,
+    call,
+    window,
+)
 
 # -- the bucket -----------------------------------------------------------------------------
 
 
-def test_a_users_bucket_is_the_same_on_every_call_and_changes_with_the_window():
-    route = routing.Route(NAME, "p1", 7, "c1", 0.5)
+def test_a_users_bucket_is_the_same_on_every_call_and_changes_with_the_windows_secret():
+    route = window(7, "c1", 0.5)
     users = [f"user-{i}" for i in range(200)]
     first = [routing.decide(route, u).version for u in users]
     assert first == [routing.decide(route, u).version for u in users]
-    other = routing.Route(NAME, "p1", 8, "c1", 0.5)
+    other = window(7, "c1", 0.5, "c" * 64)
     assert first != [routing.decide(other, u).version for u in users]
+
+
+def test_a_client_cannot_compute_its_bucket_from_the_window_id_it_may_know():
+    """Once the bucket was sha256(window id : user): anyone who read the window id off a
+    request id picked a user that lands on the version it wanted."""
+    import hashlib
+
+    route = window(7, "c1", 0.5)
+    users = [f"user-{i}" for i in range(400)]
+    guessed = [int.from_bytes(hashlib.sha256(f"7:{u}".encode()).digest()[:8], "big") / 2**64 < 0.5 for u in users]
+    actual = [routing.decide(route, u).canary for u in users]
+    agreement = sum(g == a for g, a in zip(guessed, actual, strict=True)) / len(users)
+    assert 0.4 < agreement < 0.6  # no better than a coin
+    assert "b" * 64 not in repr(route) and "bucket_key" not in route.as_dict()
+
+
+def test_a_window_without_a_secret_sends_nobody_to_the_canary():
+    assert {routing.decide(window(7, "c1", 1.0, None), f"u{i}").canary for i in range(50)} == {False}
 
 
 @pytest.mark.parametrize("share", [0.01, 0.1, 0.5, 0.9])
 def test_the_canarys_share_of_users_is_within_the_binomial_99_percent_interval(share):
     n = 20000
-    route = routing.Route(NAME, "p1", 3, "c1", share)
+    route = window(3, "c1", share)
     hits = sum(routing.decide(route, f"u{i}").canary for i in range(n))
     half_width = 2.576 * math.sqrt(share * (1 - share) / n)
     assert abs(hits / n - share) <= half_width
@@ -49,8 +69,8 @@ def test_the_canarys_share_of_users_is_within_the_binomial_99_percent_interval(s
     ("route", "canary"),
     [
         (routing.Route(NAME, "p1"), False),
-        (routing.Route(NAME, "p1", 3, "c1", 0.0), False),
-        (routing.Route(NAME, "p1", 3, "c1", 1.0), True),
+        (window(3, "c1", 0.0), False),
+        (window(3, "c1", 1.0), True),
     ],
 )
 def test_share_zero_sends_nobody_and_share_one_everybody(route, canary):
@@ -59,7 +79,7 @@ def test_share_zero_sends_nobody_and_share_one_everybody(route, canary):
 
 
 def test_both_sides_of_a_window_are_labelled_with_it():
-    route = routing.Route(NAME, "p1", 3, "c1", 0.5)
+    route = window(3, "c1", 0.5)
     assert {routing.decide(route, f"u{i}").window for i in range(50)} == {3}
 
 
@@ -88,130 +108,31 @@ def test_a_version_is_served_under_the_plain_name_only_where_the_index_names_it(
 
 def test_the_table_joins_production_and_the_active_window_and_clamps_the_share():
     table = routing.routes_from_rows(
-        [(NAME, "p1"), ("b/x/y", "p9")], [(4, NAME, "c1", 1.5), (5, "no/prod/here", "c2", 0.5)]
+        [(NAME, "p1"), ("b/x/y", "p9")], [(4, NAME, "c1", 1.5, BUCKET_KEY), (5, "no/prod/here", "c2", 0.5, "x")]
     )
     assert table == {
-        NAME: routing.Route(NAME, "p1", 4, "c1", 1.0),
+        NAME: routing.Route(NAME, "p1", 4, "c1", 1.0, BUCKET_KEY),
         "b/x/y": routing.Route("b/x/y", "p9"),
     }
     assert table[NAME].as_dict() == {"production": "p1", "window": 4, "canary": "c1", "share": 1.0}
 
 
-# -- request ids ----------------------------------------------------------------------------
-
-
-def test_a_request_id_verifies_under_the_key_and_names_what_answered():
-    rid = request_ids.sign(KEY, NAME, "v1", 4)
-    found = request_ids.verify(KEY, rid)
-    assert found is not None and (found.adapter, found.version, found.window) == (NAME, "v1", 4)
-    assert request_ids.verify(KEY, request_ids.sign(KEY, NAME, "base", None)).window is None
-
-
-def test_a_tampered_or_foreign_request_id_does_not_verify():
-    rid = request_ids.sign(KEY, NAME, "v1", 4)
-    payload, sig = rid.split(".")
-    forged = request_ids.sign("other-key", NAME, "v2", 4).split(".")[0]
-    for bad in (f"{forged}.{sig}", f"{payload}.{sig[:-2]}AA", payload, "", None, 7, f"{payload}.{sig}.x"):
-        assert request_ids.verify(KEY, bad) is None
-    assert request_ids.verify("other-key", rid) is None
-    assert request_ids.verify(None, rid) is None
-
-
 # -- the middleware over a fake app -----------------------------------------------------------
 
 
-class FakeVllm:
-    """Answers each model with a status from ``statuses`` (default 200) and a usage of 4
-    completion tokens; streams two events and [DONE] when asked to."""
-
-    def __init__(self, statuses: dict[str, int] | None = None) -> None:
-        self.statuses = statuses or {}
-        self.asked: list[str] = []
-        self.headers_seen: list[dict] = []
-
-    async def __call__(self, scope, receive, send):
-        message = await receive()
-        body = json.loads(message["body"])
-        self.asked.append(body["model"])
-        self.headers_seen.append(dict(scope["headers"]))
-        status = self.statuses.get(body["model"], 200)
-        if body.get("stream") and status == 200:
-            await send(
-                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
-            )
-            for event in (b'data: {"x": 1}\n\n', b'data: {"x": 2}\n\n', b"data: [DONE]\n\n"):
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-            return
-        payload = json.dumps({"model": body["model"], "usage": {"completion_tokens": 4}}).encode()
-        await send(
-            {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
-        )
-        await send({"type": "http.response.body", "body": payload})
-
-
-@pytest.fixture
-def split_env(tmp_path, monkeypatch):
-    secrets = tmp_path / "secrets"
-    secrets.mkdir()
-    (secrets / "admin-key").write_text(KEY)
-    adapters = tmp_path / "adapters"
-    adapters.mkdir()
-    index = {"format": 2, "roles": {"production": {NAME: {"version": "p1", "path": str(adapters / "p1")}}}}
-    (adapters / ".loragate-index.json").write_text(json.dumps(index))
-    monkeypatch.setenv("LORAGATE_REPLICA_SECRETS_DIR", str(secrets))
-    monkeypatch.setenv("LORAGATE_ADAPTER_DIR", str(adapters))
-    monkeypatch.setenv("LORAGATE_REPLICA_ROLE", "production")
-    monkeypatch.setenv("LORAGATE_BASE_MODEL_NAME", "tiny-llama")
-    monkeypatch.setenv("LORAGATE_BREAKER_ERRORS", "2")
-    faults = tmp_path / "faults.json"
-    monkeypatch.setenv("LORAGATE_REPLICA_FAULTS", str(faults))
-    return faults
-
-
-def _split(app, route: routing.Route | None) -> TrafficSplit:
-    split = TrafficSplit(app)
-    split._loop = "off"  # type: ignore[assignment]  # no background reads: the test sets the table
-    split.routes = {route.adapter: route} if route else {}
-    split.loaded = True
-    split.table_started = float("inf")
-    return split
-
-
-def call(split, path="/v1/completions", body=None, headers=(), method="POST"):
-    """(status, headers, body) of one request through ``split``."""
-    raw = json.dumps(body).encode() if body is not None else b""
-    sent: list[dict] = []
-
-    async def receive():
-        return {"type": "http.request", "body": raw, "more_body": False}
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {"type": "http", "method": method, "path": path, "headers": list(headers), "server": ("h", 1)}
-    asyncio.run(split(scope, receive, send))
-    start = sent[0]
-    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
-
-
-def ask(split, user="alice", model=NAME, **extra):
-    return call(split, body={"model": model, "prompt": "hi", "user": user, **extra})
-
-
-def test_a_client_gets_production_under_its_plain_name_with_a_version_header_and_a_signed_id(split_env):
+def test_a_client_gets_production_under_its_plain_name_with_a_version_header_and_a_sealed_id(split_env):
     app = FakeVllm()
     split = _split(app, routing.Route(NAME, "p1"))
     status, headers, _ = ask(split)
     assert status == 200 and app.asked == [NAME]
     assert headers[b"x-loragate-version"] == b"p1" and b"x-loragate-fallback" not in headers
-    found = request_ids.verify(KEY, headers[b"x-loragate-request-id"].decode())
+    found = request_ids.verify(FEEDBACK_KEY, headers[b"x-loragate-request-id"].decode())
     assert (found.adapter, found.version, found.window) == (NAME, "p1", None)
 
 
 def test_the_canary_share_goes_to_the_qualified_name_sticky_per_user(split_env):
     app = FakeVllm()
-    split = _split(app, routing.Route(NAME, "p1", 9, "c1", 0.5))
+    split = _split(app, window(9, "c1", 0.5))
     seen = {}
     for i in range(40):
         user = f"u{i % 10}"
@@ -223,7 +144,7 @@ def test_the_canary_share_goes_to_the_qualified_name_sticky_per_user(split_env):
 
 
 def test_the_session_header_is_the_user_when_the_body_names_none(split_env):
-    split = _split(FakeVllm(), routing.Route(NAME, "p1", 9, "c1", 0.5))
+    split = _split(FakeVllm(), window(9, "c1", 0.5))
     versions = {
         call(split, body={"model": NAME, "prompt": "x"}, headers=[(b"x-loragate-session", b"s-1")])[1][
             b"x-loragate-version"
@@ -241,7 +162,7 @@ def test_a_client_naming_a_version_gets_404_and_the_app_is_not_asked(split_env):
 
 def test_the_fleets_requests_pass_untouched_and_uncounted(split_env):
     app = FakeVllm()
-    split = _split(app, routing.Route(NAME, "p1", 9, "c1", 1.0))
+    split = _split(app, window(9, "c1", 1.0))
     status, headers, _ = call(
         split, body={"model": f"{NAME}@c1", "prompt": "x"}, headers=[(b"x-loragate-admin-key", KEY.encode())]
     )
@@ -260,7 +181,7 @@ def test_the_fleets_requests_pass_untouched_and_uncounted(split_env):
 )
 def test_a_failing_version_is_answered_by_the_next_with_the_fallback_header(split_env, statuses, answered, reason):
     app = FakeVllm(statuses)
-    split = _split(app, routing.Route(NAME, "p1", 9, "c1", 1.0))
+    split = _split(app, window(9, "c1", 1.0))
     status, headers, _ = ask(split)
     assert status == 200 and headers[b"x-loragate-version"] == answered
     assert headers[b"x-loragate-fallback"] == reason
@@ -286,7 +207,7 @@ def test_a_400_every_version_gives_is_the_clients_own_and_counts_against_none(sp
 def test_injected_errors_trip_the_breaker_and_later_requests_skip_the_version(split_env):
     split_env.write_text(json.dumps({"c1": {"error": True}}))
     app = FakeVllm()
-    split = _split(app, routing.Route(NAME, "p1", 9, "c1", 1.0))
+    split = _split(app, window(9, "c1", 1.0))
     reasons = [ask(split)[1][b"x-loragate-fallback"] for _ in range(4)]
     assert reasons == [b"canary_failed:500", b"canary_failed:500", b"breaker_open", b"breaker_open"]
     assert f"{NAME}@c1" not in app.asked  # a fault never reaches the app
@@ -299,7 +220,7 @@ def test_injected_errors_trip_the_breaker_and_later_requests_skip_the_version(sp
 
 def test_the_breaker_recloses_after_the_cooldown_the_faults_file_sets(split_env):
     split_env.write_text(json.dumps({"c1": {"error": True}, "breaker": {"cooldown_s": 0}}))
-    split = _split(FakeVllm(), routing.Route(NAME, "p1", 9, "c1", 1.0))
+    split = _split(FakeVllm(), window(9, "c1", 1.0))
     ask(split), ask(split)
     assert split.breaker(NAME, "c1").trips == 1
     split_env.write_text(json.dumps({"breaker": {"cooldown_s": 0}}) + " ")  # faults gone (size changes)
@@ -310,15 +231,15 @@ def test_the_breaker_recloses_after_the_cooldown_the_faults_file_sets(split_env)
 
 def test_slowness_trips_a_canary_against_productions_p99_but_never_production_itself(split_env):
     split_env.write_text(json.dumps({"breaker": {"slow": 2}}))
-    split = _split(FakeVllm(), routing.Route(NAME, "p1", 9, "c1", 0.0))
+    split = _split(FakeVllm(), window(9, "c1", 0.0))
     for i in range(25):  # production's p99 per token, from fast answers
         ask(split, user=f"fast-{i}")
     split_env.write_text(json.dumps({"c1": {"delay_ms": 60}, "p1": {"delay_ms": 60}, "breaker": {"slow": 2}}))
-    split.routes = {NAME: routing.Route(NAME, "p1", 9, "c1", 1.0)}
+    split.routes = {NAME: window(9, "c1", 1.0)}
     reasons = [ask(split, user=f"canary-{i}")[1].get(b"x-loragate-fallback") for i in range(3)]
     assert split.breaker(NAME, "c1").trips == 1 and reasons == [None, None, b"breaker_open"]
     # production as slow, many times in a row: its own tail is no reason to send its users to the base
-    split.routes = {NAME: routing.Route(NAME, "p1", 9, "c1", 0.0)}
+    split.routes = {NAME: window(9, "c1", 0.0)}
     answers = [ask(split, user=f"slow-{i}")[1][b"x-loragate-version"] for i in range(5)]
     assert split.breaker(NAME, "p1").trips == 0 and answers == [b"p1"] * 5
 
@@ -356,22 +277,6 @@ def test_figures_and_routes_need_the_admin_key(split_env):
     )
     assert status == 200
     assert json.loads(body)["routes"] == {NAME: {"production": "p1", "window": None, "canary": None, "share": 0.0}}
-
-
-def test_feedback_is_counted_once_per_id_and_a_forged_id_is_refused(split_env):
-    split = _split(FakeVllm(), routing.Route(NAME, "p1"))
-    rid = ask(split)[1][b"x-loragate-request-id"].decode()
-    first = call(split, path="/loragate/feedback", body={"request_id": rid, "outcome": "accepted"})
-    again = call(split, path="/loragate/feedback", body={"request_id": rid, "outcome": "accepted"})
-    assert (first[0], json.loads(first[2])) == (
-        200,
-        {"counted": True, "adapter": NAME, "version": "p1", "window": None},
-    )
-    assert json.loads(again[2])["counted"] is False
-    forged = request_ids.sign("not-the-key", NAME, "p1", None)
-    assert call(split, path="/loragate/feedback", body={"request_id": forged, "outcome": "accepted"})[0] == 400
-    assert call(split, path="/loragate/feedback", body={"request_id": rid, "outcome": "loved"})[0] == 400
-    assert split.stats.of(NAME, "p1", None).accepted == 1
 
 
 def test_a_warm_qualified_copy_is_used_where_the_plain_name_was_unloaded():

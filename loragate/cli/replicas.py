@@ -57,7 +57,7 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
             with open(os.devnull, "w") as devnull:
                 build_vllm_venv(log=sys.stderr if args.progress else devnull)
         adapter_dir = Path(args.adapter_dir or Path(args.settings.home) / "adapters").absolute()
-        secrets_dir = _replica_secrets(reg.settings, args.owner_moves)
+        secrets_dir = _replica_secrets(reg.settings)
         progress(f"starting {args.count} vLLM replica(s) of {base.label}")
         started = start_recorded_replicas(
             _state_dir(args),
@@ -72,6 +72,7 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
             python=python,
             timeout=args.start_timeout,
             secrets_dir=secrets_dir,
+            owner_moves=args.owner_moves,
         )
         for r in started:
             reg.add_replica(
@@ -99,19 +100,20 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _replica_secrets(settings: Settings, owner_moves: bool) -> Path:
+def _replica_secrets(settings: Settings) -> Path:
     """The replicas' secrets directory: the fleet's admin key (this shell's, else one made
-    once beside it) and the URL of this registry, read-only."""
+    once beside it), the URL of this registry, read-only, and the replicas' feedback key
+    (made once there)."""
     import secrets
 
-    from loragate.infra.replica import ADMIN_KEY_FILE, replica_registry_url, write_replica_secrets
+    from loragate.infra.replica_secrets import ADMIN_KEY_FILE, replica_registry_url, write_replica_secrets
     from loragate.tasks.replicas import replica_admin_key
 
     directory = (Path(settings.home) / "replica-secrets").absolute()
     made = directory / ADMIN_KEY_FILE
     key = replica_admin_key(settings) or (made.read_text().strip() if made.exists() else secrets.token_urlsafe(32))
     url = replica_registry_url(settings.database_url)
-    return write_replica_secrets(directory, key, url, owner_moves=owner_moves)
+    return write_replica_secrets(directory, key, url)
 
 
 def cmd_replicas_down(args: argparse.Namespace) -> int:
@@ -158,8 +160,8 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument(
         "--owner-moves",
         action="store_true",
-        help="production replicas also serve a validated version the registry's owner moves in process "
-        "without a sign-off code (one machine; never where another pool writes the adapter directory)",
+        help="the replicas started now (no others) also serve a validated version the registry's owner moves "
+        "in process without a sign-off code (one machine; never where another pool writes the adapter directory)",
     )
     p.add_argument(
         "--start-timeout", type=float, default=300.0, help="seconds each replica may take to answer (default 300)"

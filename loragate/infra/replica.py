@@ -8,7 +8,7 @@ and loragate's resolver plugin (``infra/vllm_plugin``) told the replica's adapte
 and role. A replica takes 35-45 s and about 1 GB to start: start them once, in parallel.
 
 A replica given a secrets directory (``write_replica_secrets``: ``admin-key``,
-``registry-url``) obeys only the fleet: the plugin's ``AdminGuard`` middleware refuses
+``registry-url``, ``feedback-key``) obeys only the fleet: the plugin's ``AdminGuard`` middleware refuses
 loads and unloads without the admin key, and both the resolver and the admin API serve
 only what the registry's database (read-only) lets the replica's role serve. The directory's
 path reaches the child in ``LORAGATE_REPLICA_SECRETS_DIR``; the secrets never do. It runs
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from loragate.infra.processes import ProcessIdentity, stop_process_tree
+from loragate.infra.replica_secrets import REPLICA_SECRETS_VARIABLE
 from loragate.infra.replica_split import TRAFFIC_SPLIT, split_environment
 from loragate.registry.errors import ErrorCode, LoragateError, ReplicaError
 
@@ -50,10 +51,9 @@ PLUGIN = REPO / "infra" / "vllm_plugin"
 VLLM_LOCK = REPO / "requirements-vllm.lock"
 # the plugin's middleware that guards the admin API, and where it finds its secrets
 ADMIN_GUARD = "loragate_resolver.admin_guard.AdminGuard"
-REPLICA_SECRETS_VARIABLE = "LORAGATE_REPLICA_SECRETS_DIR"
-ADMIN_KEY_FILE = "admin-key"
-REGISTRY_URL_FILE = "registry-url"
-OWNER_MOVES_FILE = "owner-moves"
+# a replica process started to serve the registry owner's in-process moves: its own flag,
+# set at launch, never a file that another process could write onto running replicas
+OWNER_MOVES_VARIABLE = "LORAGATE_OWNER_MOVES"
 
 
 # what a vLLM process may see of its parent's environment: the system's basics and the
@@ -73,63 +73,6 @@ def replica_environment(parent: dict[str, str] | os._Environ[str]) -> dict[str, 
         if (name in _PASSED_NAMES or name.startswith(_PASSED_PREFIXES))
         and not any(marker in name.upper() for marker in _SECRET_MARKERS)
     }
-
-
-def write_replica_secrets(
-    directory: Path, admin_key: str, registry_url: str | None = None, *, owner_moves: bool = False
-) -> Path:
-    """A replica's secrets directory (0700, files 0600): the fleet's admin key, the URL the
-    plugin reads the registry with (SQLite: the file, opened read-only; Postgres: as the
-    ``loragate_replica`` user), and ``owner-moves`` where the registry's owner moves
-    production in process without a sign-off code (tests, benchmarks, one machine). An
-    existing directory is updated; a replica re-reads it on every question."""
-    directory.mkdir(parents=True, exist_ok=True)
-    directory.chmod(0o700)
-    files = {ADMIN_KEY_FILE: admin_key, REGISTRY_URL_FILE: registry_url, OWNER_MOVES_FILE: "1" if owner_moves else None}
-    for name, value in files.items():
-        path = directory / name
-        if value is None:
-            path.unlink(missing_ok=True)
-            continue
-        # written beside and renamed over: a replica never reads half a file
-        scratch = directory / f".{name}.tmp"
-        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(value)
-        os.replace(scratch, path)
-    return directory
-
-
-# the work pools whose flows switch replicas (canary and production deploys, rollbacks,
-# reconcile): only their workers hold the replicas' admin key (infra/pipeline.POOLS)
-FLEET_CONTROL_POOLS = ("canary", "release", "fleet")
-POOL_ADMIN_KEY_FILE = "replica-admin-key"
-
-
-def hand_admin_key(pool_secret_dirs: dict[str, Path], admin_key: str) -> None:
-    """Put the replicas' admin key into the secrets directories of the fleet-control pools
-    (``replica-admin-key``, 0600), and into no other pool's."""
-    for pool in FLEET_CONTROL_POOLS:
-        directory = pool_secret_dirs.get(pool)
-        if directory is None:
-            continue
-        path = Path(directory) / POOL_ADMIN_KEY_FILE
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(admin_key)
-
-
-def replica_registry_url(database_url: str) -> str:
-    """The URL a replica reads the registry with: SQLite's file as it is, Postgres as the
-    ``loragate_replica`` user (no password: a server that trusts local users; an operator
-    with passwords writes the URL itself)."""
-    from sqlalchemy.engine import make_url
-
-    url = make_url(database_url)
-    if url.get_backend_name() == "sqlite":
-        # absolute: the replica runs from another directory
-        return url.set(database=str(Path(url.database or "").absolute())).render_as_string(hide_password=False)
-    return url.set(username="loragate_replica", password=None).render_as_string(hide_password=False)
 
 
 def free_port() -> int:
@@ -227,6 +170,9 @@ class VllmReplica:
     omp_cpus: str | None = None
     # adapters loaded at start-up (--lora-modules name=path): the restart-to-deploy baseline
     lora_modules: dict[str, str] = field(default_factory=dict)
+    # production also serves the canary pointer the registry's owner moves in process, with no
+    # sign-off code (tests, benchmarks, one machine): this process's flag alone
+    owner_moves: bool = False
     traffic_split: bool = True  # the live split (with secrets; off: a baseline), knobs, faults
     traffic_env: dict[str, str] = field(default_factory=dict)
     faults_file: Path | None = None
@@ -295,6 +241,8 @@ class VllmReplica:
             env["LORAGATE_REPLICA_ROLE"] = self.role
         if self.secrets_dir is not None:
             env[REPLICA_SECRETS_VARIABLE] = str(self.secrets_dir)
+        if self.owner_moves:
+            env[OWNER_MOVES_VARIABLE] = "1"
         env.update(split_environment(self.served_name, self.url, self.traffic_env, self.faults_file))
         self.log_path = self.log_path or Path(f"/tmp/loragate-vllm-{self.port}.log")
         # the child holds its own copy of the descriptor: ours can close right away

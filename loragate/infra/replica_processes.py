@@ -111,10 +111,12 @@ def start_recorded_replicas(
     python: Path = DEFAULT_PYTHON,
     timeout: float = 300.0,
     secrets_dir: Path | None = None,
+    owner_moves: bool = False,
 ) -> list[RecordedReplica]:
     """Start ``count`` replicas of ``model_dir`` on free ports, wait until each answers, and
     record each; they keep running after this process exits. When one fails to start,
-    all are stopped and none is recorded.
+    all are stopped and none is recorded. ``owner_moves``: these processes alone also serve
+    the registry owner's in-process moves (``VllmReplica.owner_moves``).
 
     Raises:
         ReplicaError: REPLICA_UNAVAILABLE when ``python`` cannot run vLLM, or a replica
@@ -132,6 +134,7 @@ def start_recorded_replicas(
             role=role,
             python=python,
             secrets_dir=secrets_dir,
+            owner_moves=owner_moves,
         )
         for _ in range(count)
     ]

@@ -16,7 +16,13 @@ TRAFFIC_SPLIT = "loragate_resolver.traffic.TrafficSplit"
 FAULTS_VARIABLE = "LORAGATE_REPLICA_FAULTS"
 # the split's knobs a replica may be given (VllmReplica.traffic_env)
 TRAFFIC_KNOBS = frozenset(
-    {"LORAGATE_ROUTES_REFRESH_S", "LORAGATE_BREAKER_ERRORS", "LORAGATE_BREAKER_SLOW", "LORAGATE_BREAKER_COOLDOWN_S"}
+    {
+        "LORAGATE_ROUTES_REFRESH_S",
+        "LORAGATE_BREAKER_ERRORS",
+        "LORAGATE_BREAKER_SLOW",
+        "LORAGATE_BREAKER_COOLDOWN_S",
+        "LORAGATE_FEEDBACK_TTL_S",
+    }
 )
 
 

@@ -22,8 +22,8 @@ from loragate.registry.records.reports import ValidationReport
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.service import Registry
 from loragate.registry.settings import Settings
-from loragate.tasks.fleet import promote_and_switch, replica_client, rollback_and_switch
-from loragate.tasks.replicas import ReplicaClient
+from loragate.tasks.fleet import promote_and_switch, rollback_and_switch
+from loragate.tasks.replicas import ReplicaClient, replica_client
 from loragate.tasks.validation import ValidationPolicy, validate_versions
 from tests.support.registries import IN_PROCESS, sign
 
@@ -65,12 +65,11 @@ class Fleet:
 def point_replicas(replicas, database_url: str) -> None:
     """Put the registry at ``database_url`` behind the session's replicas: what their plugin
     asks before it serves or loads a version (re-read on every question)."""
-    from loragate.infra.replica import replica_registry_url, write_replica_secrets
+    from loragate.infra.replica_secrets import replica_registry_url, write_replica_secrets
 
     for directory in {r.secrets_dir for r in replicas if getattr(r, "secrets_dir", None) is not None}:
         key = (directory / "admin-key").read_text()
-        owner_moves = (directory / "owner-moves").exists()
-        write_replica_secrets(directory, key, replica_registry_url(database_url), owner_moves=owner_moves)
+        write_replica_secrets(directory, key, replica_registry_url(database_url))
 
 
 def admin_client(registry: Registry, url: str, retries: int = 2) -> ReplicaClient:

@@ -33,7 +33,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from loragate_resolver import registry_reader, routing
+from loragate_resolver import qualified, registry_reader, routing, verified_load
 
 INDEX_FILE = ".loragate-index.json"
 # 2: entries carry the bundle's file digests (format 1 had none: its entries are not served)
@@ -62,11 +62,11 @@ def read_index(adapter_dir: str) -> dict:
 Expectations = Callable[[str, str], dict]
 
 
-def registry_expectations(role: str, secrets_dir: str | None = None) -> Expectations:
+def registry_expectations(role: str, secrets_dir: str | None = None, owner_moves: bool | None = None) -> Expectations:
     """What the registry expects, asked for each lookup (never cached: a decision may change
-    with every pointer move)."""
+    with every pointer move). ``owner_moves``: None reads this process's flag."""
     directory = secrets_dir if secrets_dir is not None else os.environ.get(registry_reader.SECRETS_DIR_VARIABLE)
-    return lambda name, version: registry_reader.expected_files(directory, role, name, version)
+    return lambda name, version: registry_reader.expected_files(directory, role, name, version, owner_moves)
 
 
 def version_path(adapter_dir: str, name: str, version: str) -> str:
@@ -105,10 +105,17 @@ def verified(adapter_dir: str, lora_name: str, path: str, expect: Expectations) 
     version ``expect`` allows under ``lora_name``, and every file hashes to what ``expect``
     says; otherwise None (logged). The index's own digests are never consulted: whoever
     writes the volume writes them too."""
-    # only a bundle inside the adapter directory; its manifest names the version, and the
-    # manifest's own digest is the registry's, so that claim cannot be forged either
-    real_dir, real_path = os.path.realpath(adapter_dir), os.path.realpath(path)
-    if os.path.commonpath([real_dir, real_path]) != real_dir:
+    # only a bundle inside the adapter directory, reached through no link: the path vLLM is
+    # handed is then the one hashed here. Its manifest names the version, and the manifest's
+    # own digest is the registry's, so that claim cannot be forged either
+    real_path = verified_load.inside(adapter_dir, path)
+    if real_path is None:
+        log.error(
+            "loragate: refusing %s at %s: not a directory inside %s reached through no link",
+            lora_name,
+            path,
+            adapter_dir,
+        )
         return None
     try:
         with open(os.path.join(real_path, "manifest.json"), encoding="utf-8") as f:
@@ -180,18 +187,23 @@ def _sha256(path: str) -> str | None:
 
 def register() -> None:
     """vLLM's general-plugin entry point (run in the API server, the engine and the workers):
-    keep both versions of a name apart in a batch; register the resolver when the replica
-    is ours."""
+    keep both versions of a name apart in a batch; when the replica is ours, register the
+    resolver, hide qualified names from whoever loragate did not choose (``qualified``) and
+    load only bytes that hash to the registry's digests (``verified_load``)."""
     keep_each_adapter_of_a_batch()
     adapter_dir = os.environ.get("LORAGATE_ADAPTER_DIR")
     role = os.environ.get("LORAGATE_REPLICA_ROLE")
     if not adapter_dir or not role:
         return
+    qualified.install()
+    verified_load.install(adapter_dir, role)
     from vllm.lora.request import LoRARequest
     from vllm.lora.resolver import LoRAResolver, LoRAResolverRegistry
 
     class LoragateResolver(LoRAResolver):
         async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
+            if not qualified.allowed(lora_name):  # vLLM's own fallback is guarded too
+                return None
             try:
                 # a database query: off the event loop that serves every other request
                 found = await asyncio.to_thread(lookup, adapter_dir, role, lora_name)
@@ -267,6 +279,7 @@ def close_the_unload_window(adapter_dir: str, role: str, expect: Expectations | 
         models = getattr(self, "models", None)
         if (
             isinstance(name, str)
+            and qualified.allowed(name)
             and models is not None
             and name not in models.lora_requests
             and not self._is_model_supported(name)

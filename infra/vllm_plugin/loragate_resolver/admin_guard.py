@@ -1,28 +1,36 @@
-"""The replica obeys only the fleet: its admin API needs a secret only the fleet control holds.
+"""The replica obeys only the fleet, and only on the routes loragate drives.
 
-vLLM 0.32 serves its runtime LoRA API (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``)
-and other state-changing endpoints (sleep, pause, weight updates, cache resets, profiling,
-collective RPC...) to whoever reaches the port; its ``--api-key`` is one key for clients and
-admin alike. This ASGI middleware (``--middleware loragate_resolver.admin_guard.AdminGuard``)
-lets through reads (GET, HEAD, OPTIONS), websockets and the inference endpoints listed in
-``INFERENCE_PATHS``; every other request must carry the admin secret in its own header,
-``X-Loragate-Admin-Key`` (a client's ``Authorization: Bearer`` never counts), compared in
-constant time with ``admin-key`` in the replica's secrets directory
-(``LORAGATE_REPLICA_SECRETS_DIR``, re-read per request so a rotated key takes effect). Unknown
-paths are admin paths: a new vLLM endpoint is closed until listed.
+vLLM 0.32 serves its runtime LoRA API and dozens of other state-changing routes (a second
+loader under SageMaker's ``/adapters``, sleep, pause, weight updates, cache resets,
+profiling, collective RPC, elastic scaling...) to whoever reaches the port; its
+``--api-key`` is one key for clients and admin alike. This ASGI middleware
+(``--middleware loragate_resolver.admin_guard.AdminGuard``) reads the app's route table at
+start-up and gives each route its kind (``surface``), then per request:
 
-A load is also checked like a resolver load (``loragate_resolver.verified``): the path must lie
-in the adapter directory and hold a version the registry lets this role serve under that
-name, byte for byte. So even the fleet's secret cannot load bytes the registry did not record.
+- ``read``, ``split`` and ``inference`` routes pass; a qualified name (``name@version``) is
+  refused on them unless loragate chose it (``qualified``): a request carrying the fleet's
+  admin key runs as chosen (probes and verifications of warm copies);
+- ``load`` and ``unload`` need the admin secret in its own header, ``X-Loragate-Admin-Key``
+  (a client's ``Authorization: Bearer`` never counts), compared in constant time with
+  ``admin-key`` in the replica's secrets directory (``LORAGATE_REPLICA_SECRETS_DIR``,
+  re-read per request so a rotated key takes effect); a load is also checked like a
+  resolver load (``loragate_resolver.verified``): the path must lie in the adapter directory
+  and hold a version the registry lets this role serve under that name, byte for byte. So
+  even the fleet's secret cannot load bytes the registry did not record;
+- ``refused`` routes, and any route loragate's table does not know, are refused to everyone,
+  the key included (403).
 
 When the registry cannot be read (its database down mid-switch), the fleet's revert must
-still put back what the replica served: the admin API then accepts a version this process
-was allowed to serve under that name before (its digests never change; whether it is still
-the right one is the fleet's decision, the caller holds its key). The resolver has no such
-fallback: a volume writer cannot use an outage.
+still put back what the replica served: the admin API then accepts a version the registry
+let this process serve *by a pointer* under that name within the last ``OUTAGE_GRACE_S``
+(its digests never change; whether it is still right is the fleet's decision, the caller
+holds its key). A version the registry refused since, or allowed only by a sign-off in
+flight, is not taken; the memory is bounded. The resolver has no such fallback: a volume
+writer cannot use an outage.
 
 Refusals use vLLM's error envelope: 401 without the right secret, 403 for a replica with no
-admin key (the API is closed) or a load the registry refuses.
+admin key (the API is closed), a refused route, or a load the registry refuses.
+``GET /loragate/surface`` (admin key) lists every route and its kind.
 """
 
 from __future__ import annotations
@@ -33,47 +41,20 @@ import hmac
 import json
 import logging
 import os
+import time
+from collections import OrderedDict
 from typing import Any
 
-from loragate_resolver import registry_expectations, registry_reader, verified
+from loragate_resolver import qualified, registry_reader, verified
+from loragate_resolver.surface import OPEN_KINDS, Kind, Surface
 
 HEADER = b"x-loragate-admin-key"
-LOAD_PATH = "/v1/load_lora_adapter"
+SURFACE_PATH = "/loragate/surface"
 MAX_BODY_BYTES = 64 * 1024
-# what clients may call without the admin secret (an exact path, or a prefix ending in "/")
-INFERENCE_PATHS = (
-    "/v1/completions",
-    "/v1/completions/",
-    "/v1/chat/completions",
-    "/v1/chat/completions/",
-    "/v1/embeddings",
-    "/v1/responses",
-    "/v1/responses/",
-    "/v1/messages",
-    "/v1/messages/",
-    "/v1/score",
-    "/v1/rerank",
-    "/v1/audio/",
-    "/v2/rerank",
-    "/v2/embed",
-    "/cohere/v2/chat",
-    "/rerank",
-    "/score",
-    "/pooling",
-    "/classify",
-    "/tokenize",
-    "/detokenize",
-    "/generative_scoring",
-    "/inference/v1/generate",
-    "/invocations",
-    "/ping",
-)
+OUTAGE_GRACE_S = 300.0
+_ALLOWED_MAX = 4096
 
 log = logging.getLogger("loragate_resolver.admin_guard")
-
-
-def is_inference(path: str) -> bool:
-    return any(path.startswith(p) if p.endswith("/") else path == p for p in INFERENCE_PATHS)
 
 
 def key_matches(presented: bytes | None, expected: str) -> bool:
@@ -81,6 +62,10 @@ def key_matches(presented: bytes | None, expected: str) -> bool:
     if presented is None:
         return False
     return hmac.compare_digest(hashlib.sha256(presented).digest(), hashlib.sha256(expected.encode()).digest())
+
+
+def header(scope: dict, name: bytes) -> bytes | None:
+    return next((value for key, value in scope.get("headers", []) if key.lower() == name), None)
 
 
 def _error(status: int, kind: str, message: str, param: str | None = None) -> tuple[int, bytes]:
@@ -91,52 +76,87 @@ def _error(status: int, kind: str, message: str, param: str | None = None) -> tu
 class AdminGuard:
     """ASGI middleware: see the module docstring."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, clock: Any = time.monotonic) -> None:
         self.app = app
+        self.clock = clock
         self.secrets_dir = os.environ.get(registry_reader.SECRETS_DIR_VARIABLE)
         self.adapter_dir = os.environ.get("LORAGATE_ADAPTER_DIR")
         self.role = os.environ.get("LORAGATE_REPLICA_ROLE")
-        # (name, version) -> digests the registry allowed on an admin load, for an outage
-        self._allowed: dict[tuple[str, str], dict] = {}
+        self.surface: Surface | None = None
+        # (name, version) -> (digests, when the registry allowed it by a pointer), oldest first
+        self._allowed: OrderedDict[tuple[str, str], tuple[dict, float]] = OrderedDict()
+        if not qualified.install():
+            raise RuntimeError("loragate: this vLLM cannot be guarded (no OpenAIServingModels): refusing to start")
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+        if self.surface is None and "app" in scope:
+            self.surface = Surface(list(getattr(scope["app"], "routes", [])))
+        if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
-        if is_inference(path):
+        if path == SURFACE_PATH and scope["type"] == "http":
+            return await _respond(send, *self._surface(scope))
+        kind = self.surface.kind(scope) if self.surface is not None else Kind.UNKNOWN
+        if kind is None or kind in OPEN_KINDS:
+            if header(scope, HEADER) is not None and self._check_key(scope) is None:
+                with qualified.chosen():  # the fleet's own request (a probe, a verification)
+                    return await self.app(scope, receive, send)
             return await self.app(scope, receive, send)
-        refusal = self._check_key(scope)
-        if refusal is None and path == LOAD_PATH:
+        refusal = self._refused(scope, kind, path)
+        if refusal is None and kind == Kind.LOAD:
             body, refusal = await self._checked_load(receive)
             if refusal is None:
                 receive = _replay(body, receive)
         if refusal is not None:
             log.warning("loragate: refused %s %s: %s", scope.get("method"), path, refusal[0])
+            if scope["type"] == "websocket":
+                return await send({"type": "websocket.close", "code": 1008})
             return await _respond(send, *refusal)
-        return await self.app(scope, receive, send)
+        with qualified.chosen():
+            return await self.app(scope, receive, send)
+
+    def _refused(self, scope: dict, kind: Kind, path: str) -> tuple[int, bytes] | None:
+        if kind in (Kind.REFUSED, Kind.UNKNOWN):
+            return _error(403, "PermissionDeniedError", f"{path} is not a route loragate lets anyone call", None)
+        return self._check_key(scope)
+
+    def _surface(self, scope: dict) -> tuple[int, bytes]:
+        refusal = self._check_key(scope)
+        if refusal is not None:
+            return refusal
+        if scope.get("method") != "GET":
+            return _error(405, "MethodNotAllowed", "GET only")
+        routes = self.surface.as_dicts() if self.surface is not None else []
+        return 200, json.dumps({"routes": routes, "guarded": qualified.installed()}).encode()
 
     def _expect(self, name: str, version: str) -> dict:
         """The registry's expectations; during an outage, those it gave before (module doc)."""
         assert self.role is not None
         try:
-            files = registry_expectations(self.role, self.secrets_dir)(name, version)
+            permission = registry_reader.servable(self.secrets_dir, self.role, name, version)
         except registry_reader.NotServable as e:
             known = self._allowed.get((name, version))
-            if e.code != "registry_unavailable" or known is None:
+            if e.code != "registry_unavailable":
+                self._allowed.pop((name, version), None)
                 raise
-            log.warning("loragate: registry unreachable; %s = %s was allowed here before", name, version)
-            return known
-        if len(self._allowed) >= 4096:
-            self._allowed.clear()
-        self._allowed[(name, version)] = files
-        return files
+            if known is None or self.clock() - known[1] > OUTAGE_GRACE_S:
+                raise
+            log.warning("loragate: registry unreachable; %s = %s was allowed here by a pointer before", name, version)
+            return known[0]
+        if permission.by_pointer:
+            self._allowed.pop((name, version), None)
+            self._allowed[(name, version)] = (permission.files, self.clock())
+            while len(self._allowed) > _ALLOWED_MAX:
+                self._allowed.popitem(last=False)
+        else:
+            self._allowed.pop((name, version), None)
+        return permission.files
 
     def _check_key(self, scope: dict) -> tuple[int, bytes] | None:
         expected = registry_reader.read_secret(self.secrets_dir, registry_reader.ADMIN_KEY_FILE)
         if expected is None:
             return _error(403, "PermissionDeniedError", "this replica has no admin key: its admin API is closed")
-        presented = next((value for name, value in scope.get("headers", []) if name.lower() == HEADER), None)
-        if not key_matches(presented, expected):
+        if not key_matches(header(scope, HEADER), expected):
             return _error(401, "AuthenticationError", "the replica's admin API needs the fleet's admin key")
         return None
 
@@ -155,7 +175,7 @@ class AdminGuard:
         try:
             request = json.loads(body)
             name, lora_path = request["lora_name"], request["lora_path"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return body, _error(400, "BadRequestError", "lora_name and lora_path are required", "lora_path")
         if not (isinstance(name, str) and isinstance(lora_path, str) and self.adapter_dir and self.role):
             return body, _error(403, "PermissionDeniedError", "this replica loads nothing the registry did not record")

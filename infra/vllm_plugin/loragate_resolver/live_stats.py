@@ -7,8 +7,11 @@ to ``ANSWER_SAMPLE_CHARS``) for the format check against the golden set's schema
 answers are never sampled (the split does not keep their bodies). loragate reads them from
 every replica (``GET /loragate/traffic``) and aggregates them when it judges a window; a
 restarted replica starts from zero, which the reader sees as a smaller count, never as a
-wrong one. Also: the breaker trips (alerts) and a 15-minute ring of (time, adapter, fell
-back) for the replica's fallback rate.
+wrong one. Feedback is kept by its request id's nonce (``feedback``: nonce -> ``a``ccepted or
+``r``etried, at most ``FEEDBACK_IDS`` per entry): an id is counted once here, and the reader
+counts each nonce once across every replica, however many it was sent to. Also: the
+breaker trips (alerts) and a 15-minute ring of (time, adapter, fell back) for the replica's
+fallback rate.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ ANSWER_SAMPLES = 32
 ANSWER_SAMPLE_CHARS = 2000
 ANSWER_SAMPLE_EVERY = max(1, int(os.environ.get("LORAGATE_ANSWER_SAMPLE_EVERY", "1") or 1))
 _RING_MAX = 1 << 20
+FEEDBACK_IDS = 1 << 16  # per entry: beyond it, feedback is not counted (and says so)
 _ALERTS_MAX = 1000
 
 Key = tuple[str, str, int | None]
@@ -50,6 +54,7 @@ class VersionStats:
     ms_per_token: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
     answers: deque = field(default_factory=lambda: deque(maxlen=ANSWER_SAMPLES))
     texts_seen: int = 0
+    feedback: dict[str, str] = field(default_factory=dict)  # nonce -> "a" or "r"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +70,7 @@ class VersionStats:
             "ttft_ms": [round(x, 3) for x in self.ttft_ms],
             "ms_per_token": [round(x, 4) for x in self.ms_per_token],
             "samples": list(self.answers),
+            "feedback": dict(self.feedback),
         }
 
 
@@ -155,12 +161,18 @@ class LiveStats:
         self._p99[key] = (seen, value)
         return value
 
-    def feedback(self, adapter: str, version: str, window: int | None, outcome: str) -> None:
+    def feedback(self, adapter: str, version: str, window: int | None, outcome: str, nonce: str) -> bool:
+        """Count a tenant's feedback once per request id (its nonce); False when the id was
+        counted before or the entry holds ``FEEDBACK_IDS`` already."""
         stats = self.of(adapter, version, window)
+        if nonce in stats.feedback or len(stats.feedback) >= FEEDBACK_IDS:
+            return False
+        stats.feedback[nonce] = "a" if outcome == "accepted" else "r"
         if outcome == "accepted":
             stats.accepted += 1
         else:
             stats.retried += 1
+        return True
 
     def alert(self, kind: str, adapter: str, version: str, window: int | None, reason: str) -> dict[str, Any]:
         entry = {

@@ -6,29 +6,33 @@ bytes are good. The replica asks the registry instead: for one (adapter name, ve
 reads the version's three file digests and whether a replica of its role may serve it. A
 volume writer can then make a load fail, never make a wrong one succeed.
 
-Which versions a role may serve (the switch loads before the pointer move commits, so
-what is in flight must be servable too):
+Which versions a role may serve under the adapter's plain name (the switch loads before the
+pointer move commits, so what is in flight must be servable too):
 
 - production: the adapter's ``production`` or ``previous`` pointer (a rollback in flight),
   or a version with an ``approve`` code a person redeemed that no move has applied yet,
   within its lifetime counted from its redemption as the registry applies it (the promotion
-  in flight: production takes only the canary, on a person's sign-off). With the
-  operator's ``owner-moves`` file also the ``canary`` pointer: the registry's owner, or a
-  person's own token, moves production in process with no code committed before the switch
-  (tests, benchmarks, one machine) -- never on a fleet whose adapter volume the canary pool
-  writes, since the canary pool chooses the canary.
+  in flight: production takes only the canary, on a person's sign-off). A replica process
+  started with ``LORAGATE_OWNER_MOVES`` (``replicas up --owner-moves``: tests, benchmarks,
+  one machine) also serves the ``canary`` pointer: the registry's owner, or a person's own
+  token, moves production in process with no code committed before the switch -- never on
+  a fleet whose adapter volume the canary pool writes, since the canary pool chooses the
+  canary. It is the process's own flag, never a file another process can write.
 - canary: its ``canary``, ``production`` or ``previous`` pointer, a version production may
   serve, or any validated version (the canary promotion in flight): what the canary pool
   could serve through the database anyway.
 
+Under its qualified name ``name@version`` (the live split's second version, ``routing``) a
+version is served, on either role, only as ``name``'s own version and only while it is the
+adapter's ``production`` or ``previous`` pointer, or its ``canary`` pointer with an active
+canary window: what the split may send users to, and nothing else.
+
 A version is served under its own adapter's name, or a name no adapter of the registry has
-(a benchmark's probe), never under another adapter's name. Under its qualified name
-``name@version`` (the live split's second version, ``routing``) only as ``name``'s own
-version, and on a production replica also while the version has an active canary window
-(its share of live traffic is answered there).
+(a benchmark's probe), never under another adapter's name.
 
 ``routes`` reads the live split's table: each adapter's production version and its active
-canary window (id, version, share).
+canary window (id, version, share, and the window's bucket secret, which keys each user's
+bucket so that no client can compute which version it gets).
 
 Where the database is comes from the replica's secrets directory
 (``LORAGATE_REPLICA_SECRETS_DIR``: ``registry-url``), read on every question, never from
@@ -41,13 +45,15 @@ three short queries per question.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import unquote
 
 SECRETS_DIR_VARIABLE = "LORAGATE_REPLICA_SECRETS_DIR"
 ADMIN_KEY_FILE = "admin-key"
 REGISTRY_URL_FILE = "registry-url"
-OWNER_MOVES_FILE = "owner-moves"
+# the replica process's own flag (module docstring); never read from the secrets directory
+OWNER_MOVES_VARIABLE = "LORAGATE_OWNER_MOVES"
 TIMEOUT_S = 5
 WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
@@ -75,14 +81,15 @@ WHERE c.version_id = ? AND c.decision = 'approve' AND c.used_at IS NOT NULL AND 
 """
 
 NAME_QUERY = "SELECT COUNT(a.id) FROM adapters a WHERE a.name = ?"
-# a version on an active canary window: a production replica answers its share of live traffic
+# a version on an active canary window: the split answers its share of live traffic from it
 WINDOW_QUERY = "SELECT COUNT(w.id) FROM canary_windows w WHERE w.version_id = ? AND w.status IN ('open', 'ready')"
 PRODUCTION_ROUTES_QUERY = """
 SELECT a.name, p.version_id FROM stage_pointers p JOIN adapters a ON a.id = p.adapter_id
 WHERE p.stage = 'production'
 """
 WINDOW_ROUTES_QUERY = """
-SELECT w.id, w.adapter_name, w.version_id, w.share FROM canary_windows w WHERE w.status IN ('open', 'ready')
+SELECT w.id, w.adapter_name, w.version_id, w.share, w.bucket_key FROM canary_windows w
+WHERE w.status IN ('open', 'ready')
 """
 QUALIFIER = "@"
 
@@ -107,9 +114,32 @@ def read_secret(secrets_dir: str | None, name: str) -> str | None:
     return value or None
 
 
-def expected_files(secrets_dir: str | None, role: str, name: str, version: str) -> dict[str, str]:
-    """File name -> the hex SHA-256 the registry recorded, for a version a replica of
-    ``role`` may serve under ``name``.
+@dataclass(frozen=True)
+class Permission:
+    """What the registry lets a replica serve: the files' digests, and whether a pointer
+    allows it (rather than a sign-off in flight, or validation alone on a canary replica)."""
+
+    files: dict[str, str]
+    by_pointer: bool
+
+
+def owner_moves_here() -> bool:
+    """Whether this replica process was started to serve the registry owner's in-process moves."""
+    return os.environ.get(OWNER_MOVES_VARIABLE) == "1"
+
+
+def expected_files(
+    secrets_dir: str | None, role: str, name: str, version: str, owner_moves: bool | None = None
+) -> dict[str, str]:
+    """File name -> the hex SHA-256 the registry recorded (``servable``'s files)."""
+    return servable(secrets_dir, role, name, version, owner_moves).files
+
+
+def servable(
+    secrets_dir: str | None, role: str, name: str, version: str, owner_moves: bool | None = None
+) -> Permission:
+    """The digests the registry recorded for a version a replica of ``role`` may serve under
+    ``name``, and why it may. ``owner_moves``: None reads this process's flag.
 
     ``name`` may be qualified, ``adapter@version`` (module docstring): then ``version`` must
     be the one it names (``wrong_version``) and ``adapter``'s own.
@@ -133,24 +163,33 @@ def expected_files(secrets_dir: str | None, role: str, name: str, version: str) 
     if not rows:
         raise NotServable(f"the registry has no version {version}", "unknown_version")
     adapter, weights, config, manifest, stage, validation, pointed, canary = rows[0]
-    code_expires = max((u for u in (_signed_off_until(*code) for code in codes) if u is not None), default=None)
+    pointed, canary = int(pointed), int(canary)
     if sep and adapter != plain:
         raise NotServable(f"version {version} is {adapter}'s, not {plain}'s", "wrong_adapter")
     if not sep and adapter != name and int(_ask(url, [(NAME_QUERY, name)])[0][0][0]) > 0:
         raise NotServable(f"version {version} is {adapter}'s, not {name}'s", "wrong_adapter")
-    owner_moves = read_secret(secrets_dir, OWNER_MOVES_FILE) is not None
-    allowed = may_serve(role, validation, int(pointed), int(canary), code_expires, owner_moves)
-    if sep and role == "production" and int(windows[0][0][0]) > 0:
-        allowed = True
+    if sep:
+        allowed = by_pointer = may_serve_qualified(pointed, canary, int(windows[0][0][0]))
+    else:
+        code_expires = max((u for u in (_signed_off_until(*c) for c in codes) if u is not None), default=None)
+        owner = owner_moves_here() if owner_moves is None else owner_moves
+        allowed = may_serve(role, validation, pointed, canary, code_expires, owner)
+        by_pointer = pointed > 0 or (canary > 0 and (role == "canary" or owner))
     if not allowed:
         raise NotServable(f"a {role} replica may not serve {name} = {version} ({stage})", "not_permitted")
-    return {WEIGHTS_FILE: weights, ADAPTER_CONFIG_FILE: config, MANIFEST_FILE: manifest}
+    files = {WEIGHTS_FILE: weights, ADAPTER_CONFIG_FILE: config, MANIFEST_FILE: manifest}
+    return Permission(files, by_pointer)
+
+
+def may_serve_qualified(production_or_previous: int, canary: int, active_windows: int) -> bool:
+    """``name@version``: production or previous, or the canary while its window is active."""
+    return production_or_previous > 0 or (canary > 0 and active_windows > 0)
 
 
 def routes(secrets_dir: str | None) -> tuple[list[tuple], list[tuple]]:
     """The live split's rows: (adapter name, production version) for every adapter with a
-    production pointer, and (window id, adapter name, canary version, share) for every
-    active canary window.
+    production pointer, and (window id, adapter name, canary version, share, bucket secret)
+    for every active canary window.
 
     Raises:
         NotServable: REGISTRY_UNAVAILABLE when there is no registry or it cannot be read.

@@ -3,9 +3,11 @@
 The table holds, per adapter, the version its ``production`` pointer names and its active
 canary window (id, canary version, share), as the registry says (``registry_reader.routes``).
 A client's request for an adapter goes to the canary when its user's bucket falls below the
-window's share, else to production. The bucket is a hash of the window id and the user, so
-the decision needs no state and is the same on every replica behind any balancer, and a new
-window reshuffles who sees the canary.
+window's share, else to production. The bucket is an HMAC of the user under the window's own
+secret (``canary_windows.bucket_key``, random per window, read only by the replicas), so the
+decision needs no state and is the same on every replica behind any balancer, a new window
+reshuffles who sees the canary -- and no client can compute its bucket to choose a version.
+A window without a secret sends nobody to the canary.
 
 A version is served under the adapter's plain name where the replica's index names that
 version for its role (it is what the resolver and the fleet put there), else under the
@@ -16,9 +18,10 @@ refuses it from clients) and the resolver resolves to the version's own immutabl
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 from collections.abc import Container
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 QUALIFIER = "@"
@@ -33,11 +36,11 @@ class Route:
     window: int | None = None
     canary: str | None = None
     share: float = 0.0
+    # the window's bucket secret: never shown (as_dict, repr), never sent anywhere
+    bucket_key: str | None = field(default=None, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        found = asdict(self)
-        del found["adapter"]
-        return found
+        return {"production": self.production, "window": self.window, "canary": self.canary, "share": self.share}
 
 
 @dataclass(frozen=True)
@@ -52,30 +55,39 @@ class Decision:
 
 def routes_from_rows(production_rows: list[tuple], window_rows: list[tuple]) -> dict[str, Route]:
     """The table from the registry's rows: (adapter name, production version) and (window id,
-    adapter name, canary version, share). A share outside 0..1 is clamped; a window of an
-    adapter with no production has nothing to split against and is left out."""
+    adapter name, canary version, share, bucket secret). A share outside 0..1 is clamped; a
+    window of an adapter with no production has nothing to split against and is left out."""
     production = {str(name): str(version) for name, version in production_rows if name and version}
     table: dict[str, Route] = {name: Route(name, version) for name, version in production.items()}
-    for window_id, name, version, share in window_rows:
+    for window_id, name, version, share, bucket_key in window_rows:
         if name not in production or not version:
             continue
         try:
             fraction = min(1.0, max(0.0, float(share or 0.0)))
         except (TypeError, ValueError):
             fraction = 0.0
-        table[name] = Route(name, production[name], int(window_id), str(version), fraction)
+        secret = bucket_key if isinstance(bucket_key, str) and bucket_key else None
+        table[name] = Route(name, production[name], int(window_id), str(version), fraction, secret)
     return table
 
 
-def bucket(window: int, user: str) -> float:
-    """The user's place in [0, 1) for this window: the same on every replica."""
-    digest = hashlib.sha256(f"{window}:{user}".encode()).digest()
+def bucket(bucket_key: str, user: str) -> float:
+    """The user's place in [0, 1) for the window whose secret is ``bucket_key``: the same on
+    every replica, unknowable without the secret. ``user`` is text that encodes as UTF-8 (the
+    split refuses any other with a 400)."""
+    digest = hmac.new(bucket_key.encode(), user.encode(), hashlib.sha256).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
 def decide(route: Route, user: str) -> Decision:
-    """Canary when the window has a share and the user's bucket falls below it."""
-    if route.window is not None and route.canary and route.share > 0 and bucket(route.window, user) < route.share:
+    """Canary when the window has a share and a secret, and the user's bucket falls below it."""
+    if (
+        route.window is not None
+        and route.canary
+        and route.share > 0
+        and route.bucket_key is not None
+        and bucket(route.bucket_key, user) < route.share
+    ):
         return Decision(route.canary, route.window, True)
     assert route.production is not None
     return Decision(route.production, route.window, False)

@@ -12,12 +12,16 @@ buffered request asked again of production, then of the base model
 (``LORAGATE_BASE_MODEL_NAME``), with ``x-loragate-fallback``: the client never sees an error
 it did not cause. A breaker per version (``breaker``) keeps a failing or slow version off
 this replica for a while. Every answer for an adapter of the table says which version gave
-it (``x-loragate-version``) and carries a signed id (``request_ids``) for feedback.
+it (``x-loragate-version``) and carries a sealed id (``request_ids``) for feedback, good for
+``LORAGATE_FEEDBACK_TTL_S`` and counted once across the fleet by its nonce.
 
-A client may not name a version (``name@version``: 404). The fleet's own requests (admin key)
-pass untouched, uncounted. A canary replica only labels and counts. Figures: ``live_stats``
-(``GET /loragate/traffic``, admin key) and ``metrics`` (``/metrics``). Faults for tests:
-``faults`` (``LORAGATE_REPLICA_FAULTS``).
+The body is read and parsed once (off the event loop when large), and each rewritten body
+written once; a body that is not JSON, nests too deep, or names a ``user`` that is not text
+is the client's error (400) before anything else runs. A client may not name a version
+(``name@version``: 404, here and on every other route: ``qualified``). The fleet's own
+requests (admin key) pass untouched, uncounted. A canary replica only labels and counts.
+Figures: ``live_stats`` (``GET /loragate/traffic``, admin key) and ``metrics``
+(``/metrics``). Faults for tests: ``faults`` (``LORAGATE_REPLICA_FAULTS``).
 """
 
 from __future__ import annotations
@@ -28,13 +32,12 @@ import logging
 import os
 import secrets
 import time
-from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any
 
 from loragate_resolver import read_index, registry_reader, request_ids, routing, traffic_flow
 from loragate_resolver.admin_guard import HEADER as ADMIN_HEADER
-from loragate_resolver.admin_guard import _error, _replay, _respond, key_matches
+from loragate_resolver.admin_guard import _error, _replay, _respond, header, key_matches
 from loragate_resolver.breaker import Breaker, Limits
 from loragate_resolver.faults import Faults
 from loragate_resolver.live_stats import LiveStats
@@ -44,7 +47,9 @@ TRAFFIC_PATH, FEEDBACK_PATH, ROUTES_PATH = "/loragate/traffic", "/loragate/feedb
 SESSION_HEADER = b"x-loragate-session"
 MAX_BODY_BYTES = 4 << 20
 MAX_FEEDBACK_BYTES = 64 * 1024
-_FEEDBACK_IDS = 1 << 16  # ids counted, remembered (oldest forgotten first)
+FEEDBACK_KEY_FILE = "feedback-key"
+# a body this large is parsed and written off the event loop that streams every other answer
+OFF_LOOP_BYTES = 64 * 1024
 
 
 def _env_float(name: str, default: float) -> float:
@@ -52,10 +57,6 @@ def _env_float(name: str, default: float) -> float:
         return float(os.environ.get(name, default))
     except ValueError:
         return default
-
-
-def _header(scope: dict, name: bytes) -> bytes | None:
-    return next((value for key, value in scope.get("headers", []) if key.lower() == name), None)
 
 
 def _json_response(payload: Any) -> tuple[int, bytes]:
@@ -102,6 +103,7 @@ class TrafficSplit:
             slow=int(_env_float("LORAGATE_BREAKER_SLOW", 3)),
             cooldown_s=_env_float("LORAGATE_BREAKER_COOLDOWN_S", 30.0),
         )
+        self.feedback_ttl_s = max(1.0, _env_float("LORAGATE_FEEDBACK_TTL_S", 3600.0))
         self.faults = Faults(os.environ.get("LORAGATE_REPLICA_FAULTS"))
         self.stats = LiveStats()
         self.breakers: dict[tuple[str, str], Breaker] = {}
@@ -112,7 +114,6 @@ class TrafficSplit:
         self._reading: asyncio.Future | None = None
         self._read_failed = False
         self._loop: asyncio.Task | None = None
-        self._feedback: OrderedDict[str, None] = OrderedDict()
 
     # -- the routing table ----------------------------------------------------------------
 
@@ -176,7 +177,7 @@ class TrafficSplit:
         return await self._client(scope, receive, send)
 
     def _is_admin(self, scope: dict) -> bool:
-        presented = _header(scope, ADMIN_HEADER)
+        presented = header(scope, ADMIN_HEADER)
         if presented is None:
             return False
         expected = registry_reader.read_secret(self.secrets_dir, registry_reader.ADMIN_KEY_FILE)
@@ -226,27 +227,24 @@ class TrafficSplit:
             "fallback_15m": self.stats.fallback_rate(),
         }
 
+    def feedback_key(self) -> str | None:
+        return registry_reader.read_secret(self.secrets_dir, FEEDBACK_KEY_FILE)
+
     def _count_feedback(self, body: bytes) -> tuple[int, bytes]:
         try:
             asked = json.loads(body)
             request_id, outcome = asked["request_id"], asked["outcome"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return _error(400, "BadRequestError", "request_id and outcome are required")
         if outcome not in ("accepted", "retried"):
             return _error(400, "BadRequestError", "outcome is accepted or retried", "outcome")
-        key = registry_reader.read_secret(self.secrets_dir, registry_reader.ADMIN_KEY_FILE)
-        found = request_ids.verify(key, request_id)
+        found = request_ids.verify(self.feedback_key(), request_id)
         if found is None:
-            return _error(400, "BadRequestError", "not a request id this fleet signed", "request_id")
-        counted = found.nonce not in self._feedback
-        if counted:
-            self._feedback[found.nonce] = None
-            if len(self._feedback) > _FEEDBACK_IDS:
-                self._feedback.popitem(last=False)
-            self.stats.feedback(found.adapter, found.version, found.window, outcome)
-        return _json_response(
-            {"counted": counted, "adapter": found.adapter, "version": found.version, "window": found.window}
-        )
+            return _error(400, "BadRequestError", "not a request id this fleet sealed", "request_id")
+        if request_ids.expired(found, self.feedback_ttl_s):
+            return _error(400, "BadRequestError", "the request id has expired", "request_id")
+        counted = self.stats.feedback(found.adapter, found.version, found.window, outcome, found.nonce)
+        return _json_response({"counted": counted, "adapter": found.adapter, "version": found.version})
 
     def breaker(self, adapter: str, version: str) -> Breaker:
         found = self.breakers.get((adapter, version))
@@ -274,10 +272,9 @@ class TrafficSplit:
         raw, too_large = await _read_body(receive, MAX_BODY_BYTES)
         if too_large:
             return await _respond(send, *_error(413, "BadRequestError", "request body too large"))
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
+        body, refusal = await _parsed(raw)
+        if refusal is not None:
+            return await _respond(send, *refusal)
         model = body.get("model") if isinstance(body, dict) else None
         if not isinstance(model, str):
             return await self.app(scope, _replay(raw, receive), send)
@@ -299,10 +296,35 @@ class TrafficSplit:
             return await self.app(scope, _replay(raw, receive), send)
         assert isinstance(body, dict)
         user = body.get("user")
+        if user is not None and not _is_text(user):
+            return await _respond(send, *_error(400, "BadRequestError", "user must be text (UTF-8)", "user"))
         if not (isinstance(user, str) and user):
-            session = _header(scope, SESSION_HEADER)
+            session = header(scope, SESSION_HEADER)
             user = session.decode("latin-1") if session else secrets.token_hex(8)
         await traffic_flow.answer(self, scope, receive, send, body, raw, route, user, index_version, t0)
+
+
+def _is_text(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # a lone surrogate: JSON can carry it, UTF-8 cannot
+        return False
+    return True
+
+
+async def _parsed(raw: bytes) -> tuple[Any, tuple[int, bytes] | None]:
+    """The body as JSON, parsed once (off the event loop when large); a 400 for a body that
+    is not JSON or nests deeper than the parser goes. An empty body is left to the app."""
+    if not raw:
+        return None, None
+    try:
+        if len(raw) > OFF_LOOP_BYTES:
+            return await asyncio.to_thread(json.loads, raw), None
+        return json.loads(raw), None
+    except (ValueError, RecursionError):
+        return None, _error(400, "BadRequestError", "the request body is not a JSON document loragate can read")
 
 
 async def _read_body(receive: Any, limit: int) -> tuple[bytes, bool]:

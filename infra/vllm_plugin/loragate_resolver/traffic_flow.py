@@ -22,7 +22,7 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
-from loragate_resolver import metrics, registry_reader, request_ids, routing
+from loragate_resolver import metrics, qualified, request_ids, routing
 from loragate_resolver.admin_guard import _error, _replay
 
 VERSION_HEADER = b"x-loragate-version"
@@ -30,6 +30,7 @@ REQUEST_ID_HEADER = b"x-loragate-request-id"
 FALLBACK_HEADER = b"x-loragate-fallback"
 BASE = "base"
 _KEPT_BODY = 1 << 20  # of a non-streaming answer, for its usage
+OFF_LOOP_BYTES = 64 * 1024  # a body this large is written off the event loop
 
 log = logging.getLogger("loragate_resolver.traffic")
 
@@ -128,6 +129,8 @@ async def answer(
     reason: str | None = None
     failures: list[tuple[Step, int]] = []
     final: tuple[Step, Attempt] | None = None
+    written: dict[str, bytes] = {body.get("model"): raw}  # each rewritten body written once
+    feedback_key = split.feedback_key()
     for i, step in enumerate(steps):
         last = i == len(steps) - 1
         fault: dict = {}
@@ -140,7 +143,7 @@ async def answer(
             delay = fault.get("delay_ms")
             if isinstance(delay, int | float) and delay > 0:
                 await asyncio.sleep(delay / 1000)
-        headers = _headers(split, adapter, step, reason)
+        headers = _headers(feedback_key, adapter, step, reason)
         if fault.get("error") is True:
             if not last:
                 failures.append((step, 500))
@@ -153,8 +156,9 @@ async def answer(
         served = split.base_name if step.version is None else adapter
         if splitting and step.version is not None:
             served = routing.served_name(adapter, step.version, index_version, loaded_names(scope))
-        sent = raw if served == body.get("model") else json.dumps({**body, "model": served}).encode()
-        attempt = await _forward(split.app, scope, receive, send, sent, headers, last, streaming)
+        if served not in written:
+            written[served] = await _rewritten(body, served, len(raw))
+        attempt = await _forward(split.app, scope, receive, send, written[served], headers, last, streaming)
         if attempt.swallowed:
             failures.append((step, attempt.status))
             reason = reason or f"{step.kind}_failed:{attempt.status}"
@@ -166,18 +170,30 @@ async def answer(
 
 
 def loaded_names(scope: dict) -> Container[str]:
-    """The adapter names vLLM has loaded now (its serving models' table), or none known."""
+    """The adapter names vLLM has loaded now (its serving models' table), or none known: every
+    one, qualified names included -- the split chooses among them (the table's keys, which
+    its guard against clients does not filter: ``qualified``)."""
     try:
         found = scope["app"].state.openai_serving_models.lora_requests
     except (KeyError, AttributeError):
         return ()
-    return found if isinstance(found, dict) else ()
+    return found.keys() if isinstance(found, dict) else ()
 
 
-def _headers(split: Any, adapter: str, step: Step, reason: str | None) -> list[tuple[bytes, bytes]]:
-    key = registry_reader.read_secret(split.secrets_dir, registry_reader.ADMIN_KEY_FILE) or ""
-    request_id = request_ids.sign(key, adapter, step.label, step.window)
-    headers = [(VERSION_HEADER, step.label.encode()), (REQUEST_ID_HEADER, request_id.encode())]
+async def _rewritten(body: dict, served: str, size: int) -> bytes:
+    """The body naming ``served`` as its model (written off the event loop when large)."""
+
+    def write() -> bytes:
+        return json.dumps({**body, "model": served}).encode()
+
+    return await asyncio.to_thread(write) if size > OFF_LOOP_BYTES else write()
+
+
+def _headers(feedback_key: str | None, adapter: str, step: Step, reason: str | None) -> list[tuple[bytes, bytes]]:
+    headers = [(VERSION_HEADER, step.label.encode())]
+    if feedback_key:  # without the fleet's feedback key no id is given: nothing could check it
+        request_id = request_ids.sign(feedback_key, adapter, step.label, step.window)
+        headers.append((REQUEST_ID_HEADER, request_id.encode()))
     if reason:
         headers.append((FALLBACK_HEADER, reason.encode()))
     return headers
@@ -233,7 +249,8 @@ async def _forward(
         await send(message)
 
     try:
-        await app(_with_length(scope, len(body)), _replay(body, receive), relay)
+        with qualified.chosen():  # the split chose this name, qualified or not
+            await app(_with_length(scope, len(body)), _replay(body, receive), relay)
     except Exception:
         if attempt.started or last:
             raise

@@ -19,6 +19,7 @@ version and compared as an A/B metric.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,35 @@ from loragate.registry.rules.live_side import LiveSide
 from loragate.registry.rules.significance import fisher_exact_greater, mann_whitney_greater
 
 BASE = "base"  # the version of an entry the base model answered
+
+
+class Feedback:
+    """A side's tenant feedback over replicas, each request id counted once however many
+    replicas it was sent to: entries carry ``feedback`` (nonce -> ``a`` or ``r``); an entry
+    without it (a replica of an older plugin) adds its counts as they are."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, str] = {}
+        self.accepted = self.retried = 0
+
+    def add(self, entry: dict[str, Any], where: str) -> None:
+        """Raises:
+        ReplicaError: REPLICA_REFUSED, a ``feedback`` that is not nonce -> a/r.
+        """
+        given = entry.get("feedback")
+        if given is None:
+            self.accepted += int(entry.get("accepted") or 0)
+            self.retried += int(entry.get("retried") or 0)
+            return
+        if not isinstance(given, dict) or not all(isinstance(k, str) and v in ("a", "r") for k, v in given.items()):
+            raise ReplicaError(f"{where} of a traffic report holds feedback that is not nonce -> a/r", field=where)
+        for nonce, outcome in given.items():
+            self.ids.setdefault(nonce, outcome)  # the first replica's, in name order
+
+    def counted(self, side: LiveSide) -> LiveSide:
+        accepted = self.accepted + sum(1 for o in self.ids.values() if o == "a")
+        retried = self.retried + sum(1 for o in self.ids.values() if o == "r")
+        return dataclasses.replace(side, accepted=accepted, retried=retried)
 
 
 @dataclass(frozen=True)
@@ -70,20 +100,24 @@ class LiveStats:
                 raise ReplicaError(f"traffic report {number} is not an object with a versions list", field="versions")
             latest[str(document.get("replica", f"#{number}"))] = document
         production_key = production_version or BASE
-        canary = production = base = LiveSide()
+        # the side each version's entries count for: the canary, production (the base while
+        # the adapter has none), and the base apart when it answers for a production version
+        side_of = {canary_version: "canary", production_key: "production"}
+        side_of.setdefault(BASE, "base")
+        sides = {side: LiveSide() for side in ("canary", "production", "base")}
+        feedback = {side: Feedback() for side in sides}
         alerts = []
-        for name, document in latest.items():
+        for name, document in sorted(latest.items()):
             for index, entry in enumerate(document.get("versions") or []):
                 if not isinstance(entry, dict) or entry.get("adapter") != adapter or entry.get("window") != window_id:
                     continue
-                side = LiveSide.from_entry(entry, f"{name} versions[{index}]")
                 version = entry.get("version")
-                if version == canary_version:
-                    canary = canary.merge(side)
-                elif version == production_key:
-                    production = production.merge(side)
-                elif version == BASE:
-                    base = base.merge(side)
+                side = side_of.get(version) if isinstance(version, str) else None
+                if side is None:
+                    continue
+                where = f"{name} versions[{index}]"
+                sides[side] = sides[side].merge(LiveSide.from_entry(entry, where))
+                feedback[side].add(entry, where)
             for alert in document.get("alerts") or []:
                 if (
                     isinstance(alert, dict)
@@ -91,6 +125,7 @@ class LiveStats:
                     and alert.get("window") in (window_id, None)
                 ):
                     alerts.append({**alert, "replica": name})
+        canary, production, base = (feedback[k].counted(sides[k]) for k in ("canary", "production", "base"))
         return cls(canary, production, base, alerts, len(latest), canary_version, production_version)
 
     @property
