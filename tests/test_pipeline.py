@@ -371,6 +371,7 @@ def test_a_version_whose_event_was_lost_and_whose_run_died_is_carried_on_by_the_
     stack.registry.attach_golden_set(name, golden_file(stack.tmp))
     reports = validate_versions(stack.registry, [version], ValidationPolicy.from_settings(stack.settings))
     assert reports[0].status.value == "passed", reports[0].failures
+    stack.registry.sign_version(version, SIGNING_KEY.private_pem)  # as the validate gate does
     assert [w.gate.value for w in stack.registry.waiting() if w.version_id == version] == ["canary"]
     # the dead run's last event (Running) older than the stack's LORAGATE_UNRESPONSIVE_AFTER_S
     silent_until = dead.created.timestamp() + UNRESPONSIVE_AFTER_S + 3
