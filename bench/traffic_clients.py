@@ -9,6 +9,7 @@ unless a peer asks for it, and nothing between the clock and the wire.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 import uuid
@@ -87,8 +88,9 @@ def new_client() -> httpx.Client:
 @dataclass
 class UserLoop:
     """``threads`` requests in flight on ``url`` for ``model``, each as a user never seen
-    before (so a split's share shows in the answers), or as the fleet with ``admin_key``;
-    runs until ``deadline_s`` at the latest."""
+    before (so a split's share shows in the answers), or as the fleet with ``admin_key``
+    (naming ``keyed_canary`` for ``keyed_canary_share`` of them); runs until ``deadline_s``
+    at the latest."""
 
     url: str
     model: str
@@ -97,6 +99,10 @@ class UserLoop:
     threads: int = 2
     admin_key: str | None = None
     deadline_s: float = 900.0
+    # with ``admin_key``: the model a keyed request names instead of ``model`` this often --
+    # the fleet choosing versions in the proportions the split would (a peer for its cost)
+    keyed_canary: str | None = None
+    keyed_canary_share: float = 0.0
     answers: list[Answer] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -115,12 +121,14 @@ class UserLoop:
 
     def _loop(self) -> None:
         until = time.perf_counter() + self.deadline_s
+        coin = random.Random()
         with new_client() as http:
             while not self._stop.is_set() and time.perf_counter() < until:
                 user = None if self.admin_key else f"loop-{uuid.uuid4().hex}"
-                answer = ask(
-                    http, self.url, self.model, self.prompt, self.max_tokens, user=user, admin_key=self.admin_key
-                )
+                model = self.model
+                if self.admin_key and self.keyed_canary and coin.random() < self.keyed_canary_share:
+                    model = self.keyed_canary
+                answer = ask(http, self.url, model, self.prompt, self.max_tokens, user=user, admin_key=self.admin_key)
                 self.answers.append(answer)
                 if not answer.ok:
                     time.sleep(0.01)  # a refusing replica is not hammered in a tight loop

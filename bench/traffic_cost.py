@@ -1,15 +1,19 @@
 """What the split and its metrics cost a replica (``bench/traffic.py``, section ``cost``).
 
 The peer is the same replica, the same adapter with both versions warm, asked the same
-prompt by the same number of clients, in the same run: only who asks differs. ``on``: each
-request as a user never seen before, so the replica's ``TrafficSplit`` reads the body, hashes
-the user, picks a version (half to each at share 0.5), rewrites the model, counts the answer
-in its live figures and adds the headers. ``off``: each request with the fleet's admin key,
-which the middleware passes through untouched (no split, no counting). A replica without the
-middleware would be a second process on other memory and another core's luck; asking one
-replica both ways takes the engine, the batch and the host out of the comparison. Blocks
-of each alternate ABBA so a drift of the shared host hits both alike; throughput is answers
-per second of a block, latency each request's.
+prompt by the same number of clients, in the same run, the engine serving the same mix of
+the two versions: only who chooses the version differs. ``on``: each request as a user never
+seen before, so the replica's ``TrafficSplit`` reads the body, keys the user's bucket, picks
+a version (half to each at share 0.5), rewrites the model, counts the answer in its live
+figures and adds the headers. ``off``: each request with the fleet's admin key, which the
+middleware passes through untouched (no split, no counting), naming ``name@canary`` for half
+of them at random -- so a batch mixes two LoRAs as often as under the split, and what is
+measured is the split, not the cost of serving a canary beside production (which any
+canary has, however it is routed). A replica without the middleware would be a second
+process on other memory and another core's luck; asking one replica both ways takes the
+engine, the batch and the host out of the comparison. Blocks of each alternate ABBA so a
+drift of the shared host hits both alike; throughput is answers per second of a block,
+latency each request's.
 """
 
 from __future__ import annotations
@@ -20,18 +24,24 @@ from typing import Any
 
 from bench.timing import summarize
 from bench.traffic_clients import Answer, UserLoop
+from loragate.registry.rules.fleet import qualified_name
 
+SHARE = 0.5
 PEER = (
     "the same replica and adapter (both versions warm, share 0.5), blocks interleaved ABBA: "
     "on = requests as fresh users through the split and its metrics; off = requests with the "
-    "fleet admin key, which TrafficSplit passes through untouched (no split, no counting)"
+    "fleet admin key, which TrafficSplit passes through untouched (no split, no counting), "
+    "half of them naming name@canary at random: the same mix of versions in the engine"
 )
 
 
 def _block(
-    url: str, model: str, prompt: str, max_tokens: int, clients: int, seconds: float, admin_key: str | None
+    url: str, model: str, prompt: str, max_tokens: int, clients: int, seconds: float, admin_key: str | None, canary: str
 ) -> tuple[list[Answer], float]:
-    loop = UserLoop(url, model, prompt, max_tokens, threads=clients, admin_key=admin_key, deadline_s=seconds + 120)
+    loop = UserLoop(
+        url, model, prompt, max_tokens, threads=clients, admin_key=admin_key, deadline_s=seconds + 120,
+        keyed_canary=qualified_name(model, canary), keyed_canary_share=SHARE,
+    )  # fmt: skip
     with loop.running():
         started = time.perf_counter()
         time.sleep(seconds)
@@ -53,13 +63,13 @@ def bench_cost(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     keys = {"on": None, "off": admin_key}
-    _block(url, model, prompt, max_tokens, clients, min(block_s, 2.0), None)  # warm-up, both versions
+    _block(url, model, prompt, max_tokens, clients, min(block_s, 2.0), None, canary)  # warm-up, both versions
     answers: dict[str, list[Answer]] = {"on": [], "off": []}
     seconds = {"on": 0.0, "off": 0.0}
     per_block: dict[str, list[float]] = {"on": [], "off": []}
     for r in range(rounds):
         for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
-            got, took = _block(url, model, prompt, max_tokens, clients, block_s, keys[mode])
+            got, took = _block(url, model, prompt, max_tokens, clients, block_s, keys[mode], canary)
             answers[mode] += got
             seconds[mode] += took
             per_block[mode].append(round(sum(a.ok for a in got) / took, 2))
