@@ -17,10 +17,14 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 
 from loragate.infra.replica_secrets import replica_registry_url, write_replica_secrets
+from loragate.registry.db.schema import approval_codes
+from loragate.registry.errors import PermissionDenied
 from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.storage.resolver_index import INDEX_FORMAT, index_entry, write_index
 from tests import test_approvals
+from tests.support.moves import promote
+from tests.support.registries import sql_engine
 from tests.test_approvals import NAME
 
 # test_approvals' fixture: a version on canary, its window ready, its sign-off pending
@@ -222,3 +226,48 @@ def test_owner_moves_is_the_replica_processs_own_flag_never_a_file_of_the_shared
     path = _place(owner, adapters, "production", signoff.v1)  # v1, the canary
     assert _lookup(adapters, "production", secrets) is None
     assert _lookup(adapters, "production", secrets, owner_moves=True) == (signoff.v1, path)
+
+
+def test_a_persons_own_promotion_is_servable_on_a_strict_production_replica_while_its_switch_loads(
+    signoff, tmp_path, monkeypatch
+):
+    """A fleet started without owner-moves admits a version on production by a pointer or a
+    person's redeemed code. The switch loads before the move commits; a person's own move
+    once made its code inside that uncommitted transaction, so every replica refused the
+    load and the promotion was put back (the README's tour failed on ``replicas up``)."""
+    import loragate.tasks.fleet
+
+    adapters = tmp_path / "adapters"
+    secrets = _secrets(tmp_path, signoff.owner)
+    path = _place(signoff.owner, adapters, "production", signoff.v1)
+    assert _lookup(adapters, "production", secrets) is None  # signed off by no one yet
+    seen_by_the_replica = []
+    # what each production replica is asked while the fleet switch runs under the lock
+    monkeypatch.setattr(
+        loragate.tasks.fleet.FleetSwitch,
+        "apply",
+        lambda switch, plan: seen_by_the_replica.append(_lookup(adapters, "production", secrets)),
+    )
+
+    promote(signoff.as_["alice"], signoff.v1, "production")
+
+    assert seen_by_the_replica == [(signoff.v1, path)]
+    assert signoff.owner.get_adapter(NAME).production == signoff.v1
+    (move,) = [e for e in signoff.events("promote") if e.stage == "production"]
+    with sql_engine(signoff.owner).connect() as conn:
+        codes = conn.execute(approval_codes.select().where(approval_codes.c.version_id == signoff.v1)).all()
+    # one code: the sign-off committed ahead is the one the move applied
+    assert [(c.code_id, c.reviewer, c.applied_at is not None) for c in codes] == [
+        (move.details["approval_code"], "alice", True)
+    ]
+
+
+def test_a_pipeline_tokens_production_move_is_not_signed_off_ahead(signoff, tmp_path):
+    """Only a person's own move commits a sign-off before it: a pipeline token's refused move
+    leaves nothing a production replica would take."""
+    adapters = tmp_path / "adapters"
+    secrets = _secrets(tmp_path, signoff.owner)
+    _place(signoff.owner, adapters, "production", signoff.v1)
+    with pytest.raises(PermissionDenied):
+        promote(signoff.as_["pipeline"], signoff.v1, "production")
+    assert _lookup(adapters, "production", secrets) is None

@@ -298,6 +298,12 @@ class ApprovalRepository:
         assert used is not None, "a code issued in this transaction is unused"
         return issued.code_id
 
+    def sign_off_ahead(self, signer: Signer, name: str, version_id: str) -> str:
+        """``sign_off_in`` in a transaction of its own, committed before the move that applies
+        it (``service/approvals.py``: ``_sign_off_ahead``). Its id."""
+        with self.db.write() as conn:
+            return self.sign_off_in(conn, signer, name, version_id, utcnow())
+
     def codes(self, window_id: int) -> list[ApprovalCode]:
         with self.db.reader.connect() as conn:
             rows = conn.execute(

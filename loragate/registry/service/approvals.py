@@ -25,7 +25,7 @@ from loragate.registry.records.adapters import utcnow
 from loragate.registry.rules.access import Action, TokenKind, TokenRecord
 from loragate.registry.rules.approvals import ApprovalCode, Decision, PresentedCode, Redemption, check_ttl, issue_code
 from loragate.registry.rules.canary import CanaryWindow
-from loragate.registry.rules.lifecycle import Plan, Pointer, check_scan_acknowledged
+from loragate.registry.rules.lifecycle import Plan, Pointer, ValidationStatus, check_scan_acknowledged
 from loragate.registry.rules.text import check_text
 from loragate.registry.service.validation import ValidationMixin
 
@@ -54,9 +54,49 @@ class ApprovalMixin(ValidationMixin):
             )
         return actor, found[0]
 
-    def _consume_sign_off(self, claim: ClaimedAdapter, plan: Plan) -> dict[str, str] | None:
+    def _own_signer(self) -> Signer | None:
+        """A person's token signs off its own production move; the principal already holds
+        what that needs. None for anyone else."""
+        principal = self.principal
+        if principal.kind == TokenKind.PERSON and principal.token_id is not None and principal.holder is not None:
+            return (principal.token_id, principal.holder, principal.token_secret)
+        return None
+
+    def _sign_off_ahead(self, version_id: str, *, acknowledged: bool) -> str | None:
+        """A person's own move of production to ``version_id``: their sign-off committed in a
+        transaction of its own before the move, so that a production replica which admits a
+        version only by a pointer or a person's redeemed code (a fleet started without
+        owner-moves) already sees it when the switch loads the version -- which it does before
+        the move commits. Only for the adapter's canary, validated (production takes nothing
+        else); the move decides again under the adapter's lock, and applies this code. The
+        code id, else None (anyone but a person, a version production would not take).
+        Left unapplied by a failed move, the code lapses after its short lifetime: that
+        person signed the version off for production all the same.
+
+        Raises:
+            PermissionDenied: the caller may not promote this adapter, or (Postgres) the
+                database does not take the token.
+            IllegalTransition: SCAN_REVIEW_UNACKNOWLEDGED.
+        """
+        signer = self._own_signer()
+        if signer is None:
+            return None
+        version = self._store.versions.get(version_id)
+        self.principal.require(Action.PROMOTE_PRODUCTION, version.name)
+        pointers = self._store.pointers.adapter(version.name)
+        if pointers.canary != version_id or version.validation_status != ValidationStatus.PASSED:
+            return None
+        if not acknowledged:
+            scan = self.scan_under_review(version_id)
+            check_scan_acknowledged(version_id, scan.describe() if scan else None, acknowledged=False)
+        return self._store.approvals.sign_off_ahead(signer, version.name, version_id)
+
+    def _consume_sign_off(
+        self, claim: ClaimedAdapter, plan: Plan, own_code: str | None = None
+    ) -> dict[str, str] | None:
         """What lets ``plan`` move production to a new version, in its transaction: a person's
-        token signs off itself (a code issued to it and used at once); anyone else's move
+        token signs off itself (``own_code``, committed ahead by ``_sign_off_ahead``; if it
+        lapsed meanwhile, a code issued to the token and used at once); anyone else's move
         applies a code a person redeemed for that version -- a pipeline token without one is
         refused. The registry's owner (in process, no token) needs none, unless the database
         says otherwise (Postgres: a role's user needs one, migration 0009). A rollback
@@ -69,15 +109,15 @@ class ApprovalMixin(ValidationMixin):
         if moved_to is None or plan.action != "promote":
             return None
         principal = self.principal
-        # a person's token signs off itself; the principal already holds what that needs
-        signer: Signer | None = None
-        if principal.kind == TokenKind.PERSON and principal.token_id is not None and principal.holder is not None:
-            signer = (principal.token_id, principal.holder, principal.token_secret)
+        signer = self._own_signer()
 
         def consume(conn: Connection) -> str | None:
             at = utcnow()
-            own = self._store.approvals.sign_off_in(conn, signer, claim.name, moved_to, at) if signer else None
-            return self._store.approvals.apply(conn, moved_to, at, code_id=own)
+            applied = self._store.approvals.apply(conn, moved_to, at, code_id=own_code) if own_code else None
+            if applied is None:
+                own = self._store.approvals.sign_off_in(conn, signer, claim.name, moved_to, at) if signer else None
+                applied = self._store.approvals.apply(conn, moved_to, at, code_id=own)
+            return applied
 
         applied = claim.record(consume)
         if applied is None and principal.token_id is not None:

@@ -111,11 +111,16 @@ class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
         principal = self.principal
         if target == Pointer.PRODUCTION and acknowledge_scan_review and self.scan_under_review(version_id):
             reason = f"{reason}; weight-scan review acknowledged" if reason else "weight-scan review acknowledged"
+        own_code = (
+            self._sign_off_ahead(version_id, acknowledged=acknowledge_scan_review)
+            if target == Pointer.PRODUCTION
+            else None
+        )
         with self._store.pointers.claim(subject=version_id) as claim:
             principal.require(action, claim.name)  # a denial rolls the claim back: nothing changed
             plan = plan_promotion(claim.pointers, claim.states[version_id], target, claim.states)
             self._verify_targets(plan, claim, acknowledge_scan_review, copies)
-            sign_off = self._consume_sign_off(claim, plan)
+            sign_off = self._consume_sign_off(claim, plan, own_code)
             claim.apply(plan, actor=principal.actor, reason=reason, details=sign_off)
             yield PointerMove(plan, claim.name, principal.actor, reason, claim)
 
