@@ -52,7 +52,7 @@ from bench.traffic_split import bench_split
 from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.rules.fleet import version_path
-from loragate.tasks.canary import deploy_canary, promote_canary
+from loragate.tasks.canary_moves import deploy_canary, promote_canary
 from loragate.tasks.fleet import promote_and_switch
 from loragate.tasks.traffic import set_share
 
@@ -248,6 +248,7 @@ def main() -> None:
             promote_and_switch(registry, setup.v1, "canary")
             promote_and_switch(registry, setup.v1, "production")
             window = deploy_canary(registry, setup.v2, log).window
+            assert window is not None  # no other canary move runs beside the benchmark
 
             def share(value: float) -> None:
                 set_share(registry, name, value, reason="bench")

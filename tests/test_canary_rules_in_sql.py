@@ -327,7 +327,7 @@ def test_the_promotion_as_the_activation_user_sends_every_user_first_then_moves(
     the share of 1.0 and the move that applies the code."""
     from loragate.registry.db.users import role_database_url
     from loragate.registry.rules.access import Role
-    from loragate.tasks.canary import promote_canary
+    from loragate.tasks.canary_moves import promote_canary
 
     world.owner.set_canary_share(NAME, 0.2)
     pipeline = world.owner.create_token("activation", "release-pool", pipeline=True)[1]

@@ -26,7 +26,7 @@ from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.service import Registry
 from loragate.registry.settings import Settings
 from loragate.registry.storage.signing import generate_key_pair, key_id
-from loragate.tasks.canary import deploy_canary, promote_canary
+from loragate.tasks.canary_moves import deploy_canary, promote_canary
 from tests.support.moves import promote
 from tests.support.registries import mark_ready, mark_validated, registry_snapshot, sql_engine
 

@@ -23,7 +23,8 @@ import pytest
 
 from loragate.registry.rules.canary import Verdict, WindowStatus
 from loragate.registry.rules.fleet import qualified_name, version_path
-from loragate.tasks.canary import deploy_canary, observe_window, promote_canary, withdraw_canary
+from loragate.tasks.canary import observe_window
+from loragate.tasks.canary_moves import deploy_canary, promote_canary, withdraw_canary
 from loragate.tasks.fleet import rollback_and_switch
 from loragate.tasks.reconcile import fleet_status
 from loragate.tasks.traffic import check_feedback, send_feedback
@@ -207,3 +208,53 @@ def test_feedback_reaches_a_production_replica_and_bad_feedback_is_refused_befor
         with pytest.raises(InvalidInput) as refused:
             check_feedback(bad_id, outcome)
         assert refused.value.field == field
+
+
+def _shell(fleet, monkeypatch, capsys, role: str, *argv: str) -> dict:
+    """``loragate ARGV --json`` with a token of ``role``, on the fleet's settings."""
+    from loragate.cli.main import main
+
+    settings = fleet.registry.settings
+    for variable, value in {
+        "LORAGATE_HOME": str(settings.home),
+        "LORAGATE_DATABASE_URL": settings.database_url,
+        "LORAGATE_ARTIFACTS": settings.artifacts,
+        "LORAGATE_CANARY_SHARE": "0.5",
+    }.items():
+        monkeypatch.setenv(variable, value)
+    monkeypatch.setenv("LORAGATE_TOKEN", fleet.registry.create_token(role, f"shell-{role}")[1])
+    capsys.readouterr()
+    assert main([*argv, "--json"]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_shell_opens_a_canary_as_the_gate_does_and_withdraws_it_as_the_watch_does(
+    tmp_path, replicas, replica_adapters, validated_adapters, monkeypatch, capsys
+):
+    """``loragate promote --to canary`` once moved the pointer alone (no window, no split: never
+    evaluated on live traffic), and ``loragate rollback --stage canary`` left the window open
+    at its share: users kept getting the withdrawn canary after the command returned."""
+    fleet = make_fleet(tmp_path, replicas, replica_adapters, validated_adapters, canary_p95_slack_ms=60_000)
+    try:
+        fleet.promote(fleet.v1, "canary")
+        fleet.promote(fleet.v1, "production")
+
+        opened = _shell(fleet, monkeypatch, capsys, "signing", "promote", fleet.v2, "--to", "canary")
+
+        window = fleet.registry.active_canary_window(fleet.name)
+        assert window is not None and window.version_id == fleet.v2 and window.share == 0.5
+        assert opened["window"] == {"id": window.id, "status": window.status.value, "share": 0.5}
+        before = {user: ask(productions(fleet)[0], fleet.name, user).headers["x-loragate-version"] for user in USERS}
+        assert set(before.values()) == {fleet.v1, fleet.v2}  # the split is live: the watch has figures to judge
+
+        withdrawn = _shell(fleet, monkeypatch, capsys, "activation", "rollback", fleet.name, "--stage", "canary")
+
+        assert withdrawn["window"]["status"] == WindowStatus.ROLLED_BACK.value
+        for replica in productions(fleet):
+            assert {ask(replica, fleet.name, user).headers["x-loragate-version"] for user in USERS} == {fleet.v1}
+            assert qualified_name(fleet.name, fleet.v2) not in served(fleet, replica)  # its warm copy is gone
+        assert fleet.registry.get_version(fleet.v2).stage.value == "rolled_back"
+        assert fleet.registry.active_canary_window(fleet.name) is None
+        assert_in_sync_on_production(fleet)
+    finally:
+        fleet.registry.close()

@@ -5,7 +5,9 @@ linear story that matches the final pointers and what the replicas serve.
 The calls are a fixed mix of every move (production and canary promotions of three
 versions, production rollbacks, canary withdrawals); which of them the lifecycle allows depends on the order
 the adapter's lock hands out, so many are refused -- with exit 2 and one error line,
-never exit 1. Each call carries a reason of its own, so every audit event names the call
+never exit 1. A canary promotion opens its window as the canary gate does and a withdrawal
+closes it (no live split here: a share of 0); at the end at most one window is active, the
+final canary's. Each call carries a reason of its own, so every audit event names the call
 that wrote it. Replaying the pointer moves from the pointers before the race must chain
 (each move starts from the value the previous one left) and end on the stored pointers,
 stages and revision; every call that reported a change has exactly its event, and the
@@ -41,7 +43,7 @@ from loragate.registry.storage.resolver_index import index_entry, read_index
 from loragate.tasks.fleet import promote_and_switch
 from loragate.tasks.replicas import ReplicaClient
 from tests.support.fleet import point_replicas
-from tests.support.registries import IN_PROCESS, mark_validated
+from tests.support.registries import IN_PROCESS, mark_validated, sign
 
 CALLS = 32
 CALL_TIMEOUT_S = 600
@@ -240,6 +242,7 @@ def test_32_concurrent_promotes_and_rollbacks_tell_one_story(
         v1, v2, v3 = (registry.register_adapter(b, name).version.version_id for b in seeded_bundles[:3])
         for v in (v1, v2, v3):
             mark_validated(registry, v)
+            sign(registry, v)  # a canary window opens only for a version signed over its validation
         promote_and_switch(registry, v1, "canary")
         promote_and_switch(registry, v1, "production")
         promote_and_switch(registry, v2, "canary")
@@ -259,6 +262,8 @@ def test_32_concurrent_promotes_and_rollbacks_tell_one_story(
             "LORAGATE_DATABASE_URL": settings.database_url,
             "LORAGATE_ARTIFACTS": settings.artifacts,
             "LORAGATE_HOME": str(settings.home),
+            # a canary promotion opens its window, dark: the race is about pointers and windows
+            "LORAGATE_CANARY_SHARE": "0",
             # each call switches replicas: the fleet's admin key, by its file's path
             "LORAGATE_REPLICA_ADMIN_KEY_FILE": os.environ["LORAGATE_REPLICA_ADMIN_KEY_FILE"],
         }
@@ -305,7 +310,9 @@ def test_32_concurrent_promotes_and_rollbacks_tell_one_story(
         events = [e for e in registry.history(name) if e.id > last_before]
         moves = [e for e in events if e.action in POINTER_MOVES]
         others = Counter(e.action for e in events if e.action not in POINTER_MOVES)
-        assert set(others) <= {"deploy"}, others
+        assert set(others) <= {"deploy", "canary_window"}, others
+        active = registry.canary_windows()
+        assert [w.version_id for w in active] in ([], [after.canary]), (active, after.canary)
 
         # a. the pointer moves chain from the pointers before the race to the stored ones
         replay(story, moves)
@@ -319,7 +326,8 @@ def test_32_concurrent_promotes_and_rollbacks_tell_one_story(
         assert len(moved) == len(moves)
         by_reason: dict[str | None, list[AuditEvent]] = {}
         for e in events:
-            by_reason.setdefault(e.reason, []).append(e)
+            if e.action in (*POINTER_MOVES, "deploy"):  # a window's own events are the windows' check
+                by_reason.setdefault(e.reason, []).append(e)
         assert set(by_reason) <= {c.reason for c in moved}, "a no-op or refused call left an audit event"
         position = {e.id: i for i, e in enumerate(moves)}
         for c in moved:

@@ -19,7 +19,7 @@ from kit.corpus import bound_to
 from loragate.registry.errors import ErrorCode, ReplicaError
 from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.rules.fleet import ActionKind, adapter_of, qualified_name, version_path
-from loragate.tasks.canary import deploy_canary, promote_canary
+from loragate.tasks.canary_moves import deploy_canary, promote_canary
 from loragate.tasks.fleet import rollback_and_switch
 from loragate.tasks.reconcile import fleet_status, reconcile_fleet
 from loragate.tasks.warm_copies import settle_warm_copies

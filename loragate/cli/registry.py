@@ -129,43 +129,74 @@ def _plan_payload(name: str, plan: Plan) -> dict[str, Any]:
 
 
 def _deployed(report: list[dict[str, Any]]) -> str:
-    """The replicas a move switched, a line each."""
+    """The replicas a move switched, a line each; a canary warmed on production as
+    ``name@version`` (``served_as``) says so."""
     return "".join(
-        f"\n  {r['replica']}: {r['from'] or '-'} -> {r['to'] or '-'} ({r['verified'] or 'unloaded'})" for r in report
+        f"\n  {r['replica']}: warm as {r['served_as']} ({r['verified']})"
+        if "served_as" in r
+        else f"\n  {r['replica']}: {r['from'] or '-'} -> {r['to'] or '-'} ({r['verified'] or 'unloaded'})"
+        for r in report
     )
+
+
+def _with_window(payload: dict[str, Any], text: str, window: Any) -> tuple[dict[str, Any], str]:
+    """A canary move's window (opened, or closed by a withdrawal) in the payload and the text."""
+    if window is None:
+        return payload, text
+    payload = {**payload, "window": {"id": window.id, "status": window.status.value, "share": window.share}}
+    return payload, f"{text}\n  canary window {window.id}: {window.status.value}, {window.share:.2%} of live requests"
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
+    from loragate.tasks.canary_moves import CanaryDeployment, end_promoted_window, put_on_canary
     from loragate.tasks.fleet import promote_and_switch
 
+    window = None
     with open_registry(args) as reg:
-        plan, report = promote_and_switch(
-            reg,
-            args.version,
-            args.to,
-            reason=args.reason,
-            progress=progress_printer(args),
-            acknowledge_scan_review=args.acknowledge_scan_review,
-        )
         name = reg.get_version(args.version).name
+        if args.to == "canary":
+            # the canary gate's own move: the window and the live split open with the pointer
+            moved = put_on_canary(reg, args.version, reason=args.reason, progress=progress_printer(args))
+            if isinstance(moved, CanaryDeployment):
+                plan, report, window = moved.plan, moved.replicas, moved.window
+            else:
+                plan, report = moved
+        else:
+            plan, report = promote_and_switch(
+                reg,
+                args.version,
+                args.to,
+                reason=args.reason,
+                progress=progress_printer(args),
+                acknowledge_scan_review=args.acknowledge_scan_review,
+            )
+            if not plan.empty:
+                window = end_promoted_window(reg, args.version, args.reason)
     payload = {**_plan_payload(name, plan), "replicas": report}
-    moved = (
-        f"{name}: {args.to} -> {args.version}" if payload["changed"] else f"{name}: {args.version} already {args.to}"
-    )
-    emit(args, payload, moved + _deployed(report))
+    text = f"{name}: {args.to} -> {args.version}" if payload["changed"] else f"{name}: {args.version} already {args.to}"
+    emit(args, *_with_window(payload, text + _deployed(report), window))
     return EXIT_OK
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    from loragate.tasks.canary_moves import withdraw_adapter_canary
     from loragate.tasks.fleet import rollback_and_switch
 
+    window = None
     with open_registry(args) as reg:
-        plan, report = rollback_and_switch(
-            reg, args.name, args.stage, reason=args.reason, progress=progress_printer(args)
-        )
+        if args.stage == "canary":
+            # as the watch withdraws it: 0 % on every replica first, its warm copy unloaded,
+            # its window closed
+            plan, report, window = withdraw_adapter_canary(
+                reg, args.name, reason=args.reason, progress=progress_printer(args)
+            )
+        else:
+            plan, report = rollback_and_switch(
+                reg, args.name, args.stage, reason=args.reason, progress=progress_printer(args)
+            )
     now = f", now {plan.audit_to}" if plan.audit_to else ""
     text = f"{args.name}: {args.stage} {plan.audit_from} rolled back{now}" + _deployed(report)
-    emit(args, {**_plan_payload(args.name, plan), "replicas": report}, text)
+    emit(args, *_with_window({**_plan_payload(args.name, plan), "replicas": report}, text, window))
     return EXIT_OK
 
 

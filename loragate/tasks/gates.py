@@ -21,14 +21,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 from prefect.transactions import get_transaction
 
-from loragate.registry.errors import DeployFailed, ErrorCode, NotFound, ReplicaError, Unavailable
+from loragate.registry.errors import DeployFailed, ErrorCode, IllegalTransition, NotFound, ReplicaError, Unavailable
 from loragate.registry.render.validation import validation_evidence_markdown
 from loragate.registry.rules.access import Role
 from loragate.registry.rules.canary import CanaryWindow, Observation, WindowStatus
 from loragate.registry.rules.lifecycle import Stage, ValidationStatus
 from loragate.registry.rules.names import AdapterName
 from loragate.registry.settings import Settings
-from loragate.tasks import canary, fleet, notify, reconcile
+from loragate.tasks import canary, canary_moves, fleet, notify, reconcile
 from loragate.tasks.credentials import registry_as, signing_key
 
 RETRY_DELAYS_S: list[float] = [2, 10, 30]
@@ -114,7 +114,9 @@ def versions_to_validate(base: str) -> tuple[list[str], list[dict[str, str]]]:
 )
 def deploy_canary(version_id: str) -> dict[str, Any]:
     with registry_as(Role.SIGNING) as registry:
-        deployment = canary.deploy_canary(registry, version_id, progress=_progress())
+        deployment = canary_moves.deploy_canary(registry, version_id, progress=_progress())
+    if deployment.window is None:
+        raise IllegalTransition(f"{version_id} was replaced as the canary before its window opened", field="version_id")
     return {
         "window": deployment.window.as_dict(),
         "created": deployment.created,
@@ -158,7 +160,7 @@ def observe_canary(window_id: int) -> tuple[Observation, list[Observation], list
 )
 def withdraw_canary(window_id: int, reason: str) -> dict[str, Any]:
     with registry_as(Role.ACTIVATION) as registry:
-        window = canary.withdraw_canary(registry, registry.canary_window(window_id), reason, progress=_progress())
+        window = canary_moves.withdraw_canary(registry, registry.canary_window(window_id), reason, progress=_progress())
         production = registry.get_adapter(window.adapter_name).production
     return {"window": window.as_dict(), "back_to": production}
 
@@ -230,7 +232,7 @@ def withdraw_rejected_canary(version_id: str, reason: str) -> None:
     """A canary a person rejected leaves the canary replicas (its window is already closed)."""
     with registry_as(Role.ACTIVATION) as registry:
         name = registry.get_version(version_id).name
-        canary.withdraw_from_canary(registry, name, version_id, reason, progress=_progress())
+        canary_moves.withdraw_from_canary(registry, name, version_id, reason, progress=_progress())
 
 
 @task(cache_policy=NO_CACHE, name="promote-production")
@@ -238,7 +240,7 @@ def promote_production(version_id: str, reason: str, acknowledge_scan_review: bo
     """Inside the promotion's transaction: what it changed is kept on the transaction, so
     the rollback hook can restore it."""
     with registry_as(Role.ACTIVATION) as registry:
-        window, previous, report = canary.promote_canary(
+        window, previous, report = canary_moves.promote_canary(
             registry, version_id, reason, progress=_progress(), acknowledge_scan_review=acknowledge_scan_review
         )
     name = window.adapter_name

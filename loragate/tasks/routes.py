@@ -35,6 +35,16 @@ def production_replicas(registry: Registry, name: str) -> list[Replica]:
     return [r for r in registry.list_replicas(base) if r.role == ReplicaRole.PRODUCTION]
 
 
+def stage_replicas(registry: Registry, name: str) -> tuple[list[Replica], list[Replica]]:
+    """The replicas of ``name``'s base: (canary, production)."""
+    base = AdapterName.parse(name).base
+    replicas = registry.list_replicas(base)
+    return (
+        [r for r in replicas if r.role == ReplicaRole.CANARY],
+        [r for r in replicas if r.role == ReplicaRole.PRODUCTION],
+    )
+
+
 def on_each(replicas: Iterable[Replica], work: Callable[[Replica], T]) -> dict[str, T | BaseException]:
     """``work`` on every replica at once; replica URL -> its result, or the error it raised."""
     replicas = list(replicas)
