@@ -9,12 +9,15 @@ reported apart, since a version's own ``fallbacks`` already says which side fell
 ``judge_live`` turns them into monitors. Both sides are served by the same replicas at the
 same moments, so what differs is the version -- but live counts are small at a 1 % share,
 so every rule is a test at the window's confidence, never a bare comparison: one error in
-100 against none in 1000 is noise (Fisher p = 0.09), ten is not. Worse errors or a tripped
-breaker roll back; a p95 (or per-token p95) above ``ratio x production + slack`` that the
-rank test confirms is a latency breach for the streak rule; too few live requests, or
-(with the A/B gate on) an unmet bar, keep the window from becoming ready. Where the golden
-set declares an output schema, the sampled answers' format compliance is reported per
-version and compared as an A/B metric.
+100 against none in 1000 is noise (Fisher p = 0.09), ten is not. Worse errors roll back. A
+tripped breaker is evidence, never a rollback on its own: it has already protected the users
+(they got the fallback), and a client can trip it -- a few requests that look slow or fail
+in the canary's bucket -- while a canary that really fails shows it in its error test. A p95
+(or per-token p95) above ``ratio x production + slack`` that the rank test confirms is a
+latency breach for the streak rule; too few live requests, or (with the A/B gate on) an
+unmet bar, keep the window from becoming ready. Where the golden set declares an output
+schema, the sampled answers' format compliance is reported per version and compared as an
+A/B metric.
 """
 
 from __future__ import annotations
@@ -205,8 +208,9 @@ def judge_live(
 
     - ``live_error_rate``: out of band (ROLLBACK) when the canary's error rate is higher
       than production's by Fisher's one-sided exact test at the confidence;
-    - ``live_breaker``: out of band (ROLLBACK) on any canary breaker trip (counted by a
-      replica, or a ``breaker_open`` alert for the canary version);
+    - ``live_breaker``: the canary's breaker trips (counted by a replica, or a
+      ``breaker_open`` alert for the canary version), reported as evidence and in band: a
+      trip is never a rollback on its own (module docstring);
     - ``live_p95_ms``, ``live_ms_per_token_p95``: out of band (a latency breach, for the
       streak rule) when above ratio x production + slack and the rank test finds the canary
       slower at the confidence;
@@ -230,7 +234,7 @@ def judge_live(
         )
     trips = live.canary_trips
     if trips:
-        reasons.append(f"the canary's circuit breaker tripped {trips} time(s)")
+        reasons.append(f"the canary's circuit breaker tripped {trips} time(s): its users got the fallback (evidence)")
     p95, p95_reason = _latency_monitor("live_p95_ms", list(c.latency_ms), list(p.latency_ms), t)
     per_token, per_token_reason = _latency_monitor(
         "live_ms_per_token_p95", list(c.ms_per_token), list(p.ms_per_token), t
@@ -238,7 +242,7 @@ def judge_live(
     reasons += [r for r in (p95_reason, per_token_reason) if r]
     checks = [
         Monitor("live_error_rate", c.error_rate, p.error_rate, not errors_worse),
-        Monitor("live_breaker", float(trips), 0.0, trips == 0),
+        Monitor("live_breaker", float(trips), 0.0, True),
         p95,
         per_token,
     ]
@@ -262,7 +266,7 @@ def judge_live(
         not_ready += ab.failing()
     return LiveJudgement(
         monitors=checks,
-        rollback=errors_worse or trips > 0,
+        rollback=errors_worse,
         latency_breach=not p95.in_band or not per_token.in_band,
         not_ready_reasons=not_ready,
         ab=ab,
