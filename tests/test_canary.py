@@ -27,7 +27,7 @@ from loragate.registry.rules.canary import (
 )
 from loragate.registry.rules.verdict import judge
 from loragate.registry.service import Registry
-from tests.support.moves import promote
+from tests.support.moves import promote, rollback
 from tests.support.registries import IN_PROCESS, mark_validated, sql_engine
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -185,6 +185,63 @@ def test_a_new_canary_supersedes_the_active_window(canaried):
     new, _ = registry.open_canary_window(v2)
     assert registry.canary_window(old.id).status == WindowStatus.SUPERSEDED
     assert [w.id for w in registry.canary_windows()] == [new.id]
+
+
+def _new_canary(registry, name, v1, v2):
+    promote(registry, v2, "canary", reason="the next canary")
+
+
+def _withdrawn(registry, name, v1, v2):
+    rollback(registry, name, "canary", reason="withdrawn")
+
+
+def _promoted(registry, name, v1, v2):
+    promote(registry, v1, "production", reason="promoted")
+
+
+@pytest.mark.parametrize(
+    "move, ready, ended",
+    [
+        (_new_canary, False, WindowStatus.SUPERSEDED),
+        (_new_canary, True, WindowStatus.SUPERSEDED),
+        (_withdrawn, False, WindowStatus.ROLLED_BACK),
+        (_withdrawn, True, WindowStatus.ROLLED_BACK),
+        (_promoted, True, WindowStatus.PROMOTED),
+        (_promoted, False, WindowStatus.SUPERSEDED),  # promoted before its window decided
+    ],
+    ids=lambda v: getattr(v, "__name__", None) or str(v),
+)
+def test_the_pointer_move_that_takes_the_canary_away_ends_its_window(canaried, move, ready, ended):
+    registry, name, v1, v2 = canaried
+    w, _ = registry.open_canary_window(v1)
+    if ready:
+        observe(registry, w.id, Verdict.READY)
+    move(registry, name, v1, v2)
+    closed = registry.canary_window(w.id)
+    assert closed.status == ended and closed.closed_at is not None
+    assert registry.canary_windows() == []
+    last = [e for e in registry.history(name) if e.action == "canary_window"][-1]
+    assert (last.version_id, last.to_value) == (v1, ended.value)
+
+
+def test_a_window_opened_while_a_move_takes_the_canary_away_is_refused(canaried):
+    """The opening reads the canary under the adapter's lock: held by a withdrawal, the
+    opening waits for it and then finds no canary to open a window for."""
+    registry, name, v1, _ = canaried
+    opener = Registry.open(registry.settings, principal=IN_PROCESS)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            with registry.rollback_move(name, "canary", reason="withdrawn") as move:
+                assert not move.plan.empty
+                opening = pool.submit(opener.open_canary_window, v1)
+                with pytest.raises(concurrent.futures.TimeoutError):
+                    opening.result(timeout=1.0)  # waits on the move's lock
+            with pytest.raises(IllegalTransition):
+                opening.result(timeout=30)
+    finally:
+        opener.close()
+    assert registry.get_adapter(name).canary is None
+    assert registry.canary_windows() == []
 
 
 def test_a_ready_observation_moves_the_window_and_observations_round_trip(canaried):

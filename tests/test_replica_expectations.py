@@ -190,6 +190,18 @@ def test_a_window_the_registry_holds_for_a_version_that_is_not_the_canary_opens_
     assert loragate_resolver.lookup(str(adapters), "production", f"{NAME}@{signoff.v2}", expect) is None
 
 
+def test_the_split_routes_a_window_only_while_its_version_is_the_canary(signoff, tmp_path):
+    """The registry ends a window in the move that takes its canary away; a raw write that
+    moved the pointer alone leaves the window's row active, and the split routes nobody there."""
+    owner = signoff.owner
+    secrets = _secrets(tmp_path, owner)
+    assert [(w[0], w[2]) for w in registry_reader.routes(secrets)[1]] == [(signoff.window_id, signoff.v1)]
+    with sql_engine(owner).begin() as conn:  # as the registry's owner, behind the registry's back
+        conn.execute(text("DELETE FROM stage_pointers WHERE stage = 'canary'"))
+    assert owner.canary_window(signoff.window_id).status == WindowStatus.READY
+    assert registry_reader.routes(secrets)[1] == []
+
+
 @pytest.mark.parametrize(
     "statement",
     [
@@ -207,7 +219,14 @@ def test_the_replica_database_user_reads_no_secret_and_writes_nothing(pg_templat
     engine = create_engine(make_url(pg_template()).set(username="loragate_replica"))
     try:
         with engine.connect() as conn:
-            for query in (registry_reader.QUERY, registry_reader.CODES_QUERY, registry_reader.NAME_QUERY):
+            for query in (
+                registry_reader.QUERY,
+                registry_reader.CODES_QUERY,
+                registry_reader.NAME_QUERY,
+                registry_reader.WINDOW_QUERY,
+                registry_reader.PRODUCTION_ROUTES_QUERY,
+                registry_reader.WINDOW_ROUTES_QUERY,
+            ):
                 assert conn.execute(text(query.replace("?", ":v")), {"v": "none"}).fetchall() in ([], [(0,)])
             with pytest.raises(ProgrammingError) as refused:
                 conn.execute(text(statement))

@@ -148,8 +148,7 @@ def _with_window(payload: dict[str, Any], text: str, window: Any) -> tuple[dict[
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from loragate.tasks.canary_moves import CanaryDeployment, end_promoted_window, put_on_canary
-    from loragate.tasks.fleet import promote_and_switch
+    from loragate.tasks.canary_moves import CanaryDeployment, promote_to_production, put_on_canary
 
     window = None
     with open_registry(args) as reg:
@@ -162,16 +161,13 @@ def cmd_promote(args: argparse.Namespace) -> int:
             else:
                 plan, report = moved
         else:
-            plan, report = promote_and_switch(
+            plan, report, window = promote_to_production(
                 reg,
                 args.version,
-                args.to,
                 reason=args.reason,
                 progress=progress_printer(args),
                 acknowledge_scan_review=args.acknowledge_scan_review,
             )
-            if not plan.empty:
-                window = end_promoted_window(reg, args.version, args.reason)
     payload = {**_plan_payload(name, plan), "replicas": report}
     text = f"{name}: {args.to} -> {args.version}" if payload["changed"] else f"{name}: {args.version} already {args.to}"
     emit(args, *_with_window(payload, text + _deployed(report), window))

@@ -27,7 +27,6 @@ from loragate.registry.errors import (
     IllegalTransition,
     InvalidInput,
     LoragateError,
-    NotFound,
 )
 from loragate.registry.rules.canary import ACTIVE, CanaryWindow, WindowStatus
 from loragate.registry.rules.lifecycle import Plan
@@ -149,10 +148,13 @@ def _withdraw(
     if current.status in ACTIVE and current.share > 0:
         registry.set_canary_share(window.id, 0.0, reason=reason[:200])
     plan, report = withdraw_from_canary(registry, window.adapter_name, window.version_id, reason, progress)
-    if plan.empty and registry.canary_window(window.id).status not in ACTIVE:
-        # another canary superseded it meanwhile: nothing of this window is left to withdraw
-        return registry.canary_window(window.id), plan, report
-    return registry.close_canary_window(window.id, WindowStatus.ROLLED_BACK, reason), plan, report
+    # the move ended the window (rolled_back) in its own transaction, as a move that took the
+    # canary away meanwhile ended it its own way; one still active outlived its canary
+    # (a registry from before that rule) and nothing else will end it
+    after = registry.canary_window(window.id)
+    if after.status in ACTIVE:
+        after = registry.close_canary_window(window.id, WindowStatus.ROLLED_BACK, reason)
+    return after, plan, report
 
 
 def withdraw_canary(registry: Registry, window: CanaryWindow, reason: str, progress: Progress = _quiet) -> CanaryWindow:
@@ -235,29 +237,39 @@ def promote_canary(
             registry.set_canary_share(name, share_before, reason="promotion failed: the split as it was")
             push_routes(registry, name, progress)
         raise
-    closed = registry.close_canary_window(window.id, WindowStatus.PROMOTED, reason)
+    closed = registry.canary_window(window.id)  # the move ended it: promoted
     push_routes(registry, name, progress)
     keep_previous_warm(registry, name, previous, progress)
     return closed, previous, report
 
 
-def end_promoted_window(registry: Registry, version_id: str, reason: str | None = None) -> CanaryWindow | None:
-    """A person's own production move from the shell ends the version's active canary window
-    as the gate's promotion does: a ready window ``promoted``; one still observing
-    ``superseded`` (promoted before its window decided, on that person's word). None where it
-    has no active window, production is not it, or the window ended meanwhile."""
-    try:
-        window = registry.latest_canary_window(version_id)
-    except NotFound:
-        return None
-    if window.status not in ACTIVE or registry.get_adapter(window.adapter_name).production != version_id:
-        return None
-    ended = WindowStatus.PROMOTED if window.status == WindowStatus.READY else WindowStatus.SUPERSEDED
-    why = reason or "promoted to production from the shell"
-    try:
-        return registry.close_canary_window(window.id, ended, why)
-    except IllegalTransition:  # another move ended it first
-        return None
+def promote_to_production(
+    registry: Registry,
+    version_id: str,
+    *,
+    reason: str | None = None,
+    acknowledge_scan_review: bool = False,
+    progress: Progress = _quiet,
+) -> tuple[Plan, list[dict[str, Any]], CanaryWindow | None]:
+    """``loragate promote VERSION --to production``: a person's own move (``promote_and_switch``),
+    which ends the version's active canary window in its transaction as the gate's promotion
+    does -- a ready window ``promoted``; one still observing ``superseded`` (promoted before
+    its window decided, on that person's word). Returns (plan, replicas' report, the window
+    the move ended, or None where it ended none).
+
+    Raises: as ``promote_and_switch``.
+    """
+    active = registry.canary_windows(version_id=version_id)
+    plan, report = promote_and_switch(
+        registry,
+        version_id,
+        "production",
+        reason=reason,
+        progress=progress,
+        acknowledge_scan_review=acknowledge_scan_review,
+    )
+    ended = registry.canary_window(active[-1].id) if active and not plan.empty else None
+    return plan, report, ended if ended is not None and ended.status not in ACTIVE else None
 
 
 def keep_previous_warm(registry: Registry, name: str, previous: str | None, progress: Progress = _quiet) -> None:

@@ -81,16 +81,20 @@ WHERE c.version_id = ? AND c.decision = 'approve' AND c.used_at IS NOT NULL AND 
 """
 
 NAME_QUERY = "SELECT COUNT(a.id) FROM adapters a WHERE a.name = ?"
+# a window counts only while its version is the adapter's canary pointer too: the registry ends
+# a window in the move that takes its canary away, and a raw write that moved the pointer alone
+# takes the version off the split all the same
+ACTIVE_WINDOW = """canary_windows w
+JOIN adapters a ON a.name = w.adapter_name
+JOIN stage_pointers p ON p.adapter_id = a.id AND p.stage = 'canary' AND p.version_id = w.version_id
+WHERE w.status IN ('open', 'ready')"""
 # a version on an active canary window: the split answers its share of live traffic from it
-WINDOW_QUERY = "SELECT COUNT(w.id) FROM canary_windows w WHERE w.version_id = ? AND w.status IN ('open', 'ready')"
+WINDOW_QUERY = f"SELECT COUNT(w.id) FROM {ACTIVE_WINDOW} AND w.version_id = ?"
 PRODUCTION_ROUTES_QUERY = """
 SELECT a.name, p.version_id FROM stage_pointers p JOIN adapters a ON a.id = p.adapter_id
 WHERE p.stage = 'production'
 """
-WINDOW_ROUTES_QUERY = """
-SELECT w.id, w.adapter_name, w.version_id, w.share, w.bucket_key FROM canary_windows w
-WHERE w.status IN ('open', 'ready')
-"""
+WINDOW_ROUTES_QUERY = f"SELECT w.id, w.adapter_name, w.version_id, w.share, w.bucket_key FROM {ACTIVE_WINDOW}"
 QUALIFIER = "@"
 
 

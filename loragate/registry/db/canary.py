@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
 from loragate.registry.db.database import Database, utc
-from loragate.registry.db.schema import canary_observations, canary_windows
+from loragate.registry.db.schema import adapters, canary_observations, canary_windows, stage_pointers
 from loragate.registry.errors import ConcurrentUpdate, IllegalTransition, NotFound
 from loragate.registry.records.adapters import utcnow
 from loragate.registry.rules.canary import (
@@ -32,7 +32,9 @@ from loragate.registry.rules.canary import (
     SideStats,
     Verdict,
     WindowStatus,
+    window_end,
 )
+from loragate.registry.rules.lifecycle import Pointer
 from loragate.registry.rules.share import above_cap, needs_sign_off
 
 # the unique index over an adapter's active windows (schema.py, migration 0008)
@@ -86,12 +88,30 @@ class CanaryRepository:
 
         Any other active window of the adapter is superseded: one canary at a time. The
         database keeps it so (a unique index over the active windows, migration 0008): an
-        opening that loses a race is retried and finds the winner's window.
+        opening that loses a race is retried and finds the winner's window. The version is
+        the canary as read under the adapter's row lock, the lock every pointer move takes:
+        a move that takes the canary away either comes first (and this refuses) or after
+        (and ends this window in its own transaction, ``end_departed``).
+
+        Raises:
+            IllegalTransition: ``version_id`` is not the adapter's canary.
         """
 
         def attempt() -> tuple[CanaryWindow, bool]:
             now = utcnow()
             with self.db.write() as conn:
+                adapter_id = conn.execute(
+                    select(adapters.c.id).where(adapters.c.name == name).with_for_update()
+                ).scalar_one()
+                canary = conn.execute(
+                    select(stage_pointers.c.version_id).where(
+                        stage_pointers.c.adapter_id == adapter_id, stage_pointers.c.stage == Pointer.CANARY.value
+                    )
+                ).scalar_one_or_none()
+                if canary != version_id:
+                    raise IllegalTransition(
+                        f"{version_id} is not the canary of {name}: promote it to canary first", field="version_id"
+                    )
                 active = conn.execute(
                     select(canary_windows)
                     .where(
@@ -184,6 +204,36 @@ class CanaryRepository:
             details={"window_id": row.id},
         )
         return True
+
+    def end_departed(
+        self,
+        conn: Connection,
+        name: str,
+        canary: str | None,
+        *,
+        promoted: str | None,
+        withdrawn: bool,
+        reason: str | None,
+        actor: str,
+        now: datetime,
+    ) -> None:
+        """In a pointer move's transaction, under the adapter's lock: every active window of
+        ``name`` whose version is not ``canary`` (the pointer as the move leaves it) ends as
+        ``window_end`` says -- so no window is active for a version that is not the canary,
+        whoever moves the pointer and whatever happens to the caller afterwards."""
+        departed = conn.execute(
+            select(canary_windows).where(
+                canary_windows.c.adapter_name == name,
+                canary_windows.c.status.in_([s.value for s in ACTIVE]),
+            )
+        ).all()
+        for row in departed:
+            if row.version_id == canary:
+                continue
+            status = WindowStatus(row.status)
+            ended = window_end(status, promoted=row.version_id == promoted, withdrawn=withdrawn)
+            why = reason or f"{row.version_id} left canary ({ended.value})"
+            self.move_in(conn, row, ended, why, actor, now)
 
     def move_window(self, window_id: int, to: WindowStatus, reason: str | None, actor: str) -> CanaryWindow:
         """Raises:

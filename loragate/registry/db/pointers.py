@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from sqlalchemy import String, and_, bindparam, case, delete, func, or_, select, update
 from sqlalchemy.engine import Connection
 
+from loragate.registry.db.canary import CanaryRepository
 from loragate.registry.db.database import Database, utc
 from loragate.registry.db.schema import adapter_versions, adapters, stage_pointers
 from loragate.registry.errors import ConcurrentUpdate, NotFound
@@ -147,6 +148,7 @@ class PointerRepository:
     def __init__(self, db: Database):
         self.db = db
         self._upsert_pointer = _upsert_pointer_statement(db)
+        self._windows = CanaryRepository(db)
 
     # -- reads ------------------------------------------------------------------
 
@@ -302,6 +304,18 @@ class PointerRepository:
                     **(details or {}),
                     "stage_changes": [[v, a.value, b.value] for v, a, b in plan.stage_changes],
                 },
+            )
+        if Pointer.CANARY in plan.pointer_changes:
+            # the version leaving canary takes its window with it, in this transaction
+            self._windows.end_departed(
+                conn,
+                claimed.name,
+                plan.pointer_changes[Pointer.CANARY],
+                promoted=plan.pointer_changes.get(Pointer.PRODUCTION),
+                withdrawn=plan.action == "rollback",
+                reason=reason,
+                actor=actor,
+                now=now,
             )
 
 

@@ -50,6 +50,17 @@ WINDOW_MOVES: dict[WindowStatus, frozenset[WindowStatus]] = {
 }
 ACTIVE = (WindowStatus.OPEN, WindowStatus.READY)
 
+
+def window_end(status: WindowStatus, *, promoted: bool, withdrawn: bool) -> WindowStatus:
+    """How an active window ends when its version stops being the adapter's canary, decided
+    in the pointer move's own transaction: promoted to production (a ready window
+    ``promoted``; one still observing ``superseded``, promoted before its window decided),
+    withdrawn (``rolled_back``), or replaced by another version (``superseded``)."""
+    if promoted:
+        return WindowStatus.PROMOTED if status == WindowStatus.READY else WindowStatus.SUPERSEDED
+    return WindowStatus.ROLLED_BACK if withdrawn else WindowStatus.SUPERSEDED
+
+
 Pairs = tuple[tuple[float, float], ...]
 
 

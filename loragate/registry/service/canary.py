@@ -15,7 +15,7 @@ from loragate.registry.db.canary import CapLift
 from loragate.registry.errors import ErrorCode, IllegalTransition, NotFound
 from loragate.registry.rules.access import Action, Role
 from loragate.registry.rules.canary import ACTIVE, CanaryThresholds, CanaryWindow, Observation, WindowStatus
-from loragate.registry.rules.lifecycle import Pointer, ValidationStatus
+from loragate.registry.rules.lifecycle import ValidationStatus
 from loragate.registry.rules.share import above_cap, check_share
 from loragate.registry.rules.text import check_text
 from loragate.registry.service.base import RegistryBase
@@ -39,11 +39,6 @@ class CanaryMixin(RegistryBase):
         """
         share = check_share(self.settings.canary_share if share is None else share)
         version = self._store.versions.get(version_id)
-        if self._store.pointers.resolve(version.name, Pointer.CANARY.value) != version_id:
-            raise IllegalTransition(
-                f"{version_id} is {version.stage.value}, not the canary of {version.name}: promote it to canary first",
-                field="version_id",
-            )
         actor = self._authorize(Action.WATCH_CANARY, version.name)
         self._check_validated_and_signed(version_id)
         cap, _ = self._share_cap(version.name)
