@@ -45,6 +45,14 @@ def test_command_start_up_benchmark_runs_against_a_worktree_of_head(tmp_path):
     assert all(c["before"]["n"] == c["after"]["n"] == 1 for c in result["commands"].values())
 
 
+def test_verdict_benchmark_runs_in_smoke_mode():
+    result = run_bench("bench.verdict", "--smoke")
+    assert result["live_error_rule_alpha"] == 0.0025
+    for case in result["as_good_as_production"]:
+        assert case["loragate"]["windows"] == 5 and case["fisher_every_look"]["windows"] == 3
+    assert all(case["caught"]["windows"] == 5 for case in result["worse"])
+
+
 def test_validation_benchmark_runs_in_smoke_mode():
     result = run_bench("bench.validation", "--smoke")
     assert [r["adapters"] for r in result["results"]] == [2, 3]

@@ -346,6 +346,8 @@ def test_the_evidence_shows_live_and_probe_figures_side_by_side_and_the_ab_lines
     assert "| error_rate | 0.0010 | 0.0010 |" in text and "meets bar" in text
     row = observation_row(o)
     assert row["canary live errors"] == "3/3000" and row["live verdict"] == "in band"
+    # the sequential error rule's statistic and its threshold, as the judgement kept them
+    assert "- live errors, sequential: evidence " in text and "rolls back at 400 (" in text
 
 
 # -- back-to-back pairs: a host's swinging load moves both halves of a pair alike -----------

@@ -125,6 +125,9 @@ class Settings(BaseSettings):
     canary_min_live_requests: int = Field(default=100, ge=0)
     # confidence of the live tests: worse errors roll back, the A/B bar is met, at this level
     canary_confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    # the chance that a version failing no more than production is ever rolled back during its
+    # window, shared by the rules that can roll back (rules/sequential.py)
+    canary_false_rollback: float = Field(default=0.01, gt=0.0, lt=0.5)
     # make the A/B bar a gate: a window is ready only when the canary meets production's
     # figures at the confidence above (non-inferiority within the margin below)
     canary_ab_gate: bool = False

@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loragate.registry.errors import (
     ErrorCode,
@@ -159,8 +160,8 @@ def observe_window(
                     if c is not None and p is not None
                 ]
     drift = len(drifted) / golden if golden else 0.0
-    live, alerts = _live_judgement(registry, window, production_version)
     earlier = registry.canary_observations(window.id)
+    live, alerts = _live_judgement(registry, window, production_version, _error_evidence(earlier))
     now = utcnow()
     paired = tuple((round(c, 3), round(p, 3)) for c, p in pairs)
     verdict, checks, reasons = judge(
@@ -185,8 +186,16 @@ def observe_window(
     return observation, alerts
 
 
+def _error_evidence(earlier: list[Observation]) -> dict[str, Any] | None:
+    """The sequential error evidence the window's latest live judgement kept, if any."""
+    for observation in reversed(earlier):
+        if observation.live and observation.live.get("error_evidence"):
+            return observation.live["error_evidence"]
+    return None
+
+
 def _live_judgement(
-    registry: Registry, window: CanaryWindow, production_version: str | None
+    registry: Registry, window: CanaryWindow, production_version: str | None, previous: dict[str, Any] | None
 ) -> tuple[LiveJudgement | None, list[TrafficAlert]]:
     """The live figures of both versions in this window, summed over the production
     replicas, judged (None while the window's share is 0: a dark canary, probes only), and
@@ -200,7 +209,9 @@ def _live_judgement(
     live = LiveStats.from_replicas(documents, window.adapter_name, window.id, window.version_id, production_version)
     expected = registry.expected_outputs(window.version_id)
     check = schema_check(declared_schemas(None if expected is None else expected[0]))
-    judgement = judge_live(window.thresholds, live, window.share, format_check=check)
+    judgement = judge_live(
+        window.thresholds, live, window.share, format_check=check, previous=previous, every_replica=not unreachable
+    )
     if unreachable:
         judgement.not_ready_reasons.append(f"live figures of {len(unreachable)} replica(s) unreadable")
     return judgement, alerts

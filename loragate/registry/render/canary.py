@@ -144,6 +144,12 @@ def live_evidence_lines(o: Observation, window: CanaryWindow) -> list[str]:
         )
     lines.append("")
     lines.append(f"A/B bar: {'met' if ab.get('meets_bar') else 'not met'}; live verdict: {_live_verdict(live)}.")
+    evidence = live.get("error_evidence")
+    if evidence:
+        lines.append(
+            f"- live errors, sequential: evidence {evidence['e_value']:.3g}, rolls back at {evidence['threshold']:.3g} "
+            f"(a version failing as production does reaches it in at most {evidence['alpha']:.2%} of windows)"
+        )
     for reason in [*live.get("reasons", []), *live.get("not_ready_reasons", [])]:
         lines.append(f"- {reason}")
     return lines

@@ -83,6 +83,9 @@ class CanaryThresholds:
     confidence: float = 0.95
     ab_gate: bool = False
     ab_error_margin: float = 0.01
+    # the chance a version as good as production is ever rolled back in its window, shared
+    # by the rules that can roll back (rules/sequential.py); windows opened before it: 1 %
+    false_rollback: float = 0.01
 
     @classmethod
     def from_settings(cls, settings: Any) -> CanaryThresholds:
@@ -96,6 +99,7 @@ class CanaryThresholds:
             confidence=settings.canary_confidence,
             ab_gate=settings.canary_ab_gate,
             ab_error_margin=settings.canary_ab_error_margin,
+            false_rollback=settings.canary_false_rollback,
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -8,8 +8,9 @@ reported apart, since a version's own ``fallbacks`` already says which side fell
 
 ``judge_live`` turns them into monitors. Both sides are served by the same replicas at the
 same moments, so what differs is the version -- but live counts are small at a 1 % share,
-so every rule is a test at the window's confidence, never a bare comparison: one error in
-100 against none in 1000 is noise (Fisher p = 0.09), ten is not. Worse errors roll back. A
+so every rule is a test, never a bare comparison: one error in 100 against none in 1000 is
+noise, ten is not. Worse errors roll back, decided by a sequential test whose error rate
+holds however often the window is looked at (``rules/sequential.py``). A
 tripped breaker is evidence, never a rollback on its own: it has already protected the users
 (they got the fallback), and a client can trip it -- a few requests that look slow or fail
 in the canary's bucket -- while a canary that really fails shows it in its error test. A p95
@@ -32,6 +33,7 @@ from loragate.registry.rules.ab import ABReport, compare
 from loragate.registry.rules.canary import CanaryThresholds, Monitor, percentile
 from loragate.registry.rules.formats import FormatCheck, FormatCompliance, measure
 from loragate.registry.rules.live_side import LiveSide
+from loragate.registry.rules.sequential import ErrorEvidence, rule_alpha
 from loragate.registry.rules.significance import fisher_exact_greater, mann_whitney_greater
 
 BASE = "base"  # the version of an entry the base model answered
@@ -155,6 +157,7 @@ class LiveJudgement:
     """What the live figures say about one evaluation of a window (``judge`` folds it in)."""
 
     monitors: list[Monitor]
+    error_evidence: ErrorEvidence
     rollback: bool
     latency_breach: bool
     not_ready_reasons: list[str]
@@ -171,6 +174,7 @@ class LiveJudgement:
             "share": self.share,
             "stats": self.stats.summary(),
             "monitors": [m.as_dict() for m in self.monitors],
+            "error_evidence": self.error_evidence.as_dict(),
             "rollback": self.rollback,
             "latency_breach": self.latency_breach,
             "not_ready_reasons": self.not_ready_reasons,
@@ -202,12 +206,23 @@ def _latency_monitor(
 
 
 def judge_live(
-    thresholds: CanaryThresholds, live: LiveStats, share: float, format_check: FormatCheck | None = None
+    thresholds: CanaryThresholds,
+    live: LiveStats,
+    share: float,
+    format_check: FormatCheck | None = None,
+    previous: dict[str, Any] | None = None,
+    every_replica: bool = True,
 ) -> LiveJudgement:
-    """The live monitors of one evaluation of a window opened at ``share``.
+    """The live monitors of one evaluation of a window opened at ``share``; ``previous``, the
+    error evidence the window's last judgement kept (``LiveJudgement.error_evidence``). With
+    a replica's figures missing (``every_replica`` False) the evidence stays as it was: the
+    sums dropped by that replica's counts, which come back with it, and counting them again
+    when they do would count its requests twice.
 
-    - ``live_error_rate``: out of band (ROLLBACK) when the canary's error rate is higher
-      than production's by Fisher's one-sided exact test at the confidence;
+    - ``live_error_rate``: out of band (ROLLBACK) when the sequential evidence that the canary
+      fails more often than production reaches its threshold (``rules/sequential.py``): a
+      version that fails as production does is rolled back by it in at most
+      ``false_rollback / 4`` of windows, however often they are evaluated;
     - ``live_breaker``: the canary's breaker trips (counted by a replica, or a
       ``breaker_open`` alert for the canary version), reported as evidence and in band: a
       trip is never a rollback on its own (module docstring);
@@ -225,12 +240,14 @@ def judge_live(
     alpha = 1 - t.confidence
     c, p = live.canary, live.production
     reasons: list[str] = []
-    errors = fisher_exact_greater(c.errors, c.requests, p.errors, p.requests)
-    errors_worse = errors is not None and errors.p_value < alpha
-    if errors is not None and errors_worse:
+    evidence = ErrorEvidence.from_dict(previous, rule_alpha(t.false_rollback))
+    if every_replica:
+        evidence = evidence.look(c.requests, c.errors, p.requests, p.errors)
+    errors_worse = evidence.worse
+    if errors_worse:
         reasons.append(
-            f"live errors {c.errors}/{c.requests} worse than production's {p.errors}/{p.requests} "
-            f"(p={errors.p_value:.2g} < {alpha:.2g})"
+            f"live errors {c.errors}/{c.requests} worse than production's {p.errors}/{p.requests}: "
+            + evidence.describe()
         )
     trips = live.canary_trips
     if trips:
@@ -266,6 +283,7 @@ def judge_live(
         not_ready += ab.failing()
     return LiveJudgement(
         monitors=checks,
+        error_evidence=evidence,
         rollback=errors_worse,
         latency_breach=not p95.in_band or not per_token.in_band,
         not_ready_reasons=not_ready,

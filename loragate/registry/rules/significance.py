@@ -68,7 +68,7 @@ def two_proportion_z(x1: int, n1: int, x2: int, n2: int) -> ProportionTest | Non
     return ProportionTest(z, normal_sf(z), "z")
 
 
-def _log_choose(n: int, k: int) -> float:
+def log_choose(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
@@ -84,12 +84,12 @@ def fisher_exact_greater(x1: int, n1: int, x2: int, n2: int) -> ProportionTest |
         return None
     total, events = n1 + n2, x1 + x2
     low, high = max(0, events - n2), min(events, n1)
-    denominator = _log_choose(total, n1)
+    denominator = log_choose(total, n1)
     mode = (n1 + 1) * (events + 1) // (total + 2)
     terms: list[float] = []
     peak = 0.0
     for k in range(max(low, x1), high + 1):
-        term = math.exp(_log_choose(events, k) + _log_choose(total - events, n1 - k) - denominator)
+        term = math.exp(log_choose(events, k) + log_choose(total - events, n1 - k) - denominator)
         terms.append(term)
         peak = max(peak, term)
         # from the mode on the terms only shrink: stop once they no longer change the sum
@@ -260,7 +260,7 @@ def wilcoxon_greater(differences: list[float]) -> SignedRankTest | None:
 def _binomial_cdfs(n: int, q: float) -> list[float]:
     """P(B <= k) for k = 0..n, B ~ Binomial(n, q), 0 < q < 1."""
     log_q, log_r = math.log(q), math.log1p(-q)
-    pmf = [math.exp(_log_choose(n, k) + k * log_q + (n - k) * log_r) for k in range(n + 1)]
+    pmf = [math.exp(log_choose(n, k) + k * log_q + (n - k) * log_r) for k in range(n + 1)]
     cdfs, running = [], 0.0
     for p in pmf:
         running += p

@@ -1,0 +1,130 @@
+"""An always-valid test that the canary fails more often than production, however often the
+window is looked at.
+
+Between two looks each side answered some requests and some of them failed. Given how many
+failed on both sides together (``n``), how many of those were the canary's is, if both
+versions fail alike and requests fail independently, hypergeometric; if the canary's odds of
+failing are ``psi`` times production's, it is Fisher's noncentral hypergeometric. The product
+over the intervals of that likelihood ratio, averaged over a prior on ``psi``, is a
+nonnegative martingale with mean 1 while the versions fail alike, so by Ville's inequality
+the chance that it *ever* reaches ``1 / alpha`` is at most ``alpha`` -- whatever the number of
+looks, whenever they are taken, whatever the share does between them. That is the rate this
+rule guarantees: a version that fails as production does is rolled back by it in at most
+``alpha`` of its windows. What it assumes: requests fail independently of one another (a
+user whose requests fail together counts as many units: ``docs/live-traffic.md``).
+
+The state between looks is the cumulative counts last seen and the log likelihood ratio per
+``psi``, kept on each observation (``ErrorEvidence.as_dict``). A look whose counts went down
+(a replica restarted and lost its counters) adds nothing and starts the next interval from
+what it saw; a look that could not read every replica is not taken (``judge_live``).
+Skipping an interval for a reason that is not its outcome keeps the guarantee.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from loragate.registry.rules.significance import log_choose
+
+# the prior over the canary's odds ratio of failing against production's: equal weights, from
+# a 25 % worse canary to one that fails nearly every request (three failures of three)
+ODDS_RATIOS: tuple[float, ...] = (1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0)
+# the rules that can roll a canary back share the operator's false-rollback budget equally:
+# live errors, live latency, probe errors and probe latency (``docs/live-traffic.md``)
+ROLLBACK_RULES = 4
+
+
+def rule_alpha(false_rollback: float) -> float:
+    """The live error rule's share of ``LORAGATE_CANARY_FALSE_ROLLBACK``."""
+    return false_rollback / ROLLBACK_RULES
+
+
+def _log_sum_exp(values: list[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def interval_log_lr(
+    canary_requests: int, canary_errors: int, production_requests: int, production_errors: int
+) -> list[float]:
+    """log of the likelihood ratio of one interval's split of failures, per odds ratio in
+    ``ODDS_RATIOS``: Fisher's noncentral hypergeometric at ``psi`` over the central one.
+    An interval with no failure, or no request on a side, says nothing (0 for each)."""
+    a, b = canary_requests, production_requests
+    n, x = canary_errors + production_errors, canary_errors
+    if n == 0 or a == 0 or b == 0:
+        return [0.0] * len(ODDS_RATIOS)
+    low, high = max(0, n - b), min(a, n)
+    weights = [log_choose(a, y) + log_choose(b, n - y) for y in range(low, high + 1)]
+    central = _log_sum_exp(weights)
+    out = []
+    for psi in ODDS_RATIOS:
+        log_psi = math.log(psi)
+        tilted = _log_sum_exp([w + (low + i) * log_psi for i, w in enumerate(weights)])
+        out.append(x * log_psi - (tilted - central))
+    return out
+
+
+@dataclass(frozen=True)
+class ErrorEvidence:
+    """The evidence that the canary fails more often than production, after one look."""
+
+    seen: tuple[int, int, int, int]  # cumulative (canary requests, errors, production requests, errors)
+    log_lr: tuple[float, ...]  # per odds ratio, summed over the intervals
+    alpha: float
+
+    @property
+    def e_value(self) -> float:
+        """The mixture's likelihood ratio: the statistic compared with ``threshold``."""
+        return sum(math.exp(min(v, 700.0)) for v in self.log_lr) / len(self.log_lr)
+
+    @property
+    def threshold(self) -> float:
+        return 1.0 / self.alpha
+
+    @property
+    def worse(self) -> bool:
+        return self.e_value >= self.threshold
+
+    def describe(self) -> str:
+        return f"sequential evidence {self.e_value:.3g} (rolls back at {self.threshold:.3g}, alpha {self.alpha:.2g})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "seen": list(self.seen),
+            "log_lr": [round(v, 9) for v in self.log_lr],
+            "alpha": self.alpha,
+            "e_value": self.e_value,
+            "threshold": self.threshold,
+        }
+
+    @classmethod
+    def start(cls, alpha: float) -> ErrorEvidence:
+        return cls((0, 0, 0, 0), (0.0,) * len(ODDS_RATIOS), alpha)
+
+    @classmethod
+    def from_dict(cls, data: Any, alpha: float) -> ErrorEvidence:
+        """The state an earlier observation kept; a fresh start where it kept none (an
+        observation from before this rule, or a malformed one)."""
+        try:
+            seen = tuple(int(v) for v in data["seen"])
+            log_lr = tuple(float(v) for v in data["log_lr"])
+        except (KeyError, TypeError, ValueError):
+            return cls.start(alpha)
+        if len(seen) != 4 or len(log_lr) != len(ODDS_RATIOS):
+            return cls.start(alpha)
+        return cls((seen[0], seen[1], seen[2], seen[3]), log_lr, alpha)
+
+    def look(
+        self, canary_requests: int, canary_errors: int, production_requests: int, production_errors: int
+    ) -> ErrorEvidence:
+        """The evidence after a look at the window's cumulative counts."""
+        now = (canary_requests, canary_errors, production_requests, production_errors)
+        step = [n - s for n, s in zip(now, self.seen, strict=True)]
+        errors_within = step[1] <= step[0] and step[3] <= step[2]
+        if min(step) < 0 or not errors_within:
+            return ErrorEvidence(now, self.log_lr, self.alpha)  # counters reset: this interval is skipped
+        added = interval_log_lr(*step)
+        return ErrorEvidence(now, tuple(v + d for v, d in zip(self.log_lr, added, strict=True)), self.alpha)
