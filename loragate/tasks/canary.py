@@ -97,14 +97,34 @@ class _Side:
 
 
 def _send(client: ReplicaClient, model: str, probe: Probe, side: _Side) -> Completion | None:
+    """A probe's answer, asked again once before its failure counts: one lost request on a
+    busy replica is not a version's error, and both sides get the same second chance."""
+    # as the fleet: the replicas' split passes a probe through as named, uncounted
     try:
-        # as the fleet: the replicas' split passes a probe through as named, uncounted
         completion = client.complete(model, probe.prompt, probe.max_tokens, admin=True)
-    except ReplicaError as e:
-        side.errors.append(e.code.value)
-        return None
+    except ReplicaError:
+        try:
+            completion = client.complete(model, probe.prompt, probe.max_tokens, admin=True)
+        except ReplicaError as e:
+            side.errors.append(e.code.value)
+            return None
     side.latencies_ms.append(completion.seconds * 1000)
     return completion
+
+
+def _drifted(client: ReplicaClient, model: str, probe: Probe, first: Completion | None, expected: str) -> bool:
+    """Whether a golden case's greedy answer differs from the one validation recorded,
+    confirmed on a second read: a real drift answers the same way twice, a garbled read
+    does not. An unanswered probe is a drift (its error counts too)."""
+    if first is None:
+        return True
+    if first.text.strip() == expected:
+        return False
+    try:
+        again = client.complete(model, probe.prompt, probe.max_tokens, admin=True)
+    except ReplicaError:
+        return True
+    return again.text.strip() != expected
 
 
 def observe_window(
@@ -145,10 +165,10 @@ def observe_window(
                 for client, model in canary_clients:
                     answered = _send(client, model, probe, canary)
                     canary_answers.append(answered)
-                    judged = round_ == 0 and probe.case_id is not None
-                    text = None if answered is None else answered.text
-                    if judged and (text is None or text.strip() != answers.get(probe.case_id or "", "").strip()):
-                        drifted.add(probe.case_id or "")
+                    if round_ == 0 and probe.case_id is not None:
+                        expected_answer = answers.get(probe.case_id, "").strip()
+                        if _drifted(client, model, probe, answered, expected_answer):
+                            drifted.add(probe.case_id)
                 production_answers = []
                 for client, replica in production_clients:
                     model = name if production_version else replica.served_model_name

@@ -68,10 +68,19 @@ class Fault(StrEnum):
     HOLD_COMPLETIONS = "hold-completions"
 
 
+class CompletionFault(StrEnum):
+    """What the proxy does to one completion (``FaultProxy.next_completions``)."""
+
+    ERROR_500 = "error-500"  # a lost request: 500 with vLLM's envelope, the replica never asked
+    GARBLE = "garble"  # the replica's answer, its text replaced: a garbled read
+
+
 class FaultProxy:
     def __init__(self, target: str):
         self.target = target.rstrip("/")
         self.fault = Fault.NONE
+        # faults for the next completions, one each, in order; then completions pass
+        self.next_completions: list[CompletionFault] = []
         self._stop = threading.Event()
         self.holding = threading.Event()  # a completion is held now
         self._released = threading.Event()
@@ -108,6 +117,12 @@ class FaultProxy:
                 if self.path == "/v1/completions" and proxy.fault == Fault.HOLD_COMPLETIONS:
                     proxy.holding.set()
                     proxy._released.wait()
+                completions = self.path == "/v1/completions" and proxy.next_completions
+                completion_fault = proxy.next_completions.pop(0) if completions else None
+                if completion_fault == CompletionFault.ERROR_500:
+                    envelope = {"error": {"message": "injected", "type": "InternalServerError", "code": 500}}
+                    self._answer(500, json.dumps(envelope).encode(), "application/json")
+                    return
                 with httpx.Client(timeout=120) as client:
                     upstream = client.request(
                         method,
@@ -119,7 +134,12 @@ class FaultProxy:
                             **{k: v for k, v in self.headers.items() if k.lower() == "x-loragate-admin-key"},
                         },
                     )
-                self._answer(upstream.status_code, upstream.content, upstream.headers.get("content-type", "text/plain"))
+                content = upstream.content
+                if completion_fault == CompletionFault.GARBLE and upstream.status_code == 200:
+                    answer = upstream.json()
+                    answer["choices"][0]["text"] = " garbled read"
+                    content = json.dumps(answer).encode()
+                self._answer(upstream.status_code, content, upstream.headers.get("content-type", "text/plain"))
 
             def _answer(self, status: int, body: bytes, content_type: str) -> None:
                 self.send_response(status)

@@ -1,0 +1,68 @@
+"""The canary's probes on a real replica, reached through a proxy that loses or garbles one
+answer: a probe is asked again once before its failure counts, and a golden answer that
+differs from validation's is read a second time before it counts as drift -- while a replica
+that keeps failing, or a version that really drifts, still counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from loragate.registry.rules.canary import Verdict
+from loragate.tasks.canary import observe_window
+from loragate.tasks.canary_moves import deploy_canary
+from tests.support.faults import CompletionFault, FaultProxy
+from tests.support.fleet import make_fleet
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def dark(tmp_path, replicas, replica_adapters, validated_adapters):
+    """v1 in production, v2 on the canary replica with no share of live traffic (its probes
+    go to the canary replica), which is reached through a fault proxy."""
+    fleet = make_fleet(tmp_path, replicas, replica_adapters, validated_adapters, canary_share=0.0, canary_window_s=3600)
+    fleet.promote(fleet.v1, "canary")
+    fleet.promote(fleet.v1, "production")
+    deployment = deploy_canary(fleet.registry, fleet.v2)
+    canary = next(r for r in fleet.registry.list_replicas() if r.role == "canary")
+    proxy = FaultProxy(canary.url)
+    fleet.registry.remove_replica(canary.url)
+    fleet.registry.add_replica(proxy.url, "tiny-llama", "canary", canary.adapter_dir)
+    try:
+        yield fleet, deployment.window, proxy
+    finally:
+        fleet.registry.remove_replica(proxy.url)
+        fleet.registry.add_replica(canary.url, "tiny-llama", "canary", canary.adapter_dir)
+        proxy.close()
+        fleet.registry.close()
+
+
+def test_a_probe_lost_once_is_asked_again_and_counts_no_error(dark):
+    fleet, window, proxy = dark
+    proxy.next_completions = [CompletionFault.ERROR_500]
+    observation, _ = observe_window(fleet.registry, window)
+    assert proxy.next_completions == [], "the lost answer was asked for"
+    assert observation.canary.errors == 0 and observation.verdict == Verdict.CONTINUE, observation.reasons
+
+
+def test_a_probe_that_fails_again_counts_as_the_canarys_error(dark):
+    fleet, window, proxy = dark
+    proxy.next_completions = [CompletionFault.ERROR_500] * 2
+    observation, _ = observe_window(fleet.registry, window)
+    assert observation.canary.errors == 1 and observation.verdict == Verdict.ROLLBACK, observation.reasons
+
+
+def test_a_golden_answer_garbled_once_is_read_again_and_is_no_drift(dark):
+    fleet, window, proxy = dark
+    proxy.next_completions = [CompletionFault.GARBLE]
+    observation, _ = observe_window(fleet.registry, window)
+    assert proxy.next_completions == [] and observation.drift == 0.0, observation.reasons
+    assert observation.verdict == Verdict.CONTINUE
+
+
+def test_a_golden_answer_that_differs_on_both_reads_is_drift(dark):
+    fleet, window, proxy = dark
+    proxy.next_completions = [CompletionFault.GARBLE] * 2
+    observation, _ = observe_window(fleet.registry, window)
+    assert observation.drift > 0 and observation.verdict == Verdict.ROLLBACK, observation.reasons
+    assert any("golden_drift" in r for r in observation.reasons)
