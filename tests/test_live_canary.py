@@ -143,6 +143,24 @@ def test_a_canary_failing_live_requests_is_rolled_back_on_live_figures_while_eve
             assert "x-loragate-fallback" not in answered.headers
 
 
+def test_a_fault_every_version_shares_rolls_back_nothing_and_raises_the_replicas_fallback_alert(live):
+    fleet, deployment = live
+    for replica in productions(fleet):
+        # overload, an engine restart: every version fails the same requests; the base answers
+        faults = {fleet.v1: {"error": True}, fleet.v2: {"error": True}, "breaker": {"errors": 10_000}}
+        replica.faults_file.write_text(json.dumps(faults))
+    for user in USERS:
+        for replica in productions(fleet):
+            assert ask(replica, fleet.name, user).headers["x-loragate-version"] == "base"
+
+    observation, alerts = observe_window(fleet.registry, deployment.window)
+
+    assert observation.verdict != Verdict.ROLLBACK, observation.reasons
+    assert observation.live is not None and observation.live["stats"]["canary"]["errors"] == 0
+    assert observation.live["stats"]["canary"]["fallbacks"] > 0  # its users got the base, and it shows
+    assert {a.kind for a in alerts} == {"fallback_rate"}, [a.as_dict() for a in alerts]
+
+
 def test_a_window_with_too_few_live_requests_is_not_ready_and_says_so_until_enough_came(live):
     fleet, deployment = live
     time.sleep(1.1)  # the window's length is over: only live traffic is missing

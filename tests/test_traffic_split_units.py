@@ -171,22 +171,36 @@ def test_the_fleets_requests_pass_untouched_and_uncounted(split_env):
 
 
 @pytest.mark.parametrize(
-    ("statuses", "answered", "reason"),
+    ("statuses", "answered", "reason", "charged"),
     [
-        ({f"{NAME}@c1": 404}, b"p1", b"canary_failed:404"),
-        ({f"{NAME}@c1": 500}, b"p1", b"canary_failed:500"),
-        ({f"{NAME}@c1": 400}, b"p1", b"canary_failed:400"),
-        ({f"{NAME}@c1": 404, NAME: 503}, b"base", b"canary_failed:404"),
+        ({f"{NAME}@c1": 404}, b"p1", b"canary_failed:404", {"c1": 1, "p1": 0}),
+        ({f"{NAME}@c1": 500}, b"p1", b"canary_failed:500", {"c1": 1, "p1": 0}),
+        ({f"{NAME}@c1": 400}, b"p1", b"canary_failed:400", {"c1": 1, "p1": 0}),
+        # production failed the request too: the canary's failure is shared, not its own
+        ({f"{NAME}@c1": 404, NAME: 503}, b"base", b"canary_failed:404", {"c1": 0, "p1": 1}),
     ],
 )
-def test_a_failing_version_is_answered_by_the_next_with_the_fallback_header(split_env, statuses, answered, reason):
+def test_a_failing_version_is_answered_by_the_next_and_charged_only_where_production_answered(
+    split_env, statuses, answered, reason, charged
+):
     app = FakeVllm(statuses)
     split = _split(app, window(9, "c1", 1.0))
     status, headers, _ = ask(split)
     assert status == 200 and headers[b"x-loragate-version"] == answered
     assert headers[b"x-loragate-fallback"] == reason
     canary = split.stats.of(NAME, "c1", 9)
-    assert (canary.requests, canary.errors, canary.fallbacks) == (1, 1, 1)
+    assert (canary.requests, canary.fallbacks) == (1, 1)
+    assert {v: split.stats.of(NAME, v, 9).errors for v in charged} == charged
+
+
+def test_a_fault_every_version_shares_is_charged_to_no_version_and_trips_no_breaker(split_env):
+    app = FakeVllm({f"{NAME}@c1": 500, NAME: 500, "tiny-llama": 500})
+    split = _split(app, window(9, "c1", 1.0))
+    for _ in range(4):
+        assert ask(split)[0] == 500
+    assert split.stats.of(NAME, "c1", 9).errors == split.stats.of(NAME, "p1", 9).errors == 0
+    assert split.breaker(NAME, "c1").trips == split.breaker(NAME, "p1").trips == 0
+    assert split.figures()["fallback_15m"] == {"requests": 4, "fallbacks": 4}  # the replica's alert reads it
 
 
 def test_production_failing_is_answered_by_the_base_model(split_env):

@@ -4,9 +4,11 @@ turn, what the client gets, and what is counted.
 A production replica asks the chosen version first -- the canary for the user's share, else
 production -- then production, then the base model. A version whose breaker is open is
 skipped (``breaker_open``); one that answers 404, 400 or 5xx (its start message is held
-back, never sent) is counted as failed and the next one is asked with the same buffered
-body. The last one's answer goes to the client whatever it is: by then the error is the
-client's own (a 400 every version gave is not counted against any version). Only the
+back, never sent) failed and the next one is asked with the same buffered body. The last
+one's answer goes to the client whatever it is. A failure counts against its version only
+where a later version answered the request -- the canary's only where production did
+(``charged``): a 400 every version gave is the client's own, a fault every version shares
+is the replica's. Only the
 answer's start message is held; its body streams through as it comes. A good
 non-streaming answer's body (already kept for its usage) also gives its text, sampled for
 the format check (``live_stats``); streamed answers are not sampled.
@@ -270,12 +272,11 @@ def _account(
 ) -> None:
     adapter, (step, attempt) = route.adapter, final
     latency_ms = (time.perf_counter() - t0) * 1000
-    # a 400 every version gave is the client's own request, not a version's failure
-    clients_own = attempt.status == 400 and all(status == 400 for _, status in failures)
     for failed_step, _status in failures:
-        split.stats.failed(adapter, failed_step.label, failed_step.window, error=not clients_own)
+        counted = charged(failed_step, step, attempt.status, failures)
+        split.stats.failed(adapter, failed_step.label, failed_step.window, error=counted)
         metrics.request(adapter, failed_step.label, "fallback", None, None)
-        if failed_step.version is not None and not clients_own:
+        if failed_step.version is not None and counted:
             _breaker(split, adapter, failed_step, ok=False, slow=False)
     if reason:
         metrics.fallback(adapter, reason)
@@ -303,6 +304,19 @@ def _account(
     metrics.request(
         adapter, step.label, "error" if error else "ok", latency_ms / 1000, ttft_ms / 1000 if ttft_ms else None
     )
+
+
+def charged(failed_step: Step, final: Step, final_status: int, failures: list[tuple[Step, int]]) -> bool:
+    """Whether a version's failure on a request counts against it: only where the request
+    was answerable -- a later version answered it -- and, for the canary, only where
+    production did. A 400 every version gave is the client's own request; a failure the
+    canary shares with production (overload, an engine restart) is every version's, and
+    shows as the replica's fallback rate, not as the canary's errors."""
+    if final_status == 400 and all(status == 400 for _, status in failures):
+        return False
+    if final_status >= 400:
+        return False
+    return failed_step.kind != "canary" or final.kind == "production"
 
 
 def _breaker(split: Any, adapter: str, step: Step, ok: bool, slow: bool) -> None:
