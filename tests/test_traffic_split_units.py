@@ -266,11 +266,31 @@ def test_a_stream_is_forwarded_and_its_events_counted_as_tokens(split_env):
     assert len(stats.ttft_ms) == 1 and len(stats.ms_per_token) == 1
 
 
-def test_non_streaming_usage_gives_ms_per_token(split_env):
-    split = _split(FakeVllm(), routing.Route(NAME, "p1"))
+def test_a_whole_answer_gives_ms_per_token_only_with_enough_tokens_that_prefill_is_a_small_part(split_env):
+    split = _split(FakeVllm(tokens=16), routing.Route(NAME, "p1"))
     ask(split)
     stats = split.stats.of(NAME, "p1", None)
-    assert stats.ms_per_token[0] == pytest.approx(stats.latency_ms[0] / 4)
+    assert stats.ms_per_token[0] == pytest.approx(stats.latency_ms[0] / 16)
+    assert len(stats.ttft_ms) == 0  # a whole answer's first byte is its last: no first token
+    # a one-token answer to a long prompt is all prefill: no per-token time, nothing to trip on
+    short = _split(FakeVllm(tokens=1), routing.Route(NAME, "p1"))
+    ask(short)
+    assert len(short.stats.of(NAME, "p1", None).ms_per_token) == 0
+
+
+def test_a_trickled_body_is_not_the_versions_time(split_env):
+    split = _split(FakeVllm(), routing.Route(NAME, "p1"))
+    status, _, _ = call(split, body={"model": NAME, "prompt": "hi", "user": "slow"}, trickle_s=1.0)
+    assert status == 200
+    assert split.stats.of(NAME, "p1", None).latency_ms[0] < 500  # the clock starts once the body is in
+
+
+def test_productions_figures_exclude_the_canarys_failed_attempt(split_env):
+    split_env.write_text(json.dumps({"c1": {"delay_ms": 1000, "error": True}, "breaker": {"errors": 100}}))
+    split = _split(FakeVllm(), window(9, "c1", 1.0))
+    status, headers, _ = ask(split)
+    assert status == 200 and headers[b"x-loragate-version"] == b"p1"
+    assert split.stats.of(NAME, "p1", 9).latency_ms[0] < 500
 
 
 def test_requests_for_other_models_and_paths_pass_untouched(split_env):

@@ -28,11 +28,12 @@ def window(window_id: int, canary: str, share: float, bucket_key: str | None = B
 
 
 class FakeVllm:
-    """Answers each model with a status from ``statuses`` (default 200) and a usage of 4
-    completion tokens; streams two events and [DONE] when asked to."""
+    """Answers each model with a status from ``statuses`` (default 200) and a usage of
+    ``tokens`` completion tokens; streams two events and [DONE] when asked to."""
 
-    def __init__(self, statuses: dict[str, int] | None = None) -> None:
+    def __init__(self, statuses: dict[str, int] | None = None, tokens: int = 16) -> None:
         self.statuses = statuses or {}
+        self.tokens = tokens
         self.asked: list[str] = []
         self.headers_seen: list[dict] = []
 
@@ -50,7 +51,7 @@ class FakeVllm:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
             return
-        payload = json.dumps({"model": body["model"], "usage": {"completion_tokens": 4}}).encode()
+        payload = json.dumps({"model": body["model"], "usage": {"completion_tokens": self.tokens}}).encode()
         await send(
             {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
         )
@@ -86,13 +87,18 @@ def _split(app, route: routing.Route | None) -> TrafficSplit:
     return split
 
 
-def call(split, path="/v1/completions", body=None, headers=(), method="POST"):
-    """(status, headers, body) of one request through ``split``."""
+def call(split, path="/v1/completions", body=None, headers=(), method="POST", trickle_s: float = 0.0):
+    """(status, headers, body) of one request through ``split``; ``trickle_s``: its body's
+    last part comes that long after its first byte, as a slow client sends it."""
     raw = json.dumps(body).encode() if body is not None else b""
     sent: list[dict] = []
+    parts = [raw[:1], raw[1:]] if trickle_s and len(raw) > 1 else [raw]
 
     async def receive():
-        return {"type": "http.request", "body": raw, "more_body": False}
+        part = parts.pop(0)
+        if not parts and trickle_s:
+            await asyncio.sleep(trickle_s)
+        return {"type": "http.request", "body": part, "more_body": bool(parts)}
 
     async def send(message):
         sent.append(message)

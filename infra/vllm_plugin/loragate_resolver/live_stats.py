@@ -100,11 +100,12 @@ class LiveStats:
         error: bool,
         latency_ms: float,
         ttft_ms: float | None,
-        tokens: int | None,
+        ms_per_token: float | None,
         text: str | None = None,
     ) -> float | None:
-        """One answer the client got from ``version``; its ms per token (None when unknown).
-        ``text``: the answer's text where the split kept it (good, non-streaming answers)."""
+        """One answer the client got from ``version``; its decode ms per token as given (None
+        when unknown, ``traffic_flow.Attempt.ms_per_token``). ``text``: the answer's text
+        where the split kept it (good, non-streaming answers)."""
         stats = self.of(adapter, version, window)
         stats.requests += 1
         stats.errors += int(error)
@@ -117,12 +118,11 @@ class LiveStats:
         stats.latency_ms.append(latency_ms)
         if ttft_ms is not None:
             stats.ttft_ms.append(ttft_ms)
-        if not tokens:
+        if ms_per_token is None:
             return None
-        per_token = latency_ms / tokens
-        stats.ms_per_token.append(per_token)
+        stats.ms_per_token.append(ms_per_token)
         self._seen[(adapter, version)] = self._seen.get((adapter, version), 0) + 1
-        return per_token
+        return ms_per_token
 
     def failed(self, adapter: str, version: str, window: int | None, *, error: bool = True) -> None:
         """A request ``version`` did not answer: the failure that made it fall back."""

@@ -268,7 +268,7 @@ class TrafficSplit:
     # -- a client's request -----------------------------------------------------------------
 
     async def _client(self, scope: dict, receive: Any, send: Any) -> None:
-        arrived, t0 = time.monotonic(), time.perf_counter()
+        arrived = time.monotonic()
         raw, too_large = await _read_body(receive, MAX_BODY_BYTES)
         if too_large:
             return await _respond(send, *_error(413, "BadRequestError", "request body too large"))
@@ -301,7 +301,7 @@ class TrafficSplit:
         if not (isinstance(user, str) and user):
             session = header(scope, SESSION_HEADER)
             user = session.decode("latin-1") if session else secrets.token_hex(8)
-        await traffic_flow.answer(self, scope, receive, send, body, raw, route, user, index_version, t0)
+        await traffic_flow.answer(self, scope, receive, send, body, raw, route, user, index_version)
 
 
 def _is_text(value: object) -> bool:

@@ -33,6 +33,8 @@ FALLBACK_HEADER = b"x-loragate-fallback"
 BASE = "base"
 _KEPT_BODY = 1 << 20  # of a non-streaming answer, for its usage
 OFF_LOOP_BYTES = 64 * 1024  # a body this large is written off the event loop
+# a whole (non-streaming) answer gives a per-token time only with this many tokens
+MIN_TOKENS_PER_RATE = 16
 
 log = logging.getLogger("loragate_resolver.traffic")
 
@@ -54,7 +56,11 @@ class Attempt:
     def __init__(self) -> None:
         self.status = 500
         self.started = self.swallowed = False
+        # the engine's clock: from this version being asked (the body complete, the versions
+        # before it done) to its last byte -- no way of sending a request moves it
+        self.began = time.perf_counter()
         self.first_chunk_at: float | None = None
+        self.last_chunk_at: float | None = None
         self.events = 0
         self.kept: list[bytes] = []
         self.kept_size = 0
@@ -79,6 +85,20 @@ class Attempt:
         usage = (self.parsed() or {}).get("usage")
         tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
         return tokens if isinstance(tokens, int) and tokens > 0 else None
+
+    def ms_per_token(self, streaming: bool, finished: float) -> float | None:
+        """Decode time per token: a stream's time from its first event to its last over the
+        tokens after the first; a whole answer's time over its tokens only when it has
+        ``MIN_TOKENS_PER_RATE`` of them, so prefill (a long prompt, a one-token answer) is a
+        small part of it. None where neither holds."""
+        if streaming:
+            if self.first_chunk_at is None or self.last_chunk_at is None or self.events < 2:
+                return None
+            return (self.last_chunk_at - self.first_chunk_at) * 1000 / (self.events - 1)
+        tokens = self.tokens(streaming)
+        if tokens is None or tokens < MIN_TOKENS_PER_RATE:
+            return None
+        return (finished - self.began) * 1000 / tokens
 
     def text(self) -> str | None:
         """The first choice's text: ``choices[0].text`` (completions) or
@@ -122,7 +142,6 @@ async def answer(
     route: routing.Route,
     user: str,
     index_version: str | None,
-    t0: float,
 ) -> None:
     adapter, streaming = route.adapter, body.get("stream") is True
     steps = chain(split, route, user, index_version)
@@ -136,12 +155,14 @@ async def answer(
     for i, step in enumerate(steps):
         last = i == len(steps) - 1
         fault: dict = {}
+        began: float | None = None
         if splitting and step.version is not None:
             if not last and not split.breaker(adapter, step.version).allow(limits):
                 split.stats.skipped(adapter, step.version, step.window)
                 reason = reason or "breaker_open"
                 continue
             fault = split.faults.of(step.version)
+            began = time.perf_counter()  # an injected delay is the engine's: it is timed
             delay = fault.get("delay_ms")
             if isinstance(delay, int | float) and delay > 0:
                 await asyncio.sleep(delay / 1000)
@@ -160,7 +181,7 @@ async def answer(
             served = routing.served_name(adapter, step.version, index_version, loaded_names(scope))
         if served not in written:
             written[served] = await _rewritten(body, served, len(raw))
-        attempt = await _forward(split.app, scope, receive, send, written[served], headers, last, streaming)
+        attempt = await _forward(split.app, scope, receive, send, written[served], headers, last, streaming, began)
         if attempt.swallowed:
             failures.append((step, attempt.status))
             reason = reason or f"{step.kind}_failed:{attempt.status}"
@@ -168,7 +189,7 @@ async def answer(
         final = (step, attempt)
         break
     assert final is not None  # the last step always answers
-    _account(split, route, final, failures, reason, streaming, t0)
+    _account(split, route, final, failures, reason, streaming)
 
 
 def loaded_names(scope: dict) -> Container[str]:
@@ -222,9 +243,12 @@ async def _forward(
     headers: list[tuple[bytes, bytes]],
     last: bool,
     streaming: bool,
+    began: float | None = None,
 ) -> Attempt:
     """Ask the app once; its failure is held back (``swallowed``) unless it is the last."""
     attempt = Attempt()
+    if began is not None:
+        attempt.began = began
 
     async def relay(message: dict) -> None:
         kind = message["type"]
@@ -241,8 +265,9 @@ async def _forward(
         if kind == "http.response.body":
             chunk = message.get("body", b"")
             if chunk:
+                attempt.last_chunk_at = time.perf_counter()
                 if attempt.first_chunk_at is None:
-                    attempt.first_chunk_at = time.perf_counter()
+                    attempt.first_chunk_at = attempt.last_chunk_at
                 if streaming:
                     attempt.events += chunk.count(b"data:") - chunk.count(b"data: [DONE]")
                 elif attempt.kept_size < _KEPT_BODY:
@@ -268,10 +293,11 @@ def _account(
     failures: list[tuple[Step, int]],
     reason: str | None,
     streaming: bool,
-    t0: float,
 ) -> None:
     adapter, (step, attempt) = route.adapter, final
-    latency_ms = (time.perf_counter() - t0) * 1000
+    finished = time.perf_counter()
+    # the answering version's own time: a version asked before it and failed is not in it
+    latency_ms = (finished - attempt.began) * 1000
     for failed_step, _status in failures:
         counted = charged(failed_step, step, attempt.status, failures)
         split.stats.failed(adapter, failed_step.label, failed_step.window, error=counted)
@@ -280,7 +306,8 @@ def _account(
             _breaker(split, adapter, failed_step, ok=False, slow=False)
     if reason:
         metrics.fallback(adapter, reason)
-    ttft_ms = (attempt.first_chunk_at - t0) * 1000 if attempt.first_chunk_at is not None else None
+    # a first token is a stream's: a whole answer's first byte is its last
+    ttft_ms = (attempt.first_chunk_at - attempt.began) * 1000 if streaming and attempt.first_chunk_at else None
     error = attempt.status >= 500
     good = attempt.status < 400
     per_token = split.stats.answered(
@@ -290,7 +317,7 @@ def _account(
         error=error,
         latency_ms=latency_ms,
         ttft_ms=ttft_ms,
-        tokens=attempt.tokens(streaming) if good else None,
+        ms_per_token=attempt.ms_per_token(streaming, finished) if good else None,
         text=attempt.text() if good and not streaming else None,
     )
     if split.role == "production" and step.version is not None:
