@@ -280,17 +280,17 @@ def test_a_whole_answer_gives_ms_per_token_only_with_enough_tokens_that_prefill_
 
 def test_a_trickled_body_is_not_the_versions_time(split_env):
     split = _split(FakeVllm(), routing.Route(NAME, "p1"))
-    status, _, _ = call(split, body={"model": NAME, "prompt": "hi", "user": "slow"}, trickle_s=1.0)
+    status, _, _ = call(split, body={"model": NAME, "prompt": "hi", "user": "slow"}, trickle_s=2.0)
     assert status == 200
-    assert split.stats.of(NAME, "p1", None).latency_ms[0] < 500  # the clock starts once the body is in
+    assert split.stats.of(NAME, "p1", None).latency_ms[0] < 1000  # the clock starts once the body is in
 
 
 def test_productions_figures_exclude_the_canarys_failed_attempt(split_env):
-    split_env.write_text(json.dumps({"c1": {"delay_ms": 1000, "error": True}, "breaker": {"errors": 100}}))
+    split_env.write_text(json.dumps({"c1": {"delay_ms": 2000, "error": True}, "breaker": {"errors": 100}}))
     split = _split(FakeVllm(), window(9, "c1", 1.0))
     status, headers, _ = ask(split)
     assert status == 200 and headers[b"x-loragate-version"] == b"p1"
-    assert split.stats.of(NAME, "p1", 9).latency_ms[0] < 500
+    assert split.stats.of(NAME, "p1", 9).latency_ms[0] < 1000
 
 
 def test_requests_for_other_models_and_paths_pass_untouched(split_env):
