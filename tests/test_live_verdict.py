@@ -370,12 +370,31 @@ def paired_with(production: list[float], factor: float, seed: int) -> list[float
     ]
 
 
-def paired_verdict(canary: list[float], production: list[float], pairs: bool = True) -> Verdict:
+def paired_verdict(canary: list[float], production: list[float], pairs: bool = True, against_base=False) -> Verdict:
     dark, c, p = window(0.0), probe(canary), probe(production)
     pairs_ms = tuple(zip(canary, production, strict=True)) if pairs else ()
-    verdict, checks, _ = judge(dark, c, p, 0.0, [], EARLY, pairs_ms=pairs_ms)
+    verdict, checks, _ = judge(dark, c, p, 0.0, [], EARLY, pairs_ms=pairs_ms, against_base=against_base)
     earlier = [Observation(WINDOW, EARLY, c, p, 0.0, [], verdict, checks, [], pairs_ms=pairs_ms)]
-    return judge(dark, c, p, 0.0, earlier, EARLY + timedelta(seconds=5), pairs_ms=pairs_ms)[0]
+    later = EARLY + timedelta(seconds=5)
+    return judge(dark, c, p, 0.0, earlier, later, pairs_ms=pairs_ms, against_base=against_base)[0]
+
+
+@pytest.mark.parametrize(
+    ("factor", "against_base", "rolled_back"),
+    [
+        (1.3, True, False),  # a first canary: LoRA's own cost against the bare base is in its band
+        (1.3, False, True),  # the same against a production adapter is a slower version
+        (3.0, True, True),  # a 3x-slow first canary is still caught
+    ],
+)
+def test_a_first_canary_is_judged_against_the_bare_base_with_loras_own_cost_in_its_band(
+    factor, against_base, rolled_back
+):
+    for tenant in range(5):
+        production = swinging_load(16, tenant)
+        canary = paired_with(production, factor, tenant + 50)
+        verdict = paired_verdict(canary, production, against_base=against_base)
+        assert (verdict == Verdict.ROLLBACK) is rolled_back, (tenant, verdict)
 
 
 def test_a_canary_half_again_as_slow_under_a_swinging_load_is_rolled_back_on_its_pairs():

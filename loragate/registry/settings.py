@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     # on a shared CPU host a few ms of jitter would otherwise flap the verdict)
     canary_p95_ratio: float = Field(default=1.10, ge=1.0)
     canary_p95_slack_ms: float = Field(default=0.0, ge=0.0)
+    # a first canary (the adapter has no production version) is compared with the bare base,
+    # which LoRA's own arithmetic makes it slower than on every prompt: its band is this ratio
+    canary_first_p95_ratio: float = Field(default=1.5, ge=1.0)
     # share of golden prompts the canary may answer differently from shadow validation
     canary_drift_epsilon: float = Field(default=0.05, ge=0.0, le=1.0)
     # observations in a row with p95 out of band before an auto-rollback (errors and drift

@@ -185,7 +185,15 @@ def observe_window(
     now = utcnow()
     paired = tuple((round(c, 3), round(p, 3)) for c, p in pairs)
     verdict, checks, reasons = judge(
-        window, canary.stats(), production.stats(), drift, earlier, now, live=live, pairs_ms=paired
+        window,
+        canary.stats(),
+        production.stats(),
+        drift,
+        earlier,
+        now,
+        live=live,
+        pairs_ms=paired,
+        against_base=production_version is None,
     )
     observation = registry.record_canary_observation(
         Observation(

@@ -75,6 +75,8 @@ class CanaryThresholds:
     length_s: float
     p95_ratio: float = 1.10
     p95_slack_ms: float = 0.0
+    # the band of a first canary, whose production is the bare base (LoRA's own cost)
+    first_p95_ratio: float = 1.5
     drift_epsilon: float = 0.05
     latency_breaches: int = 2
     # live traffic (rules/live.py): the minimum live canary requests before ready, the
@@ -93,6 +95,7 @@ class CanaryThresholds:
             length_s=settings.canary_window_s,
             p95_ratio=settings.canary_p95_ratio,
             p95_slack_ms=settings.canary_p95_slack_ms,
+            first_p95_ratio=settings.canary_first_p95_ratio,
             drift_epsilon=settings.canary_drift_epsilon,
             latency_breaches=settings.canary_latency_breaches,
             min_live_requests=settings.canary_min_live_requests,
@@ -188,14 +191,17 @@ LATENCY_MONITORS = frozenset({"p95_ms", "live_p95_ms", "live_ms_per_token_p95"})
 MIN_PAIRS = 8
 
 
-def probe_slower(thresholds: CanaryThresholds, canary: SideStats, production: SideStats, pairs_ms: Pairs = ()) -> bool:
+def probe_slower(
+    thresholds: CanaryThresholds, canary: SideStats, production: SideStats, pairs_ms: Pairs = (), ratio: float = 0.0
+) -> bool:
     """Whether a rank test finds the canary slower at the confidence: the signed-rank test
-    on the pairs' log ratios beyond log(p95_ratio) where there are MIN_PAIRS of them, else
-    Mann-Whitney on the pooled samples; True where neither has samples (older records: the
-    p95 decides)."""
+    on the pairs' log ratios beyond log(ratio) (the band's: ``p95_ratio`` unless given)
+    where there are MIN_PAIRS of them, else Mann-Whitney on the pooled samples; True where
+    neither has samples (older records: the p95 decides)."""
     # beyond the band, pair by pair: slower than ratio x production, not merely slower (an
     # adapter's own LoRA arithmetic makes it a little slower than a bare base, every time)
-    margin = math.log(thresholds.p95_ratio) if thresholds.p95_ratio > 0 else 0.0
+    ratio = ratio or thresholds.p95_ratio
+    margin = math.log(ratio) if ratio > 0 else 0.0
     ratios = [math.log(c / p) - margin for c, p in pairs_ms if c > 0 and p > 0]
     if len(ratios) >= MIN_PAIRS:
         paired = wilcoxon_greater(ratios)
@@ -207,15 +213,23 @@ def probe_slower(thresholds: CanaryThresholds, canary: SideStats, production: Si
 
 
 def monitors(
-    thresholds: CanaryThresholds, canary: SideStats, production: SideStats, drift: float, pairs_ms: Pairs = ()
+    thresholds: CanaryThresholds,
+    canary: SideStats,
+    production: SideStats,
+    drift: float,
+    pairs_ms: Pairs = (),
+    against_base: bool = False,
 ) -> list[Monitor]:
     """The three monitors of one observation, each with its bound. The p95 is out of band
-    above its bound only when the rank test confirms the canary is slower."""
+    above its bound only when the rank test confirms the canary is slower. ``against_base``:
+    production is the bare base (a first canary), and the band is ``first_p95_ratio``."""
     p95_bound = None
     p95_in_band = True
+    ratio = thresholds.first_p95_ratio if against_base else thresholds.p95_ratio
     if canary.p95_ms is not None and production.p95_ms is not None:
-        p95_bound = production.p95_ms * thresholds.p95_ratio + thresholds.p95_slack_ms
-        p95_in_band = canary.p95_ms <= p95_bound or not probe_slower(thresholds, canary, production, pairs_ms)
+        p95_bound = production.p95_ms * ratio + thresholds.p95_slack_ms
+        slower = probe_slower(thresholds, canary, production, pairs_ms, ratio)
+        p95_in_band = canary.p95_ms <= p95_bound or not slower
     elif canary.p95_ms is None and canary.requests:
         p95_in_band = False  # every canary request failed: no latency to judge, and that is not in band
     return [

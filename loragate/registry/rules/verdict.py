@@ -39,17 +39,19 @@ def judge(
     now: datetime,
     live: LiveJudgement | None = None,
     pairs_ms: Pairs = (),
+    against_base: bool = False,
 ) -> tuple[Verdict, list[Monitor], list[str]]:
     """The verdict on one observation, given the window's earlier ones (oldest first) and,
     for a window that takes live traffic, the live judgement of the same evaluation, and
-    the probes' back-to-back pairs.
+    the probes' back-to-back pairs; ``against_base``: the adapter has no production version,
+    so production is the bare base and the probe latency band is the first canary's.
 
     Returns (verdict, monitors, reasons); reasons name every monitor out of band, or say
     why the window is not ready yet. A window with a share of live traffic and a minimum of
     live requests is not ready without a live judgement.
     """
     t = window.thresholds
-    checks = monitors(t, canary, production, drift, pairs_ms)
+    checks = monitors(t, canary, production, drift, pairs_ms, against_base)
     by_name = {m.name: m for m in checks}
     if live is not None:
         checks += live.monitors
