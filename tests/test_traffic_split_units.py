@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 from loragate_resolver import request_ids, routing
 from loragate_resolver.breaker import CLOSED
+from loragate_resolver.live_stats import Reservoir
 
 from tests.support.split import (
     BUCKET_KEY,
@@ -357,3 +359,19 @@ def test_a_registry_that_cannot_be_read_keeps_the_last_table(split_env, monkeypa
     status, _, _ = call(split, path="/loragate/routes", body={}, headers=[(b"x-loragate-admin-key", KEY.encode())])
     assert status == 503 and split.routes == {NAME: routing.Route(NAME, "p1")}
     assert ask(split)[1][b"x-loragate-version"] == b"p1"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_sides_samples_span_the_whole_window_whatever_its_rate_in_bounded_memory(seed):
+    """Production's samples once were its last 4,096 (minutes at a 1 % split) while the
+    canary's covered hours: each is now a uniform sample of everything its side answered."""
+    kept = Reservoir(size=400, rng=random.Random(seed))
+    for index in range(40_000):  # a busy side: one value per request, in order
+        kept.append(float(index))
+    assert len(kept) == 400 and kept.seen == 40_000
+    first_half = sum(1 for v in kept if v < 20_000)
+    assert 120 <= first_half <= 280  # 200 expected; 0 if only the newest were kept
+    few = Reservoir(size=400)
+    for index in range(30):  # a quiet side keeps every value it saw
+        few.append(float(index))
+    assert list(few) == [float(i) for i in range(30)]

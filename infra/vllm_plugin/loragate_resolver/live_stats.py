@@ -1,7 +1,9 @@
 """Live figures per (adapter, version, window) from the replica's real requests, in memory.
 
-Counters (requests, errors, fallbacks, accepted, retried) and the last ``SAMPLES`` samples of
-end-to-end latency, time to first token and milliseconds per token, and the texts of the
+Counters (requests, errors, fallbacks, accepted, retried) and a uniform sample of at most
+``SAMPLES`` of the window's latencies, times to first token and milliseconds per token (a
+``Reservoir``: both versions' samples span the whole window, production's thousands a
+minute and the canary's few alike, in bounded memory), and the texts of the
 last ``ANSWER_SAMPLES`` good non-streaming answers (every ``ANSWER_SAMPLE_EVERY``-th, each cut
 to ``ANSWER_SAMPLE_CHARS``) for the format check against the golden set's schemas; streamed
 answers are never sampled (the split does not keep their bodies). loragate reads them from
@@ -17,6 +19,7 @@ fallback rate.
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +42,34 @@ _ALERTS_MAX = 1000
 Key = tuple[str, str, int | None]
 
 
+class Reservoir:
+    """At most ``size`` of the values appended, each value seen so far kept with the same
+    chance (Vitter's algorithm R): a uniform sample of the whole span, never only its end."""
+
+    def __init__(self, size: int = SAMPLES, rng: random.Random | None = None) -> None:
+        self.size, self.seen = size, 0
+        self.values: list[float] = []
+        self._rng = rng or random.Random()
+
+    def append(self, value: float) -> None:
+        self.seen += 1
+        if len(self.values) < self.size:
+            self.values.append(value)
+            return
+        slot = self._rng.randrange(self.seen)
+        if slot < self.size:
+            self.values[slot] = value
+
+    def __iter__(self) -> Any:
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, index: int) -> float:
+        return self.values[index]
+
+
 @dataclass
 class VersionStats:
     adapter: str
@@ -49,9 +80,9 @@ class VersionStats:
     fallbacks: int = 0
     accepted: int = 0
     retried: int = 0
-    latency_ms: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
-    ttft_ms: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
-    ms_per_token: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    latency_ms: Reservoir = field(default_factory=Reservoir)
+    ttft_ms: Reservoir = field(default_factory=Reservoir)
+    ms_per_token: Reservoir = field(default_factory=Reservoir)
     answers: deque = field(default_factory=lambda: deque(maxlen=ANSWER_SAMPLES))
     texts_seen: int = 0
     feedback: dict[str, str] = field(default_factory=dict)  # nonce -> "a" or "r"
