@@ -25,7 +25,7 @@ from loragate.registry.rules.canary import (
     WindowStatus,
     percentile,
 )
-from loragate.registry.rules.verdict import judge
+from loragate.registry.rules.verdict import judge, probe_error_evidence
 from loragate.registry.service import Registry
 from tests.support.moves import promote, rollback
 from tests.support.registries import IN_PROCESS, mark_validated, sql_engine
@@ -54,7 +54,9 @@ VERDICTS = [
     ("in-band-window-running", side(), side(), 0.0, [], EARLY, Verdict.CONTINUE, []),
     ("in-band-window-over", side(), side(), 0.0, [], LATE, Verdict.READY, []),
     ("p95-within-ratio-plus-slack", side(p95=114), side(p95=100), 0.0, [], LATE, Verdict.READY, []),
-    ("more-errors-than-production", side(errors=1), side(), 0.0, [], EARLY, Verdict.ROLLBACK, ["error_rate"]),
+    # one probe error of 20 against none is noise for the sequential rule; 12 of 20 is not
+    ("one-probe-error-is-noise", side(errors=1), side(), 0.0, [], EARLY, Verdict.CONTINUE, []),
+    ("many-more-errors-than-production", side(errors=12), side(), 0.0, [], EARLY, Verdict.ROLLBACK, ["error_rate"]),
     ("errors-equal-to-production", side(errors=1), side(errors=1), 0.0, [], LATE, Verdict.READY, []),
     ("drift-above-epsilon", side(), side(), 0.25, [], EARLY, Verdict.ROLLBACK, ["golden_drift"]),
     ("drift-at-epsilon", side(), side(), 0.1, [], LATE, Verdict.READY, []),
@@ -70,7 +72,7 @@ VERDICTS = [
         Verdict.ROLLBACK,
         ["error_rate", "p95_ms"],
     ),
-    ("errors-beat-a-late-window", side(errors=2), side(), 0.0, [], LATE, Verdict.ROLLBACK, ["error_rate"]),
+    ("errors-beat-a-late-window", side(errors=12), side(), 0.0, [], LATE, Verdict.ROLLBACK, ["error_rate"]),
 ]
 
 
@@ -82,6 +84,21 @@ def test_the_verdict_follows_the_bands(case, canary, production, drift, earlier,
     assert got == verdict
     assert sorted(m.name for m in checks if not m.in_band) == sorted(out)
     assert reasons, "every verdict says why"
+
+
+def test_probe_errors_accumulate_over_the_windows_observations():
+    """A few failing probes each time are noise once, evidence after a few observations: the
+    probe error rule carries its evidence from one observation to the next."""
+    verdicts, earlier = [], []
+    for i in range(6):
+        at = EARLY + timedelta(seconds=i)
+        verdict, checks, _ = judge(window(), side(errors=6), side(), 0.0, earlier, at)
+        evidence = probe_error_evidence(window().thresholds, side(errors=6), side(), earlier)
+        earlier.append(
+            Observation(1, at, side(errors=6), side(), 0.0, [], verdict, checks, [], probe_evidence=evidence.as_dict())
+        )
+        verdicts.append(verdict)
+    assert verdicts[0] == Verdict.CONTINUE and Verdict.ROLLBACK in verdicts
 
 
 def test_a_window_is_ready_only_after_its_whole_length():

@@ -1,7 +1,8 @@
 """The canary's probes on a real replica, reached through a proxy that loses or garbles one
-answer: a probe is asked again once before its failure counts, and a golden answer that
-differs from validation's is read a second time before it counts as drift -- while a replica
-that keeps failing, or a version that really drifts, still counts."""
+answer: a probe is asked again once before its failure counts (one that fails twice is
+evidence for the sequential probe error rule, not a rollback on its own), and a golden answer
+that differs from validation's is read a second time before it counts as drift -- while a
+replica that fails every probe, or a version that really drifts, is still rolled back."""
 
 from __future__ import annotations
 
@@ -45,11 +46,20 @@ def test_a_probe_lost_once_is_asked_again_and_counts_no_error(dark):
     assert observation.canary.errors == 0 and observation.verdict == Verdict.CONTINUE, observation.reasons
 
 
-def test_a_probe_that_fails_again_counts_as_the_canarys_error(dark):
+def test_a_probe_that_fails_again_counts_as_the_canarys_error_and_one_is_noise(dark):
     fleet, window, proxy = dark
     proxy.next_completions = [CompletionFault.ERROR_500] * 2
     observation, _ = observe_window(fleet.registry, window)
-    assert observation.canary.errors == 1 and observation.verdict == Verdict.ROLLBACK, observation.reasons
+    assert observation.canary.errors == 1 and observation.verdict == Verdict.CONTINUE, observation.reasons
+    assert observation.probe_evidence is not None and observation.probe_evidence["seen"][1] == 1
+
+
+def test_a_canary_failing_every_probe_is_rolled_back_at_once(dark):
+    fleet, window, proxy = dark
+    proxy.next_completions = [CompletionFault.ERROR_500] * 1000
+    observation, _ = observe_window(fleet.registry, window)
+    assert observation.canary.errors == observation.canary.requests > 0
+    assert observation.verdict == Verdict.ROLLBACK and any("probe errors worse" in r for r in observation.reasons)
 
 
 def test_a_golden_answer_garbled_once_is_read_again_and_is_no_drift(dark):

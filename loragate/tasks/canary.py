@@ -29,7 +29,7 @@ from loragate.registry.rules.canary import CanaryWindow, Observation, SideStats
 from loragate.registry.rules.fleet import qualified_name
 from loragate.registry.rules.formats import declared_schemas, schema_check
 from loragate.registry.rules.live import LiveJudgement, LiveStats, judge_live
-from loragate.registry.rules.verdict import judge
+from loragate.registry.rules.verdict import judge, probe_error_evidence
 from loragate.registry.service import Registry
 from loragate.tasks.replicas import Completion, ReplicaClient, replica_client
 from loragate.tasks.routes import stage_replicas
@@ -115,15 +115,15 @@ def _send(client: ReplicaClient, model: str, probe: Probe, side: _Side) -> Compl
 def _drifted(client: ReplicaClient, model: str, probe: Probe, first: Completion | None, expected: str) -> bool:
     """Whether a golden case's greedy answer differs from the one validation recorded,
     confirmed on a second read: a real drift answers the same way twice, a garbled read
-    does not. An unanswered probe is a drift (its error counts too)."""
+    does not. An unanswered probe is no drift: its error is the probe error rule's to judge."""
     if first is None:
-        return True
+        return False
     if first.text.strip() == expected:
         return False
     try:
         again = client.complete(model, probe.prompt, probe.max_tokens, admin=True)
     except ReplicaError:
-        return True
+        return False  # the first read differed, the second never came: not confirmed
     return again.text.strip() != expected
 
 
@@ -184,6 +184,7 @@ def observe_window(
     live, alerts = _live_judgement(registry, window, production_version, _error_evidence(earlier))
     now = utcnow()
     paired = tuple((round(c, 3), round(p, 3)) for c, p in pairs)
+    probe_errors = probe_error_evidence(window.thresholds, canary.stats(), production.stats(), earlier)
     verdict, checks, reasons = judge(
         window,
         canary.stats(),
@@ -194,6 +195,7 @@ def observe_window(
         live=live,
         pairs_ms=paired,
         against_base=production_version is None,
+        probe_evidence=probe_errors,
     )
     observation = registry.record_canary_observation(
         Observation(
@@ -208,6 +210,7 @@ def observe_window(
             reasons=reasons,
             live=None if live is None else live.as_dict(),
             pairs_ms=paired,
+            probe_evidence=probe_errors.as_dict(),
         )
     )
     progress(f"{name} {window.version_id}: {verdict.value} ({'; '.join(reasons)})")

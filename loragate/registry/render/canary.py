@@ -163,8 +163,10 @@ def canary_evidence_markdown(window: CanaryWindow, observations: list[Observatio
         "",
         f"Window opened {window.opened_at:%Y-%m-%d %H:%M:%S} UTC for {t.length_s:g} s; "
         f"status **{window.status.value}**.",
-        f"Bands: errors ≤ production's, p95 ≤ {t.p95_ratio:g}× production's + {t.p95_slack_ms:g} ms "
-        f"and slower by rank test, golden drift ≤ {t.drift_epsilon:g}.",
+        f"Bands: errors not more frequent than production's (sequential, at most "
+        f"{t.false_rollback / 4:.2%} of good canaries withdrawn by it), p95 ≤ {t.p95_ratio:g}× production's "
+        f"+ {t.p95_slack_ms:g} ms and slower by rank test (a first canary: {t.first_p95_ratio:g}× the base's), "
+        f"golden drift ≤ {t.drift_epsilon:g}.",
     ]
     if window.share > 0:
         lines.append(
@@ -189,6 +191,12 @@ def canary_evidence_markdown(window: CanaryWindow, observations: list[Observatio
         lines.append(f"| … {len(observations) - 12} earlier observations | | | | | | | |")
     if observations:
         lines += live_evidence_lines(observations[-1], window)
+        kept = observations[-1].probe_evidence
+        if kept:
+            lines += [
+                "",
+                f"Probe errors, sequential: evidence {kept['e_value']:.3g}, rolls back at {kept['threshold']:.3g}.",
+            ]
         lines += ["", f"Last verdict: {'; '.join(observations[-1].reasons)}"]
     else:
         lines += ["", "No observations yet."]

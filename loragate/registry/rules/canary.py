@@ -219,10 +219,13 @@ def monitors(
     drift: float,
     pairs_ms: Pairs = (),
     against_base: bool = False,
+    errors_worse: bool | None = None,
 ) -> list[Monitor]:
     """The three monitors of one observation, each with its bound. The p95 is out of band
     above its bound only when the rank test confirms the canary is slower. ``against_base``:
-    production is the bare base (a first canary), and the band is ``first_p95_ratio``."""
+    production is the bare base (a first canary), and the band is ``first_p95_ratio``.
+    ``errors_worse``: the sequential probe error rule's decision (``rules/verdict.py``);
+    None, a bare comparison of this observation's rates (records from before that rule)."""
     p95_bound = None
     p95_in_band = True
     ratio = thresholds.first_p95_ratio if against_base else thresholds.p95_ratio
@@ -233,7 +236,12 @@ def monitors(
     elif canary.p95_ms is None and canary.requests:
         p95_in_band = False  # every canary request failed: no latency to judge, and that is not in band
     return [
-        Monitor("error_rate", canary.error_rate, production.error_rate, canary.error_rate <= production.error_rate),
+        Monitor(
+            "error_rate",
+            canary.error_rate,
+            production.error_rate,
+            not errors_worse if errors_worse is not None else canary.error_rate <= production.error_rate,
+        ),
         Monitor("p95_ms", canary.p95_ms, p95_bound, p95_in_band),
         Monitor("golden_drift", drift, thresholds.drift_epsilon, drift <= thresholds.drift_epsilon),
     ]
@@ -305,6 +313,9 @@ class Observation:
     live: dict[str, Any] | None = None
     # (canary ms, production ms) of each probe both sides answered, back to back
     pairs_ms: Pairs = ()
+    # the sequential evidence that the canary's probes fail more often than production's, over
+    # the window's observations up to this one (ErrorEvidence.as_dict()); None in older records
+    probe_evidence: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -320,4 +331,5 @@ class Observation:
             "reasons": self.reasons,
             "live": self.live,
             "pairs_ms": [list(pair) for pair in self.pairs_ms],
+            "probe_evidence": self.probe_evidence,
         }

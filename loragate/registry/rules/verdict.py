@@ -2,8 +2,10 @@
 a window that takes live traffic, the live judgement of the same evaluation
 (``rules/live.py``).
 
-Errors above production's or golden drift above epsilon roll the canary back at once, as do
-worse live errors or a tripped breaker. A latency breach -- a probe's, or a live one the
+Probe errors more frequent than production's -- by the sequential test of
+``rules/sequential.py`` over the window's observations, each failed probe asked again once --
+or golden drift above epsilon (each differing answer read twice) roll the canary back at
+once, as do worse live errors. A latency breach -- a probe's, or a live one the
 rank test confirms -- must repeat ``latency_breaches`` observations in a row. Too few live
 requests (or an unmet A/B bar, when it gates) keep the window from ready; it is ready for
 sign-off once its length has passed with every monitor in band.
@@ -15,6 +17,7 @@ from datetime import datetime
 
 from loragate.registry.rules.canary import (
     LATENCY_MONITORS,
+    CanaryThresholds,
     CanaryWindow,
     Monitor,
     Observation,
@@ -24,6 +27,22 @@ from loragate.registry.rules.canary import (
     monitors,
 )
 from loragate.registry.rules.live import LiveJudgement
+from loragate.registry.rules.sequential import ErrorEvidence, rule_alpha
+
+
+def probe_error_evidence(
+    thresholds: CanaryThresholds, canary: SideStats, production: SideStats, earlier: list[Observation]
+) -> ErrorEvidence:
+    """The sequential evidence that the canary's probes fail more often than production's,
+    after this observation: each observation's probes are one interval
+    (``rules/sequential.py``), at the probe error rule's quarter of ``false_rollback``. A
+    failed probe was asked again once before it counted (``tasks/canary.py``)."""
+    kept = next((o.probe_evidence for o in reversed(earlier) if o.probe_evidence), None)
+    evidence = ErrorEvidence.from_dict(kept, rule_alpha(thresholds.false_rollback))
+    seen = evidence.seen
+    return evidence.look(
+        seen[0] + canary.requests, seen[1] + canary.errors, seen[2] + production.requests, seen[3] + production.errors
+    )
 
 
 def _latency_breach(checks: list[Monitor]) -> bool:
@@ -40,22 +59,28 @@ def judge(
     live: LiveJudgement | None = None,
     pairs_ms: Pairs = (),
     against_base: bool = False,
+    probe_evidence: ErrorEvidence | None = None,
 ) -> tuple[Verdict, list[Monitor], list[str]]:
     """The verdict on one observation, given the window's earlier ones (oldest first) and,
     for a window that takes live traffic, the live judgement of the same evaluation, and
     the probes' back-to-back pairs; ``against_base``: the adapter has no production version,
-    so production is the bare base and the probe latency band is the first canary's.
+    so production is the bare base and the probe latency band is the first canary's;
+    ``probe_evidence``: this observation's ``probe_error_evidence`` (computed here when not
+    given).
 
     Returns (verdict, monitors, reasons); reasons name every monitor out of band, or say
     why the window is not ready yet. A window with a share of live traffic and a minimum of
     live requests is not ready without a live judgement.
     """
     t = window.thresholds
-    checks = monitors(t, canary, production, drift, pairs_ms, against_base)
+    errors = probe_evidence or probe_error_evidence(t, canary, production, earlier)
+    checks = monitors(t, canary, production, drift, pairs_ms, against_base, errors_worse=errors.worse)
     by_name = {m.name: m for m in checks}
     if live is not None:
         checks += live.monitors
     reasons = [f"{m.describe()} (out of band)" for m in checks if not m.in_band]
+    if errors.worse:
+        reasons.append(f"probe errors worse than production's: {errors.describe()}")
     if live is not None:
         reasons += live.reasons
     if not by_name["error_rate"].in_band or not by_name["golden_drift"].in_band or (live and live.rollback):
