@@ -299,7 +299,7 @@ def _account(
     # the answering version's own time: a version asked before it and failed is not in it
     latency_ms = (finished - attempt.began) * 1000
     for failed_step, _status in failures:
-        counted = charged(failed_step, step, attempt.status, failures)
+        counted = charged(failed_step, step, attempt.status)
         split.stats.failed(adapter, failed_step.label, failed_step.window, error=counted)
         metrics.request(adapter, failed_step.label, "fallback", None, None)
         if failed_step.version is not None and counted:
@@ -333,17 +333,13 @@ def _account(
     )
 
 
-def charged(failed_step: Step, final: Step, final_status: int, failures: list[tuple[Step, int]]) -> bool:
+def charged(failed_step: Step, final: Step, final_status: int) -> bool:
     """Whether a version's failure on a request counts against it: only where the request
     was answerable -- a later version answered it -- and, for the canary, only where
-    production did. A 400 every version gave is the client's own request; a failure the
-    canary shares with production (overload, an engine restart) is every version's, and
-    shows as the replica's fallback rate, not as the canary's errors."""
-    if final_status == 400 and all(status == 400 for _, status in failures):
-        return False
-    if final_status >= 400:
-        return False
-    return failed_step.kind != "canary" or final.kind == "production"
+    production did. Where no version answered, the failure is the client's own request (a
+    400 every version gave) or every version's (overload, an engine restart), and shows as
+    the replica's fallback rate, not as a version's errors."""
+    return final_status < 400 and (failed_step.kind != "canary" or final.kind == "production")
 
 
 def _breaker(split: Any, adapter: str, step: Step, ok: bool, slow: bool) -> None:
