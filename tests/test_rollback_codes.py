@@ -21,11 +21,18 @@ signoff = test_approvals.signoff
 
 @pytest.fixture
 def in_production(signoff):
-    """v1 in production (signed off), v2 on canary: rollback codes have something to decide on."""
+    """v1 in production (signed off), v2 on canary: rollback codes have something to decide on.
+    A second sign-off code for v1 is issued while its window is still ready (the promotion
+    ends the window, and no sign-off code is issued after it) and kept unused."""
+    SPARE_SIGN_OFF.clear()
+    SPARE_SIGN_OFF.append(signoff.code("bob"))
     signoff.record(signoff.code())
     promote(signoff.owner, signoff.v1, "production")
     promote(signoff.owner, signoff.v2, "canary")
     return signoff
+
+
+SPARE_SIGN_OFF: list[str] = []  # in_production's unused sign-off code for v1
 
 
 def rollback_code(s: SignOff, version: str, who: str = "alice") -> str:
@@ -51,7 +58,7 @@ def test_a_rollback_code_for_what_a_stage_serves_is_redeemed_once_and_names_its_
     [
         ("no-code", lambda s: "", "production", ErrorCode.APPROVAL_CODE_INVALID),
         ("forged", lambda s: FORGED, "production", ErrorCode.APPROVAL_CODE_INVALID),
-        ("a-sign-off-code", lambda s: s.code(), "production", ErrorCode.APPROVAL_CODE_MISMATCH),
+        ("a-sign-off-code", lambda s: SPARE_SIGN_OFF[0], "production", ErrorCode.APPROVAL_CODE_MISMATCH),
         ("for-the-canarys-version", lambda s: rollback_code(s, s.v2), "production", ErrorCode.APPROVAL_CODE_MISMATCH),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
