@@ -201,12 +201,14 @@ FORGED_UPDATES = [
     ("an-open-window-promoted-before-ready", "UPDATE canary_windows SET status = 'promoted' WHERE id = :open"),
     ("a-closed-window-given-a-share", "UPDATE canary_windows SET share = 0.1 WHERE id = :closed"),
     ("reopened-with-every-user", "UPDATE canary_windows SET status = 'open', share = 1.0 WHERE id = :closed"),
+    ("a-closed-window-made-undecided", "UPDATE canary_windows SET status = 'undecided' WHERE id = :closed"),
 ]
 ALLOWED_UPDATES = [
     ("up-to-the-cap", "UPDATE canary_windows SET share = 0.5 WHERE id = :open"),
     ("dark", "UPDATE canary_windows SET share = 0 WHERE id = :open"),
     ("ready", "UPDATE canary_windows SET status = 'ready', reason = 'in band' WHERE id = :open"),
     ("rolled-back", "UPDATE canary_windows SET status = 'rolled_back', closed_at = now() WHERE id = :open"),
+    ("undecided", "UPDATE canary_windows SET status = 'undecided', closed_at = now() WHERE id = :open"),
 ]
 
 

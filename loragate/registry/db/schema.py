@@ -203,7 +203,7 @@ canary_windows = Table(
     # through the application: window_from_row does not read it
     Column("bucket_key", String(64), nullable=False),
     CheckConstraint(
-        "status IN ('open', 'ready', 'promoted', 'rejected', 'rolled_back', 'superseded')",
+        "status IN ('open', 'ready', 'promoted', 'rejected', 'rolled_back', 'superseded', 'undecided')",
         name="ck_canary_windows_status",
     ),
     CheckConstraint("share >= 0 AND share <= 1", name="ck_canary_windows_share"),
