@@ -12,7 +12,11 @@ every look at 0.05.
 
 Prints JSON: per traffic and error rate the share of windows a version failing as
 production does was rolled back in (with Wilson's 95 % interval), and per worse version the
-share caught and the median hours to its rollback.
+share caught and the median hours to its rollback. **Few users**: tenants of 5 to 2,000 sticky
+users (each sending a Poisson 3 requests per 10 min, each in the canary while its bucket is
+below the share), the split ramped by loragate's own rule (``rules/power.py``) within 10 %:
+the share of windows decided (ready with the requests needed, or rolled back) and undecided,
+for a version as good as production and one failing 2x as often.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from loragate.registry.rules.canary import CanaryThresholds
+from loragate.registry.rules.power import coverage, ramped_share
 from loragate.registry.rules.sequential import ErrorEvidence, rule_alpha
 from loragate.registry.rules.significance import fisher_exact_greater, wilson_interval
 
@@ -102,6 +108,11 @@ def _share(hits: int, windows: int) -> dict[str, Any]:
     return {"windows": windows, "rolled_back": hits, "share": hits / windows, "ci95": [low, high]}
 
 
+def _proportion(hits: int, windows: int) -> dict[str, Any]:
+    low, high = wilson_interval(hits, windows, 0.95) or (0.0, 1.0)
+    return {"windows": windows, "count": hits, "share": hits / windows, "ci95": [low, high]}
+
+
 def null_case(case: Case, windows: int, peer_windows: int, seed: int) -> dict[str, Any]:
     runs = first_rollbacks(case, windows, seed, peer=False)
     peer_runs = first_rollbacks(case, peer_windows, seed + 1, peer=True) if peer_windows else []
@@ -123,6 +134,62 @@ def worse_case(case: Case, windows: int, seed: int) -> dict[str, Any]:
     }
 
 
+REQUESTS_PER_USER = 3  # per user per 10 min
+AUTO_CAP = 0.10  # LORAGATE_CANARY_MAX_AUTO_SHARE's default
+PRODUCTION_RATE = 0.01
+
+
+def few_users_window(users: int, canary_ratio: float, rng: np.random.Generator) -> tuple[str, float, int]:
+    """One window of a tenant of ``users`` sticky users: (outcome, final share, ramp steps);
+    outcome ``ready``, ``rolled_back`` or ``undecided``, as the watch would end it."""
+    length = LOOKS * LOOK_S
+    detection = CanaryThresholds(
+        length_s=length, detect_ratio=2.0, min_live_requests=100, false_rollback=FALSE_ROLLBACK
+    ).detection
+    buckets = rng.random(users)
+    share, steps = SHARE, 0
+    evidence, counts = ErrorEvidence.start(detection.alpha), [0, 0, 0, 0]
+    for look in range(1, LOOKS + 1):
+        sent = rng.poisson(REQUESTS_PER_USER, users)
+        canary = int(sent[buckets < share].sum())
+        production = int(sent.sum()) - canary
+        step = (
+            canary,
+            int(rng.binomial(canary, PRODUCTION_RATE * canary_ratio)),
+            production,
+            int(rng.binomial(production, PRODUCTION_RATE)),
+        )
+        counts = [c + s for c, s in zip(counts, step, strict=True)]
+        evidence = evidence.look(*counts)
+        if evidence.worse:
+            return "rolled_back", share, steps
+        elapsed, remaining = look * LOOK_S, length - look * LOOK_S
+        covered = coverage(detection, share, counts[0], counts[2], counts[3], elapsed, remaining)
+        if remaining <= 0:
+            return ("ready" if covered.met else "undecided"), share, steps
+        raised = ramped_share(detection, covered, counts[2], counts[3], elapsed, remaining, AUTO_CAP)
+        if raised is not None:
+            share, steps = raised, steps + 1
+    raise AssertionError("unreachable: the last look ends the window")
+
+
+def few_users_case(users: int, canary_ratio: float, windows: int, seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    runs = [few_users_window(users, canary_ratio, rng) for _ in range(windows)]
+    outcomes = [o for o, _, _ in runs]
+    return {
+        "users": users,
+        "requests_per_10_min": users * REQUESTS_PER_USER,
+        "canary_error_ratio": canary_ratio,
+        "windows": windows,
+        "ready": outcomes.count("ready") / windows,
+        "rolled_back": _proportion(outcomes.count("rolled_back"), windows),
+        "undecided": _proportion(outcomes.count("undecided"), windows),
+        "median_final_share": statistics.median(s for _, s, _ in runs),
+        "median_ramp_steps": statistics.median(n for _, _, n in runs),
+    }
+
+
 def _commit() -> str | None:
     done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
     return done.stdout.strip() or None
@@ -133,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=1000)
     parser.add_argument("--peer-windows", type=int, default=200)
     parser.add_argument("--worse-windows", type=int, default=200)
+    parser.add_argument("--user-windows", type=int, default=200)
     parser.add_argument("--seed", type=int, default=39)
     parser.add_argument("--smoke", action="store_true", help="a few windows of a few cases: it runs, nothing more")
     parser.add_argument("--out", type=Path)
@@ -140,11 +208,17 @@ def main(argv: list[str] | None = None) -> int:
     traffic, rates = (60, 600, 6000), (0.002, 0.01, 0.03)
     if args.smoke:
         args.windows, args.peer_windows, args.worse_windows, traffic, rates = 5, 3, 5, (600,), (0.01,)
+        args.user_windows = 3
     started = time.monotonic()
     null = [null_case(Case(t, r, r), args.windows, args.peer_windows, args.seed) for t in traffic for r in rates]
     null += [null_case(Case(t, 0.01, 0.01, burst=True), args.windows, args.peer_windows, args.seed) for t in traffic]
     worse = [
         worse_case(Case(t, 0.01, 0.01 * ratio), args.worse_windows, args.seed + 7) for t in traffic for ratio in (2, 3)
+    ]
+    few = [
+        few_users_case(users, ratio, args.user_windows, args.seed + 11)
+        for users in ((20,) if args.smoke else (5, 20, 200, 2000))
+        for ratio in (1.0, 2.0)
     ]
     result = {
         "benchmark": "verdict",
@@ -157,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         "peer": f"Fisher one-sided on the cumulative counts at every look, p < {PEER_ALPHA}",
         "as_good_as_production": null,
         "worse": worse,
+        "few_users": few,
         "seconds": round(time.monotonic() - started, 1),
     }
     text = json.dumps(result, indent=1)

@@ -239,6 +239,9 @@ def main() -> None:
         # users bring the live requests a window needs
         "LORAGATE_CANARY_SHARE": "0.5",
         "LORAGATE_CANARY_MIN_LIVE_REQUESTS": "20",
+        # a few dozen requests cannot show a canary failing 2x as often as production (that
+        # takes thousands: docs/live-traffic.md); the demo's window asks for its minimum alone
+        "LORAGATE_CANARY_DETECT_RATIO": "0",
     }
     os.environ.update(settings_env)
     for var in ("LORAGATE_DATABASE_URL", "LORAGATE_ARTIFACTS"):

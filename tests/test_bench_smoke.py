@@ -51,6 +51,7 @@ def test_verdict_benchmark_runs_in_smoke_mode():
     for case in result["as_good_as_production"]:
         assert case["loragate"]["windows"] == 5 and case["fisher_every_look"]["windows"] == 3
     assert all(case["caught"]["windows"] == 5 for case in result["worse"])
+    assert [(c["users"], c["windows"]) for c in result["few_users"]] == [(20, 3), (20, 3)]
 
 
 def test_validation_benchmark_runs_in_smoke_mode():

@@ -4,8 +4,9 @@
 loaded, its bytes checked by the replica, its golden answers compared -- and only then gives
 it its share; users of either replica stick to one version. A canary whose live answers fail
 is rolled back on the live figures alone while every probe passes, and its users are
-answered by production with the fallback header, then by production alone. A window with
-too few live requests is not ready and says so. After a promotion the replaced version stays
+answered by production with the fallback header, then by production alone. A window over
+with too few live requests is undecided and withdrawn; a tenant of twenty users ramps within
+its cap first, then ends undecided with what was missing. After a promotion the replaced version stays
 warm, so a rollback moves traffic and is confirmed per replica by the version header -- no
 reload, no golden completions behind user traffic.
 
@@ -21,6 +22,8 @@ import time
 import httpx
 import pytest
 
+from loragate.registry.records.adapters import utcnow
+from loragate.registry.render.canary import canary_evidence_markdown
 from loragate.registry.rules.canary import Verdict, WindowStatus
 from loragate.registry.rules.fleet import qualified_name, version_path
 from loragate.tasks.canary import observe_window
@@ -70,6 +73,9 @@ def live(tmp_path, replicas, replica_adapters, validated_adapters):
         validated_adapters,
         canary_share=0.5,
         canary_min_live_requests=10,
+        # the count a verdict needs is tests/test_undecided.py's (and few_users' below): here,
+        # the minimum alone, which a few dozen users reach
+        canary_detect_ratio=0.0,
         canary_window_s=1,
         canary_p95_slack_ms=60_000,
     )
@@ -161,24 +167,71 @@ def test_a_fault_every_version_shares_rolls_back_nothing_and_raises_the_replicas
     assert {a.kind for a in alerts} == {"fallback_rate"}, [a.as_dict() for a in alerts]
 
 
-def test_a_window_with_too_few_live_requests_is_not_ready_and_says_so_until_enough_came(live):
+def test_a_window_over_with_too_few_live_requests_is_undecided_and_withdrawn_leaving_no_user_on_it(live):
     fleet, deployment = live
     time.sleep(1.1)  # the window's length is over: only live traffic is missing
-    a, b = productions(fleet)
+    a, _ = productions(fleet)
     ask(a, fleet.name, USERS[0])
 
     observation, _ = observe_window(fleet.registry, deployment.window)
-    assert observation.verdict == Verdict.CONTINUE
-    assert any("of 10" in r and "live" in r for r in observation.reasons), observation.reasons
-
-    canary_requests = 0
+    assert observation.verdict == Verdict.UNDECIDED, observation.reasons
+    assert observation.reasons[0] == "window over undecided: its live traffic could not decide it"
+    assert any("of 10 requests needed" in r for r in observation.reasons), observation.reasons
+    closed = withdraw_canary(fleet.registry, deployment.window, "canary undecided: too few", undecided=True)
+    assert closed.status == WindowStatus.UNDECIDED and fleet.registry.get_adapter(fleet.name).canary is None
     for user in USERS:
-        for replica in (a, b):
-            canary_requests += ask(replica, fleet.name, user).headers["x-loragate-version"] == fleet.v2
-    assert canary_requests >= 10  # what the fixed users get: decided by the hash, not drawn
+        for replica in productions(fleet):
+            assert ask(replica, fleet.name, user).headers["x-loragate-version"] == fleet.v1
+
+
+@pytest.fixture
+def few_users(tmp_path, replicas, replica_adapters, validated_adapters):
+    """v1 in production; v2 deployed as the canary at 1 %, its window of 30 s sized to catch
+    errors 2x production's (thousands of requests), the split allowed to ramp to 10 %."""
+    fleet = make_fleet(
+        tmp_path,
+        replicas,
+        replica_adapters,
+        validated_adapters,
+        canary_share=0.01,
+        canary_max_auto_share=0.10,
+        canary_detect_ratio=2.0,
+        canary_window_s=30,
+        canary_p95_slack_ms=60_000,
+    )
+    fleet.promote(fleet.v1, "canary")
+    fleet.promote(fleet.v1, "production")
+    deployment = deploy_canary(fleet.registry, fleet.v2)
+    yield fleet, deployment
+    fleet.registry.close()
+
+
+def test_a_tenant_of_twenty_users_ramps_within_the_cap_then_ends_undecided_with_what_was_missing(few_users):
+    fleet, deployment = few_users
+    a, b = productions(fleet)
+    answered_by = [ask(a, fleet.name, user).headers["x-loragate-version"] for user in USERS[:20]]
     observation, _ = observe_window(fleet.registry, deployment.window)
-    assert observation.verdict == Verdict.READY, observation.reasons
-    assert observation.live is not None and observation.live["stats"]["canary"]["requests"] >= 10
+    assert observation.verdict == Verdict.CONTINUE, observation.reasons
+    ramped = fleet.registry.canary_window(deployment.window.id)
+    assert ramped.share == 0.10  # thousands needed, twenty users: straight to the cap, no further
+    (step,) = [
+        e for e in fleet.registry.history(fleet.name) if e.action == "canary_share" and "auto-ramp" in (e.reason or "")
+    ]
+    assert "auto-ramp 1.00% -> 10.00% (cap 10.00%)" in (step.reason or "")
+    answered_by += [ask(r, fleet.name, u).headers["x-loragate-version"] for u in USERS[:20] for r in (a, b)]
+    time.sleep(max(0.0, (ramped.ends_at - utcnow()).total_seconds()) + 0.1)
+
+    observation, _ = observe_window(fleet.registry, ramped)
+    assert observation.verdict == Verdict.UNDECIDED, observation.reasons
+    assert fleet.registry.canary_window(ramped.id).share == 0.10  # never past the cap
+    needed = observation.live["coverage"]
+    assert needed["needed"] > 1000 and needed["canary_requests"] == answered_by.count(fleet.v2) and not needed["met"]
+    assert any("canary requests needed to catch errors 2x production's at 80% power" in r for r in observation.reasons)
+    closed = withdraw_canary(
+        fleet.registry, ramped, "canary undecided: " + "; ".join(observation.reasons), undecided=True
+    )
+    shown = canary_evidence_markdown(closed, fleet.registry.canary_observations(ramped.id))
+    assert "**Undecided:**" in shown and f"of {needed['needed']} needed" in shown
 
 
 def test_rolling_back_a_promotion_moves_users_to_the_warm_previous_version_confirmed_per_replica(live):

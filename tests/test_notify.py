@@ -27,6 +27,7 @@ from loragate.tasks.notify import (
     rolled_back,
     stuck,
     traffic_alert,
+    undecided,
     validation_failed,
 )
 from tests.support.slack import Failure, RecordingSlack, slack  # noqa: F401  (the fixture)
@@ -82,6 +83,10 @@ CASES = {
     NoticeKind.TRAFFIC_ALERT: Case(
         traffic_alert(NAME, V2, "breaker_open", "http://127.0.0.1:8001", "5 errors in a row <500>"),
         (NAME, V2, "breaker_open", "http://127.0.0.1:8001", "5 errors in a row &lt;500&gt;"),
+    ),
+    NoticeKind.UNDECIDED: Case(
+        undecided(NAME, V2, V1, "live: 40 of 3358 canary requests needed to catch errors 2x production's"),
+        (NAME, V2, V1, "40 of 3358 canary requests needed", "larger share"),
     ),
 }
 

@@ -45,6 +45,7 @@ NOTICES = {
     events.VALIDATION_FAILED,
     events.CANARY_STARTED,
     events.CANARY_ROLLED_BACK,
+    events.CANARY_UNDECIDED,
     events.SIGNOFF_REJECTED,
     events.PROMOTED,
     events.ROLLED_BACK,

@@ -5,7 +5,9 @@ version in place, verified against its validated outputs, and opens its window.
 ``canary-evaluate`` (scheduled) observes every open window once (a few at a time) and acts
 on each verdict in window order:
 out of band rolls the canary back automatically (replicas withdrawn, version
-``rolled_back`` with the reason, Slack); in band for the whole window announces
+``rolled_back`` with the reason, Slack); over without the live requests a verdict needs
+withdraws it the same way with its window ``undecided`` (what was missing, on Slack and in
+the verdict artifact); in band for the whole window announces
 ``loragate.canary.ready``, which starts the promotion that waits for a sign-off. Each
 window's observations are a Prefect table artifact, its verdict a markdown one. A live-traffic
 alert the replicas raise (a tripped breaker, too many fallbacks) goes to Slack once.
@@ -93,6 +95,11 @@ def canary_evaluate_flow() -> dict[str, str]:
                     window.adapter_name, "canary", window.version_id, withdrawn["back_to"], reason, automatic=True
                 )
             )
+        elif observation.verdict == Verdict.UNDECIDED:
+            reason = "canary undecided: " + "; ".join(observation.reasons)
+            withdrawn = withdraw_canary(window.id, reason, undecided=True)
+            events.announce(events.CANARY_UNDECIDED, window.adapter_name, version_id=window.version_id, reason=reason)
+            notify_task(notify.undecided(window.adapter_name, window.version_id, withdrawn["back_to"], reason))
         elif observation.verdict == Verdict.READY:
             events.announce(events.CANARY_READY, window.adapter_name, version_id=window.version_id, window_id=window.id)
     return verdicts

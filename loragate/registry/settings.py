@@ -131,6 +131,15 @@ class Settings(BaseSettings):
     # the chance that a version failing no more than production is ever rolled back during its
     # window, shared by the rules that can roll back (rules/sequential.py)
     canary_false_rollback: float = Field(default=0.01, gt=0.0, lt=0.5)
+    # a window is ready only once its live traffic could catch a canary failing this many times
+    # as often as production (at least LORAGATE_CANARY_DETECT_ERROR_RATE) with this power;
+    # fewer requests by its end: undecided (docs/live-traffic.md). 0 (or 1): the minimum alone
+    canary_detect_ratio: float = Field(default=2.0, ge=0.0)
+    canary_power: float = Field(default=0.8, ge=0.5, lt=1.0)
+    canary_detect_error_rate: float = Field(default=0.01, gt=0.0, lt=0.5)
+    # the most of an adapter's live requests the watch gives a canary on its own to get the
+    # requests it needs in time (every step audited); at most LORAGATE_CANARY_MAX_SHARE
+    canary_max_auto_share: float = Field(default=0.10, ge=0.0, le=1.0)
     # make the A/B bar a gate: a window is ready only when the canary meets production's
     # figures at the confidence above (non-inferiority within the margin below)
     canary_ab_gate: bool = False

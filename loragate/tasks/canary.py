@@ -8,6 +8,8 @@ alike: while the canary takes live traffic, as ``name@version`` on the productio
 themselves (both versions on the same replicas); a dark canary on the canary replicas. Live: the
 figures every production replica's split counted for both versions in this window.
 ``loragate.registry.rules.verdict.judge`` decides on both; the observation is recorded either way.
+A window whose traffic will not bring the live requests its verdict needs by its end gets a
+larger share, within its cap (``canary_moves.ramp_canary``).
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from loragate.registry.errors import (
 )
 from loragate.registry.intake.jsonio import loads_object
 from loragate.registry.records.adapters import utcnow
-from loragate.registry.rules.canary import CanaryWindow, Observation, SideStats
+from loragate.registry.rules.canary import CanaryWindow, Observation, SideStats, Verdict
 from loragate.registry.rules.fleet import qualified_name
 from loragate.registry.rules.formats import declared_schemas, schema_check
 from loragate.registry.rules.live import LiveJudgement, LiveStats, judge_live
 from loragate.registry.rules.verdict import judge, probe_error_evidence
 from loragate.registry.service import Registry
+from loragate.tasks.canary_moves import ramp_canary
 from loragate.tasks.replicas import Completion, ReplicaClient, replica_client
 from loragate.tasks.routes import stage_replicas
 from loragate.tasks.traffic import read_traffic
@@ -214,6 +217,9 @@ def observe_window(
         )
     )
     progress(f"{name} {window.version_id}: {verdict.value} ({'; '.join(reasons)})")
+    if verdict == Verdict.CONTINUE and live is not None:
+        production_side = live.stats.production
+        ramp_canary(registry, window, live.coverage, (production_side.requests, production_side.errors), progress)
     return observation, alerts
 
 
@@ -240,8 +246,16 @@ def _live_judgement(
     live = LiveStats.from_replicas(documents, window.adapter_name, window.id, window.version_id, production_version)
     expected = registry.expected_outputs(window.version_id)
     check = schema_check(declared_schemas(None if expected is None else expected[0]))
+    now = utcnow()
     judgement = judge_live(
-        window.thresholds, live, window.share, format_check=check, previous=previous, every_replica=not unreachable
+        window.thresholds,
+        live,
+        window.share,
+        format_check=check,
+        previous=previous,
+        every_replica=not unreachable,
+        elapsed_s=(now - window.opened_at).total_seconds(),
+        remaining_s=(window.ends_at - now).total_seconds(),
     )
     if unreachable:
         judgement.not_ready_reasons.append(f"live figures of {len(unreachable)} replica(s) unreadable")

@@ -28,9 +28,11 @@ from loragate.registry.errors import (
     InvalidInput,
     LoragateError,
 )
+from loragate.registry.records.adapters import utcnow
 from loragate.registry.rules.canary import ACTIVE, CanaryWindow, WindowStatus
 from loragate.registry.rules.lifecycle import Plan
 from loragate.registry.rules.names import AdapterName
+from loragate.registry.rules.power import Coverage, ramped_share
 from loragate.registry.service import Registry
 from loragate.tasks.fleet import promote_and_switch, rollback_and_switch
 from loragate.tasks.routes import push_routes, stage_replicas
@@ -124,6 +126,35 @@ def put_on_canary(
     return deploy_canary(registry, version_id, progress, reason=reason)
 
 
+# -- ramp ----------------------------------------------------------------------------------
+
+
+def ramp_canary(
+    registry: Registry,
+    window: CanaryWindow,
+    covered: Coverage,
+    production: tuple[int, int],
+    progress: Progress = _quiet,
+) -> CanaryWindow | None:
+    """Raise a running window's share when its traffic will not bring the live requests its
+    verdict needs by its end (``rules/power.py``), never past the window's
+    ``max_auto_share``; audited as a share change with the need and the pace, pushed to every
+    replica. ``production``: (requests, errors) production answered in the window. Returns
+    the window as raised, or None where no raise is due."""
+    now = utcnow()
+    elapsed = (now - window.opened_at).total_seconds()
+    remaining = (window.ends_at - now).total_seconds()
+    t = window.thresholds
+    share = ramped_share(t.detection, covered, production[0], production[1], elapsed, remaining, t.max_auto_share)
+    if share is None:
+        return None
+    reason = f"auto-ramp {covered.share:.2%} -> {share:.2%} (cap {t.max_auto_share:.2%}): {covered.describe()}"
+    raised = registry.set_canary_share(window.id, share, reason=reason[:200])
+    push_routes(registry, window.adapter_name, progress)
+    progress(f"{window.adapter_name} {window.version_id}: {reason}")
+    return raised
+
+
 # -- withdraw ------------------------------------------------------------------------------
 
 
@@ -142,11 +173,15 @@ def withdraw_from_canary(
 
 
 def _withdraw(
-    registry: Registry, window: CanaryWindow, reason: str, progress: Progress
+    registry: Registry, window: CanaryWindow, reason: str, progress: Progress, *, undecided: bool = False
 ) -> tuple[CanaryWindow, Plan, list[dict[str, Any]]]:
     current = registry.canary_window(window.id)
     if current.status in ACTIVE and current.share > 0:
         registry.set_canary_share(window.id, 0.0, reason=reason[:200])
+    if undecided and current.status == WindowStatus.OPEN:
+        # ended undecided before the pointer moves, so the move (which ends an active
+        # window as rolled back) finds it ended and the record says what happened
+        registry.close_canary_window(window.id, WindowStatus.UNDECIDED, reason)
     plan, report = withdraw_from_canary(registry, window.adapter_name, window.version_id, reason, progress)
     # the move ended the window (rolled_back) in its own transaction, as a move that took the
     # canary away meanwhile ended it its own way; one still active outlived its canary
@@ -157,10 +192,14 @@ def _withdraw(
     return after, plan, report
 
 
-def withdraw_canary(registry: Registry, window: CanaryWindow, reason: str, progress: Progress = _quiet) -> CanaryWindow:
+def withdraw_canary(
+    registry: Registry, window: CanaryWindow, reason: str, progress: Progress = _quiet, *, undecided: bool = False
+) -> CanaryWindow:
     """Auto-rollback: the canary gets 0 % of live traffic on every replica at once, then is
-    withdrawn, and its window closes."""
-    closed, _, _ = _withdraw(registry, window, reason, progress)
+    withdrawn, and its window closes -- ``rolled_back``, or ``undecided`` for a window over
+    without the live requests its verdict needs (the version withdrawn unproven, not failed:
+    it may be canaried again with more traffic or a longer window)."""
+    closed, _, _ = _withdraw(registry, window, reason, progress, undecided=undecided)
     return closed
 
 

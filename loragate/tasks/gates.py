@@ -158,9 +158,11 @@ def observe_canary(window_id: int) -> tuple[Observation, list[Observation], list
     retry_delay_seconds=RETRY_DELAYS_S,
     retry_condition_fn=outage_only,
 )
-def withdraw_canary(window_id: int, reason: str) -> dict[str, Any]:
+def withdraw_canary(window_id: int, reason: str, undecided: bool = False) -> dict[str, Any]:
     with registry_as(Role.ACTIVATION) as registry:
-        window = canary_moves.withdraw_canary(registry, registry.canary_window(window_id), reason, progress=_progress())
+        window = canary_moves.withdraw_canary(
+            registry, registry.canary_window(window_id), reason, progress=_progress(), undecided=undecided
+        )
         production = registry.get_adapter(window.adapter_name).production
     return {"window": window.as_dict(), "back_to": production}
 

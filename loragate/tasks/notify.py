@@ -55,6 +55,7 @@ class NoticeKind(StrEnum):
     ROLLED_BACK = "rolled_back"
     STUCK = "stuck"
     TRAFFIC_ALERT = "traffic_alert"
+    UNDECIDED = "undecided"
 
 
 _HEADLINES = {
@@ -66,6 +67,7 @@ _HEADLINES = {
     NoticeKind.ROLLED_BACK: (":rewind:", "Rolled back"),
     NoticeKind.STUCK: (":hourglass:", "Stuck between gates"),
     NoticeKind.TRAFFIC_ALERT: (":rotating_light:", "Live traffic alert"),
+    NoticeKind.UNDECIDED: (":grey_question:", "Canary undecided"),
 }
 
 
@@ -181,6 +183,16 @@ def rolled_back(
         ),
         title=f"Rolled back {'automatically' if automatic else 'by hand'}",
     )
+
+
+def undecided(name: str, version_id: str, back_to: str | None, reason: str) -> Notice:
+    """A canary window over without the live requests its verdict needs: withdrawn unproven."""
+    facts = (
+        ("Withdrawn", f"{_code(version_id)}; its users back on {_code(back_to) if back_to else 'the base'}"),
+        ("Missing", _esc(_clip(reason, _VALUE_MAX))),
+        ("Next", "canary it again with a larger share or a longer window, or more users"),
+    )
+    return Notice(NoticeKind.UNDECIDED, name, version_id, facts)
 
 
 def stuck(name: str, version_id: str, gate: str, waited_s: float, action: str) -> Notice:

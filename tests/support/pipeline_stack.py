@@ -254,6 +254,8 @@ def stack_fixture(prefect_server, pg_template, replicas, replica_adapters, tiny_
         # traffic here: the minimum of live requests is tests/test_live_verdict.py's (and
         # tests/test_live_canary.py's, with users)
         "LORAGATE_CANARY_MIN_LIVE_REQUESTS": "0",
+        # nor the count a verdict needs to catch errors 2x production's (tests/test_undecided.py)
+        "LORAGATE_CANARY_DETECT_RATIO": "0",
         "LORAGATE_APPROVAL_POLL_S": "1",
         "LORAGATE_UNRESPONSIVE_AFTER_S": str(UNRESPONSIVE_AFTER_S),
         "LORAGATE_UI_URL": prefect_server.ui_url,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loragate.registry.rules.canary import CanaryWindow, Observation, SideStats
+from loragate.registry.rules.canary import CanaryWindow, Observation, SideStats, WindowStatus
 
 
 def _ms(value: float | None) -> str:
@@ -150,9 +150,23 @@ def live_evidence_lines(o: Observation, window: CanaryWindow) -> list[str]:
             f"- live errors, sequential: evidence {evidence['e_value']:.3g}, rolls back at {evidence['threshold']:.3g} "
             f"(a version failing as production does reaches it in at most {evidence['alpha']:.2%} of windows)"
         )
+    covered = live.get("coverage")
+    if covered:
+        lines.append(f"- {_coverage_line(covered)}")
     for reason in [*live.get("reasons", []), *live.get("not_ready_reasons", [])]:
         lines.append(f"- {reason}")
     return lines
+
+
+def _coverage_line(covered: dict[str, Any]) -> str:
+    """How far the live requests are from what the verdict needs (``rules/power.py``)."""
+    needed = covered.get("needed")
+    have = covered.get("canary_requests", 0)
+    if needed is None:
+        return f"live requests: {have} to the canary, but no number decides this split (production answered too few)"
+    sized = f" to catch {covered['sized_for']}" if covered.get("sized_for") else ""
+    state = "met" if covered.get("met") else f"about {covered.get('projected', 0)} by the window's end"
+    return f"live requests: {have} of {needed} needed{sized} ({state})"
 
 
 def canary_evidence_markdown(window: CanaryWindow, observations: list[Observation]) -> str:
@@ -169,12 +183,23 @@ def canary_evidence_markdown(window: CanaryWindow, observations: list[Observatio
         f"golden drift ≤ {t.drift_epsilon:g}.",
     ]
     if window.share > 0:
+        needs = f"at least {t.min_live_requests} live requests"
+        if t.detection.on:
+            needs += (
+                f" and enough to catch {t.detection.describe()} (the split ramps up to "
+                f"{t.max_auto_share * 100:g} % to get them; short at the end: undecided)"
+            )
         lines.append(
             f"Live traffic: share {window.share * 100:g} %; errors not worse than production's, "
-            f"p95 and ms-per-token p95 in the same band, at {t.confidence:.0%} confidence; "
-            f"at least {t.min_live_requests} live requests; "
+            f"p95 and ms-per-token p95 in the same band, at {t.confidence:.0%} confidence; {needs}; "
             f"A/B bar {'gates' if t.ab_gate else 'reported'} (error margin {t.ab_error_margin:g})."
         )
+    if window.status == WindowStatus.UNDECIDED:
+        lines += [
+            "",
+            "**Undecided:** the window ended without the live requests its verdict needs, and its version was "
+            f"withdrawn unproven -- neither failed nor proven. {window.reason or ''}",
+        ]
     lines += [
         "",
         "| at (UTC) | canary errors | prod errors | canary p95 ms | prod p95 ms | live errors c/p | drift | verdict |",

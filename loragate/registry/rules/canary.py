@@ -27,6 +27,8 @@ from enum import StrEnum
 from typing import Any
 
 from loragate.registry.errors import IllegalTransition
+from loragate.registry.rules.power import Detection
+from loragate.registry.rules.sequential import rule_alpha
 from loragate.registry.rules.significance import mann_whitney_greater, wilcoxon_greater
 
 
@@ -37,11 +39,15 @@ class WindowStatus(StrEnum):
     REJECTED = "rejected"  # a person said no
     ROLLED_BACK = "rolled_back"  # a monitor went out of band
     SUPERSEDED = "superseded"  # another version of the adapter entered canary
+    # over without the live requests a verdict needs (``rules/power.py``): withdrawn, unproven
+    UNDECIDED = "undecided"
 
 
 # where each status may go; a move already made is a no-op, never an error
 WINDOW_MOVES: dict[WindowStatus, frozenset[WindowStatus]] = {
-    WindowStatus.OPEN: frozenset({WindowStatus.READY, WindowStatus.ROLLED_BACK, WindowStatus.SUPERSEDED}),
+    WindowStatus.OPEN: frozenset(
+        {WindowStatus.READY, WindowStatus.ROLLED_BACK, WindowStatus.SUPERSEDED, WindowStatus.UNDECIDED}
+    ),
     WindowStatus.READY: frozenset(
         {WindowStatus.PROMOTED, WindowStatus.REJECTED, WindowStatus.ROLLED_BACK, WindowStatus.SUPERSEDED}
     ),
@@ -68,6 +74,7 @@ class Verdict(StrEnum):
     CONTINUE = "continue"
     ROLLBACK = "rollback"
     READY = "ready"
+    UNDECIDED = "undecided"  # over, and its traffic could not decide it (``rules/power.py``)
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,24 @@ class CanaryThresholds:
     # the chance a version as good as production is ever rolled back in its window, shared
     # by the rules that can roll back (rules/sequential.py); windows opened before it: 1 %
     false_rollback: float = 0.01
+    # what the live traffic must be able to detect before ready (``rules/power.py``): errors
+    # ``detect_ratio`` x production's (at least ``detect_error_rate``) at ``power``; windows
+    # opened before it: 0, the minimum of live requests alone. The split ramps up to
+    # ``max_auto_share`` (0: never) to get there by the window's end
+    detect_ratio: float = 0.0
+    power: float = 0.8
+    detect_error_rate: float = 0.01
+    max_auto_share: float = 0.0
+
+    @property
+    def detection(self) -> Detection:
+        return Detection(
+            self.detect_ratio,
+            self.power,
+            rule_alpha(self.false_rollback),
+            self.detect_error_rate,
+            self.min_live_requests,
+        )
 
     @classmethod
     def from_settings(cls, settings: Any) -> CanaryThresholds:
@@ -103,6 +128,11 @@ class CanaryThresholds:
             ab_gate=settings.canary_ab_gate,
             ab_error_margin=settings.canary_ab_error_margin,
             false_rollback=settings.canary_false_rollback,
+            detect_ratio=settings.canary_detect_ratio,
+            power=settings.canary_power,
+            detect_error_rate=settings.canary_detect_error_rate,
+            # never past the cap a window is held to without a person
+            max_auto_share=min(settings.canary_max_auto_share, settings.canary_max_share),
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from loragate.registry.rules.ab import ABReport, compare
 from loragate.registry.rules.canary import CanaryThresholds, Monitor, percentile
 from loragate.registry.rules.formats import FormatCheck, FormatCompliance, measure
 from loragate.registry.rules.live_side import LiveSide
+from loragate.registry.rules.power import Coverage, coverage
 from loragate.registry.rules.sequential import ErrorEvidence, rule_alpha
 from loragate.registry.rules.significance import fisher_exact_greater, mann_whitney_greater
 
@@ -164,6 +165,7 @@ class LiveJudgement:
     ab: ABReport
     stats: LiveStats
     share: float
+    coverage: Coverage  # the live requests the window needs, and its progress
     reasons: list[str] = field(default_factory=list)  # why it rolls back or breaches, with p
     # side ("canary", "production") -> its sampled answers' compliance; None: no schema declared
     format_compliance: dict[str, FormatCompliance] | None = None
@@ -172,6 +174,7 @@ class LiveJudgement:
         """The JSON-able record kept on the observation (``Observation.live``)."""
         return {
             "share": self.share,
+            "coverage": self.coverage.as_dict(),
             "stats": self.stats.summary(),
             "monitors": [m.as_dict() for m in self.monitors],
             "error_evidence": self.error_evidence.as_dict(),
@@ -212,6 +215,8 @@ def judge_live(
     format_check: FormatCheck | None = None,
     previous: dict[str, Any] | None = None,
     every_replica: bool = True,
+    elapsed_s: float = 0.0,
+    remaining_s: float = 0.0,
 ) -> LiveJudgement:
     """The live monitors of one evaluation of a window opened at ``share``; ``previous``, the
     error evidence the window's last judgement kept (``LiveJudgement.error_evidence``). With
@@ -229,8 +234,10 @@ def judge_live(
     - ``live_p95_ms``, ``live_ms_per_token_p95``: out of band (a latency breach, for the
       streak rule) when above ratio x production + slack and the rank test finds the canary
       slower at the confidence;
-    - not ready while a canary with a share answered fewer than ``min_live_requests`` (a
-      dark canary, share 0, is exempt), its fallbacks are significantly more frequent than
+    - not ready while a canary with a share answered fewer live requests than it needs
+      (``rules/power.py``: enough to catch errors ``detect_ratio`` x production's at
+      ``power``, and at least ``min_live_requests``; ``elapsed_s`` and ``remaining_s`` of the
+      window project its pace -- a dark canary, share 0, is exempt), its fallbacks are significantly more frequent than
       production's, or (``ab_gate``) the A/B bar is not met;
     - ``format_check`` (``formats.schema_check`` of the golden set's schemas; None: no
       schema, not measured): each side's sampled answers' format compliance, reported and
@@ -263,9 +270,10 @@ def judge_live(
         p95,
         per_token,
     ]
+    covered = coverage(t.detection, share, c.requests, p.requests, p.errors, elapsed_s, remaining_s)
     not_ready = []
-    if share > 0 and c.requests < t.min_live_requests:
-        not_ready.append(f"live: {c.requests} of {t.min_live_requests} requests needed")
+    if share > 0 and not covered.met:
+        not_ready.append(covered.describe())
     fallbacks = fisher_exact_greater(c.fallbacks, c.routed, p.fallbacks, p.routed)
     if fallbacks is not None and fallbacks.p_value < alpha:
         not_ready.append(
@@ -290,6 +298,7 @@ def judge_live(
         ab=ab,
         stats=live,
         share=share,
+        coverage=covered,
         reasons=reasons,
         format_compliance=None if formats is None else {k: v for k, v in formats.items() if v is not None},
     )

@@ -8,7 +8,9 @@ or golden drift above epsilon (each differing answer read twice) roll the canary
 once, as do worse live errors. A latency breach -- a probe's, or a live one the
 rank test confirms -- must repeat ``latency_breaches`` observations in a row. Too few live
 requests (or an unmet A/B bar, when it gates) keep the window from ready; it is ready for
-sign-off once its length has passed with every monitor in band.
+sign-off once its length has passed with every monitor in band. A window over without the live
+requests its verdict needs (``rules/power.py``) -- or still not ready at twice its length, for
+any reason -- is **undecided**: withdrawn unproven, never ready by default, never open forever.
 """
 
 from __future__ import annotations
@@ -105,5 +107,9 @@ def judge(
         left = (window.ends_at - now).total_seconds()
         return Verdict.CONTINUE, checks, [f"in band; window ends in {left:.0f} s", *not_ready]
     if not_ready:
+        short = live is not None and window.share > 0 and not live.coverage.met
+        if short or now >= window.ends_at + (window.ends_at - window.opened_at):
+            why = "its live traffic could not decide it" if short else "not ready for twice its length"
+            return Verdict.UNDECIDED, checks, [f"window over undecided: {why}", *not_ready]
         return Verdict.CONTINUE, checks, ["window over but not ready", *not_ready]
     return Verdict.READY, checks, [f"in band for the whole window ({t.length_s:g} s)"]
