@@ -93,6 +93,8 @@ def short(share: float, canary: int, needed: int = 3000, projected: int | None =
 RAMPS = [
     ("short-ramps-within-the-cap", short(0.01, 10), 990, HOUR, 23 * HOUR, 0.10, (0.015, 0.10)),
     ("far-short-stops-at-the-cap", short(0.01, 1), 99, HOUR, 23 * HOUR, 0.10, (0.10, 0.10)),
+    # its users' buckets gave the canary none of its 1 %: the raise makes up for it, to the cap
+    ("no-user-in-the-canarys-bucket-yet", short(0.01, 0, projected=0), 1000, HOUR, 23 * HOUR, 0.10, (0.10, 0.10)),
     ("at-the-cap-no-further", short(0.10, 10), 90, HOUR, 23 * HOUR, 0.10, None),
     ("a-dark-canary-is-not-ramped", short(0.0, 0), 990, HOUR, 23 * HOUR, 0.10, None),
     ("need-met", short(0.01, 3000), 297_000, HOUR, 23 * HOUR, 0.10, None),

@@ -151,9 +151,10 @@ def coverage(
         needed = None
     else:
         needed = requests_needed(detection, realised if production_requests else share, rate)
-    # the adapter's pace so far at the share it has now: a ramp counts from the moment it is made
+    # the adapter's pace so far at the share it has now -- or at the share its users gave the
+    # canary, where sticky users gave it less (twenty users at 10 % may hold none of them)
     pace = (canary_requests + production_requests) / elapsed_s if elapsed_s > 0 else 0.0
-    projected = canary_requests + math.floor(pace * share * max(remaining_s, 0.0))
+    projected = canary_requests + math.floor(pace * min(share, realised) * max(remaining_s, 0.0))
     return Coverage(needed, canary_requests, projected, share, detection.describe())
 
 
@@ -180,11 +181,16 @@ def ramped_share(
         return None
     pace = all_requests / elapsed_s  # the adapter's requests per second, both sides
     rate = production_errors / production_requests if production_requests else 0.0
+    # the part of the share the users' buckets turned into requests so far (sticky users: a
+    # few may hold none of it, or all), so the raise makes up for it
+    efficiency = min(1.0, realised_share(now.canary_requests, production_requests, now.share) / now.share)
+    if efficiency <= 0.0:
+        return cap
     wanted = now.share
     for _ in range(4):  # the need grows a little with the share: settle it
         needed = requests_needed(detection, wanted, rate)
         if needed is None:
             return cap
-        wanted = RAMP_MARGIN * (needed - now.canary_requests) / (pace * remaining_s)
+        wanted = RAMP_MARGIN * (needed - now.canary_requests) / (pace * remaining_s * efficiency)
     raised = min(cap, max(wanted, now.share * MIN_RAMP_STEP))
     return raised if raised > now.share else None
