@@ -22,7 +22,7 @@ from loragate.registry.rules.canary import (
 )
 from loragate.registry.rules.live import LiveJudgement, LiveStats, judge_live
 from loragate.registry.rules.live_side import LiveSide
-from loragate.registry.rules.verdict import judge
+from loragate.registry.rules.verdict import judge, probe_latency_evidence
 
 ADAPTER, WINDOW, CANARY, PRODUCTION = "acme/tiny-llama/support", 7, "v2", "v1"
 T0 = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
@@ -240,11 +240,30 @@ def probe(latencies: list[float] | None = None) -> SideStats:
     return SideStats.from_samples(spread(16, 100.0) if latencies is None else latencies, [])
 
 
+def observed(
+    canary: SideStats, production: SideStats, pairs_ms: tuple = (), against_base: bool = False, looks: int = 2
+) -> Verdict:
+    """The verdict after ``looks`` observations of the same probes (or the first rollback),
+    each keeping the sequential latency evidence for the next as the watch does."""
+    dark, earlier = window(0.0), []
+    for look in range(looks):
+        at = EARLY + timedelta(seconds=5 * look)
+        evidence = probe_latency_evidence(dark.thresholds, canary, production, pairs_ms, against_base, earlier)
+        verdict, checks, _ = judge(
+            dark, canary, production, 0.0, earlier, at, pairs_ms=pairs_ms, against_base=against_base,
+            latency_evidence=evidence,
+        )  # fmt: skip
+        if verdict == Verdict.ROLLBACK:
+            return verdict
+        earlier.append(
+            Observation(WINDOW, at, canary, production, 0.0, [], verdict, checks, [], pairs_ms=pairs_ms,
+                        latency_evidence=evidence.as_dict())
+        )  # fmt: skip
+    return verdict
+
+
 def two_observations(canary: SideStats, production: SideStats) -> Verdict:
-    dark = window(0.0)
-    verdict, checks, _ = judge(dark, canary, production, 0.0, [], EARLY)
-    earlier = [Observation(WINDOW, EARLY, canary, production, 0.0, [], verdict, checks, [])]
-    return judge(dark, canary, production, 0.0, earlier, EARLY + timedelta(seconds=5))[0]
+    return observed(canary, production)
 
 
 def test_fifty_tenants_of_one_good_adapter_are_not_rolled_back_on_one_slow_probe_each():
@@ -372,12 +391,11 @@ def paired_with(production: list[float], factor: float, seed: int) -> list[float
 
 
 def paired_verdict(canary: list[float], production: list[float], pairs: bool = True, against_base=False) -> Verdict:
-    dark, c, p = window(0.0), probe(canary), probe(production)
+    """The verdict within four observations of the same 16 probe pairs: the sequential
+    latency rule needs its evidence past 1/alpha (alpha 0.25 %) and the p95 out of band twice
+    in a row."""
     pairs_ms = tuple(zip(canary, production, strict=True)) if pairs else ()
-    verdict, checks, _ = judge(dark, c, p, 0.0, [], EARLY, pairs_ms=pairs_ms, against_base=against_base)
-    earlier = [Observation(WINDOW, EARLY, c, p, 0.0, [], verdict, checks, [], pairs_ms=pairs_ms)]
-    later = EARLY + timedelta(seconds=5)
-    return judge(dark, c, p, 0.0, earlier, later, pairs_ms=pairs_ms, against_base=against_base)[0]
+    return observed(probe(canary), probe(production), pairs_ms, against_base, looks=4)
 
 
 @pytest.mark.parametrize(

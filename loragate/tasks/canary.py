@@ -31,7 +31,7 @@ from loragate.registry.rules.canary import CanaryWindow, Observation, SideStats,
 from loragate.registry.rules.fleet import qualified_name
 from loragate.registry.rules.formats import declared_schemas, schema_check
 from loragate.registry.rules.live import LiveJudgement, LiveStats, judge_live
-from loragate.registry.rules.verdict import judge, probe_error_evidence
+from loragate.registry.rules.verdict import judge, probe_error_evidence, probe_latency_evidence
 from loragate.registry.service import Registry
 from loragate.tasks.canary_moves import ramp_canary
 from loragate.tasks.replicas import Completion, ReplicaClient, replica_client
@@ -184,10 +184,14 @@ def observe_window(
                 ]
     drift = len(drifted) / golden if golden else 0.0
     earlier = registry.canary_observations(window.id)
-    live, alerts = _live_judgement(registry, window, production_version, _error_evidence(earlier))
+    look = 1 + sum(1 for o in earlier if o.live is not None)
+    live, alerts = _live_judgement(registry, window, production_version, _error_evidence(earlier), look)
     now = utcnow()
     paired = tuple((round(c, 3), round(p, 3)) for c, p in pairs)
     probe_errors = probe_error_evidence(window.thresholds, canary.stats(), production.stats(), earlier)
+    probe_latency = probe_latency_evidence(
+        window.thresholds, canary.stats(), production.stats(), paired, production_version is None, earlier
+    )
     verdict, checks, reasons = judge(
         window,
         canary.stats(),
@@ -199,6 +203,7 @@ def observe_window(
         pairs_ms=paired,
         against_base=production_version is None,
         probe_evidence=probe_errors,
+        latency_evidence=probe_latency,
     )
     observation = registry.record_canary_observation(
         Observation(
@@ -214,6 +219,7 @@ def observe_window(
             live=None if live is None else live.as_dict(),
             pairs_ms=paired,
             probe_evidence=probe_errors.as_dict(),
+            latency_evidence=probe_latency.as_dict(),
         )
     )
     progress(f"{name} {window.version_id}: {verdict.value} ({'; '.join(reasons)})")
@@ -232,7 +238,11 @@ def _error_evidence(earlier: list[Observation]) -> dict[str, Any] | None:
 
 
 def _live_judgement(
-    registry: Registry, window: CanaryWindow, production_version: str | None, previous: dict[str, Any] | None
+    registry: Registry,
+    window: CanaryWindow,
+    production_version: str | None,
+    previous: dict[str, Any] | None,
+    look: int,
 ) -> tuple[LiveJudgement | None, list[TrafficAlert]]:
     """The live figures of both versions in this window, summed over the production
     replicas, judged (None while the window's share is 0: a dark canary, probes only), and
@@ -256,6 +266,7 @@ def _live_judgement(
         every_replica=not unreachable,
         elapsed_s=(now - window.opened_at).total_seconds(),
         remaining_s=(window.ends_at - now).total_seconds(),
+        look=look,
     )
     if unreachable:
         judgement.not_ready_reasons.append(f"live figures of {len(unreachable)} replica(s) unreadable")

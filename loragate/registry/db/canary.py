@@ -74,6 +74,7 @@ def _observation_from_dict(data: dict[str, Any], observation_id: int) -> Observa
         live=data.get("live"),
         pairs_ms=tuple((float(c), float(p)) for c, p in data.get("pairs_ms") or ()),
         probe_evidence=data.get("probe_evidence"),
+        latency_evidence=data.get("latency_evidence"),
     )
 
 

@@ -222,6 +222,12 @@ def canary_evidence_markdown(window: CanaryWindow, observations: list[Observatio
                 "",
                 f"Probe errors, sequential: evidence {kept['e_value']:.3g}, rolls back at {kept['threshold']:.3g}.",
             ]
+        slower = observations[-1].latency_evidence
+        if slower:
+            lines.append(
+                f"Probe latency, sequential: evidence {slower['e_value']:.3g} over {slower['looks']} observation(s), "
+                f"a p95 out of band counts from {slower['threshold']:.3g}."
+            )
         lines += ["", f"Last verdict: {'; '.join(observations[-1].reasons)}"]
     else:
         lines += ["", "No observations yet."]

@@ -221,13 +221,13 @@ LATENCY_MONITORS = frozenset({"p95_ms", "live_p95_ms", "live_ms_per_token_p95"})
 MIN_PAIRS = 8
 
 
-def probe_slower(
+def probe_slower_p(
     thresholds: CanaryThresholds, canary: SideStats, production: SideStats, pairs_ms: Pairs = (), ratio: float = 0.0
-) -> bool:
-    """Whether a rank test finds the canary slower at the confidence: the signed-rank test
-    on the pairs' log ratios beyond log(ratio) (the band's: ``p95_ratio`` unless given)
-    where there are MIN_PAIRS of them, else Mann-Whitney on the pooled samples; True where
-    neither has samples (older records: the p95 decides)."""
+) -> float | None:
+    """The one-sided p-value that the canary's probes are slower than ``ratio`` x
+    production's (the band's ``p95_ratio`` unless given): the signed-rank test on the pairs'
+    log ratios beyond log(ratio) where there are MIN_PAIRS of them, else Mann-Whitney on the
+    pooled samples; None where neither side has samples to test."""
     # beyond the band, pair by pair: slower than ratio x production, not merely slower (an
     # adapter's own LoRA arithmetic makes it a little slower than a bare base, every time)
     ratio = ratio or thresholds.p95_ratio
@@ -235,11 +235,16 @@ def probe_slower(
     ratios = [math.log(c / p) - margin for c, p in pairs_ms if c > 0 and p > 0]
     if len(ratios) >= MIN_PAIRS:
         paired = wilcoxon_greater(ratios)
-        return paired is not None and paired.p_value < 1 - thresholds.confidence
+        return 1.0 if paired is None else paired.p_value
     if not canary.latencies_ms or not production.latencies_ms:
-        return True
+        return None
     test = mann_whitney_greater(list(canary.latencies_ms), list(production.latencies_ms))
-    return test is not None and test.p_value < 1 - thresholds.confidence
+    return 1.0 if test is None else test.p_value
+
+
+def probe_band(thresholds: CanaryThresholds, against_base: bool) -> float:
+    """The probe latency band's ratio: a first canary's (against the bare base) or the usual."""
+    return thresholds.first_p95_ratio if against_base else thresholds.p95_ratio
 
 
 def monitors(
@@ -247,21 +252,20 @@ def monitors(
     canary: SideStats,
     production: SideStats,
     drift: float,
-    pairs_ms: Pairs = (),
     against_base: bool = False,
     errors_worse: bool | None = None,
+    slower: bool = True,
 ) -> list[Monitor]:
     """The three monitors of one observation, each with its bound. The p95 is out of band
-    above its bound only when the rank test confirms the canary is slower. ``against_base``:
+    above its bound only when the canary is ``slower`` too: the sequential latency rule's
+    decision over the window's observations (``rules/verdict.py``). ``against_base``:
     production is the bare base (a first canary), and the band is ``first_p95_ratio``.
-    ``errors_worse``: the sequential probe error rule's decision (``rules/verdict.py``);
-    None, a bare comparison of this observation's rates (records from before that rule)."""
+    ``errors_worse``: the sequential probe error rule's decision; None, a bare comparison of
+    this observation's rates (records from before that rule)."""
     p95_bound = None
     p95_in_band = True
-    ratio = thresholds.first_p95_ratio if against_base else thresholds.p95_ratio
     if canary.p95_ms is not None and production.p95_ms is not None:
-        p95_bound = production.p95_ms * ratio + thresholds.p95_slack_ms
-        slower = probe_slower(thresholds, canary, production, pairs_ms, ratio)
+        p95_bound = production.p95_ms * probe_band(thresholds, against_base) + thresholds.p95_slack_ms
         p95_in_band = canary.p95_ms <= p95_bound or not slower
     elif canary.p95_ms is None and canary.requests:
         p95_in_band = False  # every canary request failed: no latency to judge, and that is not in band
@@ -346,6 +350,9 @@ class Observation:
     # the sequential evidence that the canary's probes fail more often than production's, over
     # the window's observations up to this one (ErrorEvidence.as_dict()); None in older records
     probe_evidence: dict[str, Any] | None = None
+    # the sequential evidence that the canary's probes are slower than the band allows, over
+    # the window's observations (LatencyEvidence.as_dict()); None in older records
+    latency_evidence: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -362,4 +369,5 @@ class Observation:
             "live": self.live,
             "pairs_ms": [list(pair) for pair in self.pairs_ms],
             "probe_evidence": self.probe_evidence,
+            "latency_evidence": self.latency_evidence,
         }

@@ -34,7 +34,7 @@ from loragate.registry.rules.canary import CanaryThresholds, Monitor, percentile
 from loragate.registry.rules.formats import FormatCheck, FormatCompliance, measure
 from loragate.registry.rules.live_side import LiveSide
 from loragate.registry.rules.power import Coverage, coverage
-from loragate.registry.rules.sequential import ErrorEvidence, rule_alpha
+from loragate.registry.rules.sequential import ErrorEvidence, rule_alpha, spent_alpha
 from loragate.registry.rules.significance import fisher_exact_greater, mann_whitney_greater
 
 BASE = "base"  # the version of an entry the base model answered
@@ -190,21 +190,21 @@ class LiveJudgement:
 
 
 def _latency_monitor(
-    name: str, canary: list[float], production: list[float], t: CanaryThresholds
+    name: str, canary: list[float], production: list[float], t: CanaryThresholds, alpha: float
 ) -> tuple[Monitor, str | None]:
     """A p95 above ratio x production + slack is a breach only if the rank test says the
-    canary is slower too: one slow sample moves a p95, not the ranks."""
+    canary is slower too, at ``alpha``: one slow sample moves a p95, not the ranks."""
     c95, p95 = percentile(canary, 95), percentile(production, 95)
     if c95 is None or p95 is None:
         return Monitor(name, c95, None, True), None
     bound = p95 * t.p95_ratio + t.p95_slack_ms
     test = mann_whitney_greater(canary, production)
-    slower = test is not None and test.p_value < 1 - t.confidence
+    slower = test is not None and test.p_value < alpha
     if test is None or c95 <= bound or not slower:
         return Monitor(name, c95, bound, True), None
     return Monitor(name, c95, bound, False), (
         f"{name} {c95:.4g} > {bound:.4g} and slower by rank test "
-        f"(p={test.p_value:.2g}, P(slower)={test.superiority:.2f})"
+        f"(p={test.p_value:.2g} < {alpha:.2g}, P(slower)={test.superiority:.2f})"
     )
 
 
@@ -217,6 +217,7 @@ def judge_live(
     every_replica: bool = True,
     elapsed_s: float = 0.0,
     remaining_s: float = 0.0,
+    look: int = 1,
 ) -> LiveJudgement:
     """The live monitors of one evaluation of a window opened at ``share``; ``previous``, the
     error evidence the window's last judgement kept (``LiveJudgement.error_evidence``). With
@@ -233,7 +234,10 @@ def judge_live(
       trip is never a rollback on its own (module docstring);
     - ``live_p95_ms``, ``live_ms_per_token_p95``: out of band (a latency breach, for the
       streak rule) when above ratio x production + slack and the rank test finds the canary
-      slower at the confidence;
+      slower at this ``look``'s level (the window's ``look``-th live judgement, 1-based): the
+      live latency rule's quarter of ``false_rollback``, halved between the two tests, spent
+      as ``alpha / (k (k + 1))`` at look k -- the samples are cumulative, so the looks' tests
+      are not independent, and the union bound holds whatever they share;
     - not ready while a canary with a share answered fewer live requests than it needs
       (``rules/power.py``: enough to catch errors ``detect_ratio`` x production's at
       ``power``, and at least ``min_live_requests``; ``elapsed_s`` and ``remaining_s`` of the
@@ -259,9 +263,12 @@ def judge_live(
     trips = live.canary_trips
     if trips:
         reasons.append(f"the canary's circuit breaker tripped {trips} time(s): its users got the fallback (evidence)")
-    p95, p95_reason = _latency_monitor("live_p95_ms", list(c.latency_ms), list(p.latency_ms), t)
+    # the live latency rule's quarter of the budget, half to each of its two tests, spent over
+    # the window's looks (their samples overlap: a union bound, not a product)
+    latency_alpha = spent_alpha(rule_alpha(t.false_rollback) / 2, look)
+    p95, p95_reason = _latency_monitor("live_p95_ms", list(c.latency_ms), list(p.latency_ms), t, latency_alpha)
     per_token, per_token_reason = _latency_monitor(
-        "live_ms_per_token_p95", list(c.ms_per_token), list(p.ms_per_token), t
+        "live_ms_per_token_p95", list(c.ms_per_token), list(p.ms_per_token), t, latency_alpha
     )
     reasons += [r for r in (p95_reason, per_token_reason) if r]
     checks = [

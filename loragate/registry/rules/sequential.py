@@ -128,3 +128,73 @@ class ErrorEvidence:
             return ErrorEvidence(now, self.log_lr, self.alpha)  # counters reset: this interval is skipped
         added = interval_log_lr(*step)
         return ErrorEvidence(now, tuple(v + d for v, d in zip(self.log_lr, added, strict=True)), self.alpha)
+
+
+def calibrated(p_value: float) -> float:
+    """An e-value from a p-value: the mixture calibrator (the mean over kappa in (0, 1) of
+    kappa p^(kappa - 1)), averaged with 1 so a look that shows nothing costs the evidence at
+    most half, not all of it. Its mean is at most 1 wherever the p-value is valid."""
+    p = min(max(p_value, 1e-300), 1.0)
+    if p >= 1.0 - 1e-12:
+        return 0.75  # the calibrator's limit at 1 is 1/2
+    log_p = math.log(p)
+    return (1.0 + (1.0 - p + p * log_p) / (p * log_p * log_p)) / 2.0
+
+
+@dataclass(frozen=True)
+class LatencyEvidence:
+    """The evidence that the canary's probes are slower than the band allows, over the
+    window's observations: each observation's probes are fresh pairs, so the product of
+    their calibrated p-values (``calibrated``) is a nonnegative supermartingale while the
+    canary is within the band, and by Ville's inequality it reaches ``1 / alpha`` in at most
+    ``alpha`` of windows, however many observations there are."""
+
+    log_e: float
+    looks: int
+    alpha: float
+
+    @property
+    def e_value(self) -> float:
+        return math.exp(min(self.log_e, 700.0))
+
+    @property
+    def threshold(self) -> float:
+        return 1.0 / self.alpha
+
+    @property
+    def worse(self) -> bool:
+        return self.e_value >= self.threshold
+
+    def look(self, p_value: float | None) -> LatencyEvidence:
+        """After one observation's test (None: it had nothing to test; the evidence stays)."""
+        if p_value is None:
+            return self
+        return LatencyEvidence(self.log_e + math.log(calibrated(p_value)), self.looks + 1, self.alpha)
+
+    def describe(self) -> str:
+        return f"latency evidence {self.e_value:.3g} (breaches at {self.threshold:.3g}, alpha {self.alpha:.2g})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "log_e": round(self.log_e, 9),
+            "looks": self.looks,
+            "alpha": self.alpha,
+            "e_value": self.e_value,
+            "threshold": self.threshold,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, alpha: float) -> LatencyEvidence:
+        """The state an earlier observation kept; a fresh start where it kept none."""
+        try:
+            return cls(float(data["log_e"]), int(data["looks"]), alpha)
+        except (KeyError, TypeError, ValueError):
+            return cls(0.0, 0, alpha)
+
+
+def spent_alpha(alpha: float, look: int) -> float:
+    """The level of a test repeated on cumulative samples at the ``look``-th evaluation
+    (1-based): ``alpha / (k (k + 1))``, which sums to ``alpha`` over every look there could
+    be -- a union bound, valid however the looks' samples overlap."""
+    k = max(1, look)
+    return alpha / (k * (k + 1))

@@ -27,9 +27,11 @@ from loragate.registry.rules.canary import (
     SideStats,
     Verdict,
     monitors,
+    probe_band,
+    probe_slower_p,
 )
 from loragate.registry.rules.live import LiveJudgement
-from loragate.registry.rules.sequential import ErrorEvidence, rule_alpha
+from loragate.registry.rules.sequential import ErrorEvidence, LatencyEvidence, rule_alpha
 
 
 def probe_error_evidence(
@@ -47,6 +49,24 @@ def probe_error_evidence(
     )
 
 
+def probe_latency_evidence(
+    thresholds: CanaryThresholds,
+    canary: SideStats,
+    production: SideStats,
+    pairs_ms: Pairs,
+    against_base: bool,
+    earlier: list[Observation],
+) -> LatencyEvidence:
+    """The sequential evidence that the canary's probes are slower than the band allows,
+    after this observation: its probes' rank test (``probe_slower_p``) calibrated into an
+    e-value and multiplied into the window's (``rules/sequential.py``), at the probe latency
+    rule's quarter of ``false_rollback``."""
+    kept = next((o.latency_evidence for o in reversed(earlier) if o.latency_evidence), None)
+    evidence = LatencyEvidence.from_dict(kept, rule_alpha(thresholds.false_rollback))
+    ratio = probe_band(thresholds, against_base)
+    return evidence.look(probe_slower_p(thresholds, canary, production, pairs_ms, ratio))
+
+
 def _latency_breach(checks: list[Monitor]) -> bool:
     return any(m.name in LATENCY_MONITORS and not m.in_band for m in checks)
 
@@ -62,13 +82,14 @@ def judge(
     pairs_ms: Pairs = (),
     against_base: bool = False,
     probe_evidence: ErrorEvidence | None = None,
+    latency_evidence: LatencyEvidence | None = None,
 ) -> tuple[Verdict, list[Monitor], list[str]]:
     """The verdict on one observation, given the window's earlier ones (oldest first) and,
     for a window that takes live traffic, the live judgement of the same evaluation, and
     the probes' back-to-back pairs; ``against_base``: the adapter has no production version,
     so production is the bare base and the probe latency band is the first canary's;
-    ``probe_evidence``: this observation's ``probe_error_evidence`` (computed here when not
-    given).
+    ``probe_evidence``, ``latency_evidence``: this observation's ``probe_error_evidence`` and
+    ``probe_latency_evidence`` (computed here when not given).
 
     Returns (verdict, monitors, reasons); reasons name every monitor out of band, or say
     why the window is not ready yet. A window with a share of live traffic and a minimum of
@@ -76,13 +97,20 @@ def judge(
     """
     t = window.thresholds
     errors = probe_evidence or probe_error_evidence(t, canary, production, earlier)
-    checks = monitors(t, canary, production, drift, pairs_ms, against_base, errors_worse=errors.worse)
+    slower = latency_evidence or probe_latency_evidence(t, canary, production, pairs_ms, against_base, earlier)
+    # no samples to test (records from before the rank test): the p95 alone decides, as it did
+    tested = probe_slower_p(t, canary, production, pairs_ms, probe_band(t, against_base)) is not None
+    checks = monitors(
+        t, canary, production, drift, against_base, errors_worse=errors.worse, slower=slower.worse or not tested
+    )
     by_name = {m.name: m for m in checks}
     if live is not None:
         checks += live.monitors
     reasons = [f"{m.describe()} (out of band)" for m in checks if not m.in_band]
     if errors.worse:
         reasons.append(f"probe errors worse than production's: {errors.describe()}")
+    if not by_name["p95_ms"].in_band and slower.looks:
+        reasons.append(f"probes slower than the band: {slower.describe()}")
     if live is not None:
         reasons += live.reasons
     if not by_name["error_rate"].in_band or not by_name["golden_drift"].in_band or (live and live.rollback):
