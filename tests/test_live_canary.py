@@ -26,11 +26,12 @@ from loragate.registry.records.adapters import utcnow
 from loragate.registry.render.canary import canary_evidence_markdown
 from loragate.registry.rules.canary import Verdict, WindowStatus
 from loragate.registry.rules.fleet import qualified_name, version_path
+from loragate.registry.rules.live import LiveStats
 from loragate.tasks.canary import observe_window
 from loragate.tasks.canary_moves import deploy_canary, promote_canary, withdraw_canary
 from loragate.tasks.fleet import rollback_and_switch
 from loragate.tasks.reconcile import fleet_status
-from loragate.tasks.traffic import check_feedback, send_feedback
+from loragate.tasks.traffic import check_feedback, read_traffic, send_feedback
 from tests.support.fleet import SUPPORT_PROMPT, admin_client, make_fleet
 
 pytestmark = pytest.mark.slow
@@ -40,10 +41,32 @@ pytestmark = pytest.mark.slow
 USERS = [f"user-{i}" for i in range(48)]
 
 
-def ask(replica, name: str, user: str) -> httpx.Response:
-    body = {"model": name, "prompt": SUPPORT_PROMPT, "max_tokens": 1, "temperature": 0, "user": user}
-    answered = httpx.post(replica.url + "/v1/completions", json=body, timeout=60)
+def completion(name: str, user: str, max_tokens: int = 1) -> dict:
+    # ignore_eos: an answer of max_tokens tokens, long enough to have a time per token
+    return {"model": name, "prompt": SUPPORT_PROMPT, "max_tokens": max_tokens, "temperature": 0, "user": user,
+            "ignore_eos": True}  # fmt: skip
+
+
+def ask(replica, name: str, user: str, max_tokens: int = 1) -> httpx.Response:
+    answered = httpx.post(replica.url + "/v1/completions", json=completion(name, user, max_tokens), timeout=60)
     assert answered.status_code == 200, answered.text  # a user never sees an error they did not cause
+    return answered
+
+
+def trickled(replica, name: str, user: str, seconds: float, max_tokens: int = 16) -> httpx.Response:
+    """A request whose body arrives in six pieces over ``seconds``: a slow client, or one
+    that wants the canary to look slow."""
+    body = json.dumps(completion(name, user, max_tokens)).encode()
+    step = -(-len(body) // 6)
+
+    def pieces():
+        for start in range(0, len(body), step):
+            time.sleep(seconds / 6)
+            yield body[start : start + step]
+
+    headers = {"content-type": "application/json"}
+    answered = httpx.post(replica.url + "/v1/completions", content=pieces(), headers=headers, timeout=60)
+    assert answered.status_code == 200, answered.text
     return answered
 
 
@@ -165,6 +188,27 @@ def test_a_fault_every_version_shares_rolls_back_nothing_and_raises_the_replicas
     assert observation.live is not None and observation.live["stats"]["canary"]["errors"] == 0
     assert observation.live["stats"]["canary"]["fallbacks"] > 0  # its users got the base, and it shows
     assert {a.kind for a in alerts} == {"fallback_rate"}, [a.as_dict() for a in alerts]
+
+
+def test_bodies_trickled_into_the_canarys_bucket_trip_no_breaker_and_are_in_no_versions_latency(live):
+    """The slow breaker trips on answers 3x slower per token than production's p99: a clock
+    that started before the body was read let a client trickle three bodies in and open the
+    canary's breaker. The engine's clock starts once the body is complete."""
+    fleet, deployment = live
+    a, _ = productions(fleet)
+    answered_by = {u: ask(a, fleet.name, u, max_tokens=16).headers["x-loragate-version"] for u in USERS}
+    canary_users = [u for u, version in answered_by.items() if version == fleet.v2][:5]
+    assert len(canary_users) == 5
+    for user in canary_users:
+        assert trickled(a, fleet.name, user, seconds=3.0).headers["x-loragate-version"] == fleet.v2
+
+    documents, unreadable = read_traffic(fleet.registry, fleet.name)
+    assert not unreadable
+    figures = LiveStats.from_replicas(documents, fleet.name, deployment.window.id, fleet.v2, fleet.v1)
+    assert figures.canary_trips == 0 and not figures.canary.breaker_open
+    on_canary = sum(version == fleet.v2 for version in answered_by.values())
+    assert figures.canary.requests == on_canary + len(canary_users) and figures.canary.ms_per_token
+    assert max(figures.canary.latency_ms) < 3000  # three seconds of trickle in none of them
 
 
 def test_a_window_over_with_too_few_live_requests_is_undecided_and_withdrawn_leaving_no_user_on_it(live):
