@@ -52,6 +52,8 @@ def test_verdict_benchmark_runs_in_smoke_mode():
         assert case["loragate"]["windows"] == 5 and case["fisher_every_look"]["windows"] == 3
     assert all(case["caught"]["windows"] == 5 for case in result["worse"])
     assert [(c["users"], c["windows"]) for c in result["few_users"]] == [(20, 3), (20, 3)]
+    assert [(c["factor"], c["windows"]) for c in result["probe_latency"]] == [(1.0, 2), (1.5, 2)]
+    assert [(c["factor"], c["windows"]) for c in result["live_latency"]] == [(1.0, 1), (1.5, 1)]
 
 
 def test_validation_benchmark_runs_in_smoke_mode():
