@@ -206,6 +206,16 @@ def test_the_watch_ramps_a_short_window_audited_and_never_past_its_cap(windowed)
     assert registry.canary_window(opened.id).share == 0.10
 
 
+def test_a_ramp_the_registry_refuses_leaves_the_window_at_its_share_and_fails_nothing(windowed):
+    registry, _, opened = windowed
+    registry.close_canary_window(opened.id, WindowStatus.ROLLED_BACK, "ended meanwhile")
+    hour_in = dataclasses.replace(opened, opened_at=utcnow() - timedelta(hours=1))
+    covered = coverage(opened.thresholds.detection, 0.01, 4, 396, 4, HOUR, DAY - HOUR)
+    said: list[str] = []
+    assert ramp_canary(registry, hour_in, covered, (396, 4), said.append) is None
+    assert registry.canary_window(opened.id).share == 0.01 and "not ramped" in said[-1]
+
+
 def test_an_undecided_window_withdraws_its_version_unproven_and_may_be_canaried_again(windowed):
     registry, v1, opened = windowed
     reason = "canary undecided: live: 40 of 3358 canary requests needed"

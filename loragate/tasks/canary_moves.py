@@ -140,7 +140,9 @@ def ramp_canary(
     verdict needs by its end (``rules/power.py``), never past the window's
     ``max_auto_share``; audited as a share change with the need and the pace, pushed to every
     replica. ``production``: (requests, errors) production answered in the window. Returns
-    the window as raised, or None where no raise is due."""
+    the window as raised, or None where no raise is due or the registry refused it (the
+    database's cap lower than the setting's, the window ended meanwhile): a ramp never fails
+    the evaluation it follows."""
     now = utcnow()
     elapsed = (now - window.opened_at).total_seconds()
     remaining = (window.ends_at - now).total_seconds()
@@ -149,7 +151,13 @@ def ramp_canary(
     if share is None:
         return None
     reason = f"auto-ramp {covered.share:.2%} -> {share:.2%} (cap {t.max_auto_share:.2%}): {covered.describe()}"
-    raised = registry.set_canary_share(window.id, share, reason=reason[:200])
+    try:
+        raised = registry.set_canary_share(window.id, share, reason=reason[:200])
+    except LoragateError as e:
+        # the database's cap below the setting's, or the window ended meanwhile: the
+        # evaluation stands, the window goes on at its share and says so when it ends
+        progress(f"{window.adapter_name} {window.version_id}: not ramped ({e.one_line()})")
+        return None
     push_routes(registry, window.adapter_name, progress)
     progress(f"{window.adapter_name} {window.version_id}: {reason}")
     return raised
