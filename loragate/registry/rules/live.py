@@ -241,8 +241,8 @@ def judge_live(
     - not ready while a canary with a share answered fewer live requests than it needs
       (``rules/power.py``: enough to catch errors ``detect_ratio`` x production's at
       ``power``, and at least ``min_live_requests``; ``elapsed_s`` and ``remaining_s`` of the
-      window project its pace -- a dark canary, share 0, is exempt), its fallbacks are significantly more frequent than
-      production's, or (``ab_gate``) the A/B bar is not met;
+      window project its pace -- a dark canary, share 0, is exempt), its fallbacks are
+      significantly more frequent than production's, or (``ab_gate``) the A/B bar is not met;
     - ``format_check`` (``formats.schema_check`` of the golden set's schemas; None: no
       schema, not measured): each side's sampled answers' format compliance, reported and
       compared in the A/B report (``format_compliance``).
