@@ -9,7 +9,7 @@ burst     N tenants' ``loragate.training.completed`` events emitted at once: tim
           action never runs, and the scheduled ``advance`` sweep must carry every version.
 evaluate  one ``canary-evaluate`` run over the N open windows: its wall time against the
           default interval, and the requests sent per observation; more runs while windows
-          stay open (a first latency breach), up to MAX_EVALUATIONS.
+          stay open (each window lasts WINDOW_S_PER_TENANT x N), up to MAX_EVALUATIONS.
 verdicts  with the product's canary thresholds (no slack): how many of the N good tenants --
           all the same good adapter -- were rolled back, and why (noise: 0 is the bar), and
           whether the slow control tenant -- one more tenant, the same adapter answered
@@ -89,9 +89,18 @@ BASE_ID = "tiny-llama"
 DEFAULT_EVALUATE_INTERVAL_S = 600.0
 SWEEP_EVERY_S = 10.0
 RESTART_FIGURES = ("restart_all_answer_production_s", "fleet_status_s")
-# a window needs ``latency_breaches`` (2) slow observations in a row to be rolled back:
 # canary-evaluate runs again while windows are still open, at most this often
-MAX_EVALUATIONS = 4
+MAX_EVALUATIONS = 6
+# seconds of window per tenant: one evaluation takes about 5 s a window, so each window stays
+# open for about four evaluations -- the sequential latency rule needs two observations to
+# find a canary slower, and a breach must repeat (latency_breaches, 2): a window over after
+# one observation is ready before any latency rule could have caught the slow control
+WINDOW_S_PER_TENANT = 20.0
+
+
+def window_s(tenants: int, smoke: bool) -> float:
+    """The canary window the burst's windows get (the smoke's: 1 s, its verdicts no figure)."""
+    return 1.0 if smoke else max(60.0, WINDOW_S_PER_TENANT * tenants)
 
 
 def log(message: str) -> None:
@@ -128,6 +137,7 @@ def burst(
     deadline_s: float = 3600.0,
     sweeps_every_s: float | None = SWEEPS_EVERY_S,
     sign_off: bool = True,
+    canary_window_s: float = 1.0,
 ) -> dict[str, Any]:
     from prefect.deployments import run_deployment
     from prefect.events.worker import EventsWorker
@@ -144,11 +154,11 @@ def burst(
         "LORAGATE_ARTIFACTS": str(home / "artifacts"),
         "LORAGATE_ACTOR": "bench",
         "HF_HUB_OFFLINE": "1",
-        # a window is ready at its first in-band observation after 1 s: the evaluation is
-        # started by hand once every tenant serves, and again while a window stays open (a
-        # first latency breach); the latency thresholds are the product's defaults (ratio
-        # 1.10, no slack, rank test, 2 breaches in a row): noise must not roll back a good one
-        "LORAGATE_CANARY_WINDOW_S": "1",
+        # the evaluation is started by hand once every tenant serves, and again while windows
+        # stay open (``window_s``); the latency thresholds are the product's defaults (ratio
+        # 1.10, no slack, sequential rank tests, 2 breaches in a row): noise must not roll
+        # back a good one, and the slow control must be caught
+        "LORAGATE_CANARY_WINDOW_S": f"{canary_window_s:g}",
         "LORAGATE_ADVANCE_AFTER_S": "10" if drop_canary_trigger else "120",
     }
     settings = Settings(home=home, database_url=registry_url, artifacts=env["LORAGATE_ARTIFACTS"])
@@ -383,6 +393,7 @@ def main() -> None:
                     work,
                     sweeps_every_s=sweeps_every_s,
                     sign_off=not args.skip_sign_off,
+                    canary_window_s=window_s(n, args.smoke),
                 )
                 for k, n in sizes.items()
             }

@@ -230,7 +230,7 @@ def test_a_window_over_with_too_few_live_requests_is_undecided_and_withdrawn_lea
 
 @pytest.fixture
 def few_users(tmp_path, replicas, replica_adapters, validated_adapters):
-    """v1 in production; v2 deployed as the canary at 1 %, its window of 30 s sized to catch
+    """v1 in production; v2 deployed as the canary at 1 %, its window of 15 s sized to catch
     errors 2x production's (thousands of requests), the split allowed to ramp to 10 %."""
     fleet = make_fleet(
         tmp_path,
@@ -240,7 +240,7 @@ def few_users(tmp_path, replicas, replica_adapters, validated_adapters):
         canary_share=0.01,
         canary_max_auto_share=0.10,
         canary_detect_ratio=2.0,
-        canary_window_s=30,
+        canary_window_s=15,
         canary_p95_slack_ms=60_000,
     )
     fleet.promote(fleet.v1, "canary")
