@@ -73,6 +73,12 @@ def test_fewer_requests_are_needed_for_a_larger_effect_or_a_higher_error_rate_ne
     assert requests_needed(dataclasses.replace(TWO_X, ratio=0.0), 0.01, 0.01) == TWO_X.min_requests
 
 
+def test_a_canary_no_user_has_reached_yet_needs_what_its_window_share_needs_not_the_minimum():
+    nobody = coverage(TWO_X, 0.10, canary_requests=0, production_requests=60, production_errors=0,
+                      elapsed_s=HOUR, remaining_s=DAY)  # fmt: skip
+    assert nobody.needed == requests_needed(TWO_X, 0.10, 0.0) and nobody.needed > 1000 and not nobody.met
+
+
 def test_no_number_of_requests_decides_a_split_that_sends_every_request_to_the_canary():
     assert requests_needed(TWO_X, 1.0, 0.01) is None
     everyone = coverage(TWO_X, 0.5, canary_requests=900, production_requests=0, production_errors=0,

@@ -150,7 +150,10 @@ def coverage(
     if detection.on and canary_requests and not production_requests:
         needed = None
     else:
-        needed = requests_needed(detection, realised if production_requests else share, rate)
+        # the realised share once both sides have answered; before the canary's first request
+        # (sticky users: none of them in its bucket yet) the window's own
+        sized_at = realised if canary_requests and production_requests else share
+        needed = requests_needed(detection, sized_at, rate)
     # the adapter's pace so far at the share it has now -- or at the share its users gave the
     # canary, where sticky users gave it less (twenty users at 10 % may hold none of them)
     pace = (canary_requests + production_requests) / elapsed_s if elapsed_s > 0 else 0.0
