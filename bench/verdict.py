@@ -105,14 +105,10 @@ def first_rollbacks(case: Case, windows: int, seed: int, peer: bool) -> list[tup
     return out
 
 
-def _share(hits: int, windows: int) -> dict[str, Any]:
+def _proportion(hits: int, windows: int, counted: str = "count") -> dict[str, Any]:
+    """``hits`` of ``windows`` with Wilson's 95 % interval; ``counted`` names the count."""
     low, high = wilson_interval(hits, windows, 0.95) or (0.0, 1.0)
-    return {"windows": windows, "rolled_back": hits, "share": hits / windows, "ci95": [low, high]}
-
-
-def _proportion(hits: int, windows: int) -> dict[str, Any]:
-    low, high = wilson_interval(hits, windows, 0.95) or (0.0, 1.0)
-    return {"windows": windows, "count": hits, "share": hits / windows, "ci95": [low, high]}
+    return {"windows": windows, counted: hits, "share": hits / windows, "ci95": [low, high]}
 
 
 def null_case(case: Case, windows: int, peer_windows: int, seed: int) -> dict[str, Any]:
@@ -120,8 +116,8 @@ def null_case(case: Case, windows: int, peer_windows: int, seed: int) -> dict[st
     peer_runs = first_rollbacks(case, peer_windows, seed + 1, peer=True) if peer_windows else []
     return {
         **case.label,
-        "loragate": _share(sum(1 for r, _ in runs if r is not None), windows),
-        "fisher_every_look": _share(sum(1 for _, f in peer_runs if f is not None), peer_windows)
+        "loragate": _proportion(sum(1 for r, _ in runs if r is not None), windows, "rolled_back"),
+        "fisher_every_look": _proportion(sum(1 for _, f in peer_runs if f is not None), peer_windows, "rolled_back")
         if peer_windows
         else None,
     }
@@ -131,7 +127,7 @@ def worse_case(case: Case, windows: int, seed: int) -> dict[str, Any]:
     looks = [r for r, _ in first_rollbacks(case, windows, seed, peer=False) if r is not None]
     return {
         **case.label,
-        "caught": _share(len(looks), windows),
+        "caught": _proportion(len(looks), windows, "rolled_back"),
         "median_hours_to_rollback": statistics.median(looks) * LOOK_S / 3600 if looks else None,
     }
 

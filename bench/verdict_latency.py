@@ -50,9 +50,20 @@ def probe_window(factor: float, rng: np.random.Generator) -> int | None:
         )
         if verdict == Verdict.ROLLBACK:
             return look
-        observed = Observation(1, at, canary, production, 0.0, [], verdict, checks, [], pairs_ms=pairs)
-        earlier.append(
-            Observation(**{**observed.__dict__, "latency_evidence": evidence.as_dict()})  # the watch keeps it so
+        earlier.append(  # as the watch records it, with the evidence the next observation goes on from
+            Observation(
+                1,
+                at,
+                canary,
+                production,
+                0.0,
+                [],
+                verdict,
+                checks,
+                [],
+                pairs_ms=pairs,
+                latency_evidence=evidence.as_dict(),
+            )
         )
     return None
 
