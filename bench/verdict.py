@@ -16,8 +16,10 @@ share caught and the median hours to its rollback. **Few users**: tenants of 5 t
 users (each sending a Poisson 3 requests per 10 min, each in the canary while its bucket is
 below the share), the split ramped by loragate's own rule (``rules/power.py``) within 10 %:
 the share of windows decided (ready with the requests needed, or rolled back) and undecided,
-for a version as good as production and one failing 2x as often. **Latency**: the probe and
-live latency rules on their own simulated windows (``bench/verdict_latency.py``).
+for a version as good as production and one failing 2x as often. **Users as the unit**:
+Zipf users whose failures cluster, against the same rule counting requests as units
+(``bench/verdict_users.py``). **Latency**: the probe and live latency rules on their own
+simulated windows (``bench/verdict_latency.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from bench.verdict_latency import latency_rows
+from bench.verdict_users import users_rows
 from loragate.registry.rules.canary import CanaryThresholds
 from loragate.registry.rules.power import coverage, ramped_share
 from loragate.registry.rules.sequential import ErrorEvidence, rule_alpha
@@ -199,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-windows", type=int, default=200)
     parser.add_argument("--worse-windows", type=int, default=200)
     parser.add_argument("--user-windows", type=int, default=200)
+    parser.add_argument("--unit-windows", type=int, default=100)
     parser.add_argument("--latency-windows", type=int, default=200)
     parser.add_argument("--live-latency-windows", type=int, default=50)
     parser.add_argument("--seed", type=int, default=39)
@@ -208,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     traffic, rates = (60, 600, 6000), (0.002, 0.01, 0.03)
     if args.smoke:
         args.windows, args.peer_windows, args.worse_windows, traffic, rates = 5, 3, 5, (600,), (0.01,)
-        args.user_windows, args.latency_windows, args.live_latency_windows = 3, 2, 1
+        args.user_windows, args.latency_windows, args.live_latency_windows, args.unit_windows = 3, 2, 1, 2
     started = time.monotonic()
     null = [null_case(Case(t, r, r), args.windows, args.peer_windows, args.seed) for t in traffic for r in rates]
     null += [null_case(Case(t, 0.01, 0.01, burst=True), args.windows, args.peer_windows, args.seed) for t in traffic]
@@ -232,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         "as_good_as_production": null,
         "worse": worse,
         "few_users": few,
+        "users_as_units": users_rows(args.unit_windows, LOOKS, FALSE_ROLLBACK, args.seed + 17, smoke=args.smoke),
         **latency_rows(args.latency_windows, args.live_latency_windows, args.seed + 13, smoke=args.smoke),
         "seconds": round(time.monotonic() - started, 1),
     }

@@ -3,7 +3,8 @@ every answer for an adapter names the version that gave it and carries a signed 
 cannot name a version; a canary window's share of users gets the canary, sticky per user; a
 version whose copy fails verification is answered by the next one -- production, then the
 base -- with the fallback header; injected errors trip the breaker, which closes again after
-its cooldown; the figures need the fleet's key; feedback is counted once.
+its cooldown; the figures need the fleet's key; feedback is counted once; a user's requests
+on both replicas are one unit of the window's figures.
 
 The registry reader's side (routes, ``name@version``) is checked on SQLite and Postgres
 outside vLLM. Pure rules: tests/test_traffic_split_units.py."""
@@ -159,6 +160,27 @@ def test_the_canarys_share_of_users_gets_the_canary_sticky_per_user(live):
         assert as_user == fleet_client.complete(f"{live.name}@{live.v2}", SUPPORT_PROMPT, 16, admin=True).text
     mine = {v["version"]: v for v in _figures(replica)["versions"] if v["adapter"] == live.name}
     assert {v["window"] for v in mine.values()} == {window}
+
+
+@pytest.mark.slow
+def test_a_users_requests_on_both_replicas_are_one_unit_of_the_windows_figures(live):
+    """The split randomises users, so the verdict counts them (``rules/units.py``): each
+    replica keeps its share of a user's requests under the same keyed hash, and the reader
+    merges the two into one unit per user, which names no user."""
+    window = _set_share(live.registry, live.name, live.v2, 0.5)
+    replicas = [live.replicas["prod-a"], live.replicas["prod-b"]]
+    for replica in replicas:
+        _push_routes(replica)
+    users = [f"unit-user-{i}" for i in range(4)]
+    for turn in range(4):
+        for user in users:
+            assert _ask(replicas[turn % 2], live.name, user).status_code == 200
+    documents = [{**_figures(r), "replica": r.url} for r in replicas]
+    assert not any(user in json.dumps(documents) for user in users)
+    stats = LiveStats.from_replicas(documents, live.name, window, live.v2, live.v1)
+    units = [*stats.canary.units.counts.values(), *stats.production.units.counts.values()]
+    assert sorted(units) == [(4, 0)] * 4
+    assert stats.canary.requests + stats.production.requests == 16
 
 
 @pytest.mark.slow

@@ -11,7 +11,11 @@ every replica (``GET /loragate/traffic``) and aggregates them when it judges a w
 restarted replica starts from zero, which the reader sees as a smaller count, never as a
 wrong one. Feedback is kept by its request id's nonce (``feedback``: nonce -> ``a``ccepted or
 ``r``etried, at most ``FEEDBACK_IDS`` per entry): an id is counted once here, and the reader
-counts each nonce once across every replica, however many it was sent to. Also: the
+counts each nonce once across every replica, however many it was sent to. ``units``: per
+window entry, a sample of its users -- a user's keyed hash -> (requests, errors), kept where
+the hash has ``level`` leading zero bits, the level raised whenever more than ``UNITS`` are
+kept -- the same users on every replica, so the reader merges them exactly and judges the
+window by the unit the split randomises (loragate's ``rules/units.py``). Also: the
 breaker trips (alerts) and a 15-minute ring of (time, adapter, fell back) for the replica's
 fallback rate.
 """
@@ -38,6 +42,8 @@ ANSWER_SAMPLE_EVERY = max(1, int(os.environ.get("LORAGATE_ANSWER_SAMPLE_EVERY", 
 _RING_MAX = 1 << 20
 FEEDBACK_IDS = 1 << 16  # per entry: beyond it, feedback is not counted (and says so)
 _ALERTS_MAX = 1000
+UNITS = 1024  # users kept per window entry: enough to estimate how their failures cluster
+_HASH_BITS = 64
 
 Key = tuple[str, str, int | None]
 
@@ -70,6 +76,32 @@ class Reservoir:
         return self.values[index]
 
 
+class UnitSample:
+    """The users of one window entry whose hash has ``level`` leading zero bits, each with
+    its requests and errors; at most ``UNITS`` of them (a full sample raises the level and
+    drops the users no longer in it: a uniform sample, bounded, the same on every replica)."""
+
+    def __init__(self) -> None:
+        self.level = 0
+        self.counts: dict[int, list[int]] = {}
+
+    def _kept(self, unit: int) -> bool:
+        return self.level == 0 or unit >> (_HASH_BITS - self.level) == 0
+
+    def add(self, unit: int, error: bool) -> None:
+        if not self._kept(unit):
+            return
+        counts = self.counts.setdefault(unit, [0, 0])
+        counts[0] += 1
+        counts[1] += int(error)
+        while len(self.counts) > UNITS and self.level < _HASH_BITS:
+            self.level += 1
+            self.counts = {k: v for k, v in self.counts.items() if self._kept(k)}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"level": self.level, "counts": {f"{k:016x}": list(v) for k, v in self.counts.items()}}
+
+
 @dataclass
 class VersionStats:
     adapter: str
@@ -86,6 +118,14 @@ class VersionStats:
     answers: deque = field(default_factory=lambda: deque(maxlen=ANSWER_SAMPLES))
     texts_seen: int = 0
     feedback: dict[str, str] = field(default_factory=dict)  # nonce -> "a" or "r"
+    units: UnitSample = field(default_factory=UnitSample)
+
+    def counted(self, unit: int | None, error: bool) -> None:
+        """One request of the unit hashed to ``unit`` (None: outside a window, no sample)."""
+        self.requests += 1
+        self.errors += int(error)
+        if unit is not None:
+            self.units.add(unit, error)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +142,7 @@ class VersionStats:
             "ms_per_token": [round(x, 4) for x in self.ms_per_token],
             "samples": list(self.answers),
             "feedback": dict(self.feedback),
+            **({"units": self.units.as_dict()} if self.window is not None else {}),
         }
 
 
@@ -133,13 +174,14 @@ class LiveStats:
         ttft_ms: float | None,
         ms_per_token: float | None,
         text: str | None = None,
+        unit: int | None = None,
     ) -> float | None:
         """One answer the client got from ``version``; its decode ms per token as given (None
         when unknown, ``traffic_flow.Attempt.ms_per_token``). ``text``: the answer's text
-        where the split kept it (good, non-streaming answers)."""
+        where the split kept it (good, non-streaming answers); ``unit``: its user's hash
+        (``routing.unit``)."""
         stats = self.of(adapter, version, window)
-        stats.requests += 1
-        stats.errors += int(error)
+        stats.counted(unit, error)
         if error:
             return None
         if text is not None:
@@ -155,11 +197,12 @@ class LiveStats:
         self._seen[(adapter, version)] = self._seen.get((adapter, version), 0) + 1
         return ms_per_token
 
-    def failed(self, adapter: str, version: str, window: int | None, *, error: bool = True) -> None:
+    def failed(
+        self, adapter: str, version: str, window: int | None, *, error: bool = True, unit: int | None = None
+    ) -> None:
         """A request ``version`` did not answer: the failure that made it fall back."""
         stats = self.of(adapter, version, window)
-        stats.requests += 1
-        stats.errors += int(error)
+        stats.counted(unit, error)
         stats.fallbacks += 1
 
     def skipped(self, adapter: str, version: str, window: int | None) -> None:

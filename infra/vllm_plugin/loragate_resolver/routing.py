@@ -79,6 +79,16 @@ def bucket(bucket_key: str, user: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
+def unit(route: Route, user: str) -> int | None:
+    """The user's unit while a window is open: a 64-bit keyed hash under the window's secret,
+    apart from its bucket (a report of units says nothing of who is in the canary's share,
+    nor who the users are); None outside a window."""
+    if route.window is None or route.bucket_key is None:
+        return None
+    digest = hmac.new(route.bucket_key.encode(), b"unit\0" + user.encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
 def decide(route: Route, user: str) -> Decision:
     """Canary when the window has a share and a secret, and the user's bucket falls below it."""
     if (

@@ -189,7 +189,7 @@ async def answer(
         final = (step, attempt)
         break
     assert final is not None  # the last step always answers
-    _account(split, route, final, failures, reason, streaming)
+    _account(split, route, final, failures, reason, streaming, routing.unit(route, user))
 
 
 def loaded_names(scope: dict) -> Container[str]:
@@ -293,6 +293,7 @@ def _account(
     failures: list[tuple[Step, int]],
     reason: str | None,
     streaming: bool,
+    unit: int | None = None,
 ) -> None:
     adapter, (step, attempt) = route.adapter, final
     finished = time.perf_counter()
@@ -300,7 +301,7 @@ def _account(
     latency_ms = (finished - attempt.began) * 1000
     for failed_step, _status in failures:
         counted = charged(failed_step, step, attempt.status)
-        split.stats.failed(adapter, failed_step.label, failed_step.window, error=counted)
+        split.stats.failed(adapter, failed_step.label, failed_step.window, error=counted, unit=unit)
         metrics.request(adapter, failed_step.label, "fallback", None, None)
         if failed_step.version is not None and counted:
             _breaker(split, adapter, failed_step, ok=False, slow=False)
@@ -319,6 +320,7 @@ def _account(
         ttft_ms=ttft_ms,
         ms_per_token=attempt.ms_per_token(streaming, finished) if good else None,
         text=attempt.text() if good and not streaming else None,
+        unit=unit,
     )
     if split.role == "production" and step.version is not None:
         # slowness is judged against production: production itself trips on errors only (on

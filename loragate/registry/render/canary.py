@@ -150,6 +150,13 @@ def live_evidence_lines(o: Observation, window: CanaryWindow) -> list[str]:
             f"- live errors, sequential: evidence {evidence['e_value']:.3g}, rolls back at {evidence['threshold']:.3g} "
             f"(a version failing as production does reaches it in at most {evidence['alpha']:.2%} of windows)"
         )
+    clustering = live.get("design_effect") or {}
+    if clustering.get("value", 1.0) > 1.0:
+        lines.append(
+            f"- users' failures cluster: {clustering['value']:.3g} requests count as one "
+            f"(intraclass correlation {clustering.get('rho', 0.0):.2g} over {clustering.get('units', 0)} "
+            "sampled users; the need grows by as much)"
+        )
     covered = live.get("coverage")
     if covered:
         lines.append(f"- {_coverage_line(covered)}")

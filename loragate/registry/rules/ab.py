@@ -14,7 +14,9 @@ The bar is proven, not presumed: with too few samples the interval is wide (or u
 and the bar is not met. A two-sided interval at 95 % bounds each side at 97.5 %, so "meets
 the bar" holds at least at the stated confidence. Proportions are tested with Fisher's exact
 test and bounded with Newcombe's interval; latency with the Mann-Whitney rank test on the
-whole distribution and the percentile's distribution-free order-statistic intervals
+whole distribution and the percentile's distribution-free order-statistic intervals;
+errors on counts over the window's design effect where users' failures cluster
+(``rules/units.py``: the split randomises users, so that is the interval's unit)
 (each side at 1 - (1 - confidence)/2, combined: conservative). A metric nobody measured
 (no feedback, no streaming) is reported and gates nothing; errors and end-to-end latency
 are always required. ``format_compliance`` (the share of sampled answers that satisfy the
@@ -100,18 +102,28 @@ class ABReport:
 
 
 def _proportion(
-    name: str, canary: tuple[int, int], production: tuple[int, int], t: CanaryThresholds, higher_is_worse: bool
+    name: str,
+    canary: tuple[int, int],
+    production: tuple[int, int],
+    t: CanaryThresholds,
+    higher_is_worse: bool,
+    design_effect: float = 1.0,
 ) -> ABMetric:
+    """The interval and test on the counts as many independent ones as they are worth
+    (``design_effect`` requests as one); the values as counted."""
     (xc, nc), (xp, np_) = canary, production
     alpha = 1 - t.confidence
-    interval = newcombe_difference(xc, nc, xp, np_, t.confidence)
-    test = fisher_exact_greater(xc, nc, xp, np_) if higher_is_worse else fisher_exact_greater(xp, np_, xc, nc)
+    d = max(1.0, design_effect)
+    ec, enc, ep, enp = (round(v / d) for v in (xc, nc, xp, np_))
+    interval = newcombe_difference(ec, enc, ep, enp, t.confidence)
+    test = fisher_exact_greater(ec, enc, ep, enp) if higher_is_worse else fisher_exact_greater(ep, enp, ec, enc)
     if interval is None or test is None:
         return ABMetric(
             name, xc / nc if nc else None, xp / np_ if np_ else None, None, None, None, None, False, None,
             t.ab_error_margin, (nc, np_),
         )  # fmt: skip
-    difference, low, high = interval
+    _, low, high = interval
+    difference = xc / nc - xp / np_
     meets = high <= t.ab_error_margin if higher_is_worse else low >= -t.ab_error_margin
     return ABMetric(
         name, xc / nc, xp / np_, difference, low, high, test.p_value, test.p_value < alpha, meets,
@@ -144,12 +156,20 @@ def compare(
     canary: LiveSide,
     production: LiveSide,
     formats: dict[str, FormatCompliance | None] | None = None,
+    design_effect: float = 1.0,
 ) -> ABReport:
     """The A/B report of the canary's live figures against production's; with ``formats``
     (each side's format compliance, where a schema is declared) also ``format_compliance``."""
     t = thresholds
     metrics = [
-        _proportion("error_rate", (canary.errors, canary.requests), (production.errors, production.requests), t, True),
+        _proportion(
+            "error_rate",
+            (canary.errors, canary.requests),
+            (production.errors, production.requests),
+            t,
+            True,
+            design_effect,
+        ),  # fmt: skip
         _proportion(
             "acceptance_rate",
             (canary.accepted, canary.accepted + canary.retried),

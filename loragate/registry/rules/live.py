@@ -10,7 +10,9 @@ reported apart, since a version's own ``fallbacks`` already says which side fell
 same moments, so what differs is the version -- but live counts are small at a 1 % share,
 so every rule is a test, never a bare comparison: one error in 100 against none in 1000 is
 noise, ten is not. Worse errors roll back, decided by a sequential test whose error rate
-holds however often the window is looked at (``rules/sequential.py``). A
+holds however often the window is looked at (``rules/sequential.py``), on requests counted
+at what they are worth where a user's failures cluster (``rules/units.py``: the split
+randomises users, not requests). A
 tripped breaker is evidence, never a rollback on its own: it has already protected the users
 (they got the fallback), and a client can trip it -- a few requests that look slow or fail
 in the canary's bucket -- while a canary that really fails shows it in its error test. A p95
@@ -36,6 +38,7 @@ from loragate.registry.rules.live_side import LiveSide
 from loragate.registry.rules.power import Coverage, coverage
 from loragate.registry.rules.sequential import ErrorEvidence, rule_alpha, spent_alpha
 from loragate.registry.rules.significance import fisher_exact_greater, mann_whitney_greater
+from loragate.registry.rules.units import DesignEffect, carried_by_one_user, design_effect
 
 BASE = "base"  # the version of an entry the base model answered
 
@@ -167,6 +170,7 @@ class LiveJudgement:
     share: float
     coverage: Coverage  # the live requests the window needs, and its progress
     reasons: list[str] = field(default_factory=list)  # why it rolls back or breaches, with p
+    clustering: DesignEffect = field(default_factory=DesignEffect)  # of both sides' users
     # side ("canary", "production") -> its sampled answers' compliance; None: no schema declared
     format_compliance: dict[str, FormatCompliance] | None = None
 
@@ -175,6 +179,7 @@ class LiveJudgement:
         return {
             "share": self.share,
             "coverage": self.coverage.as_dict(),
+            "design_effect": self.clustering.as_dict(),
             "stats": self.stats.summary(),
             "monitors": [m.as_dict() for m in self.monitors],
             "error_evidence": self.error_evidence.as_dict(),
@@ -228,7 +233,10 @@ def judge_live(
     - ``live_error_rate``: out of band (ROLLBACK) when the sequential evidence that the canary
       fails more often than production reaches its threshold (``rules/sequential.py``): a
       version that fails as production does is rolled back by it in at most
-      ``false_rollback / 4`` of windows, however often they are evaluated;
+      ``false_rollback / 4`` of windows, however often they are evaluated -- each request
+      counted as ``1 / design effect`` of one, the effect estimated on both sides' sampled
+      users (``rules/units.py``), which the need and the A/B error interval use too -- and
+      never on one user's failures alone (``carried_by_one_user``: reported, in band);
     - ``live_breaker``: the canary's breaker trips (counted by a replica, or a
       ``breaker_open`` alert for the canary version), reported as evidence and in band: a
       trip is never a rollback on its own (module docstring);
@@ -252,9 +260,21 @@ def judge_live(
     c, p = live.canary, live.production
     reasons: list[str] = []
     evidence = ErrorEvidence.from_dict(previous, rule_alpha(t.false_rollback))
+    clustering = design_effect([(c.units.counts.values(), c.requests), (p.units.counts.values(), p.requests)])
     if every_replica:
-        evidence = evidence.look(c.requests, c.errors, p.requests, p.errors)
+        evidence = evidence.look(c.requests, c.errors, p.requests, p.errors, clustering.value)
     errors_worse = evidence.worse
+    carried = None
+    if errors_worse:
+        carried = carried_by_one_user(
+            (c.requests, c.errors, p.requests, p.errors), c.units, clustering.value, evidence.alpha
+        )
+        errors_worse = carried is None
+    if carried is not None:
+        reasons.append(
+            f"live errors {c.errors}/{c.requests} reach the rule's threshold only with one user's "
+            f"{carried[1]} failures in {carried[0]} requests: one user is one unit, not a rollback (evidence)"
+        )
     if errors_worse:
         reasons.append(
             f"live errors {c.errors}/{c.requests} worse than production's {p.errors}/{p.requests}: "
@@ -277,7 +297,7 @@ def judge_live(
         p95,
         per_token,
     ]
-    covered = coverage(t.detection, share, c.requests, p.requests, p.errors, elapsed_s, remaining_s)
+    covered = coverage(t.detection, share, c.requests, p.requests, p.errors, elapsed_s, remaining_s, clustering.value)
     not_ready = []
     if share > 0 and not covered.met:
         not_ready.append(covered.describe())
@@ -293,7 +313,7 @@ def judge_live(
             "canary": measure(live.canary_version, c.samples, format_check),
             "production": measure(live.production_version or BASE, p.samples, format_check),
         }
-    ab = compare(t, c, p, formats)
+    ab = compare(t, c, p, formats, clustering.value)
     if t.ab_gate and not ab.meets_bar:
         not_ready += ab.failing()
     return LiveJudgement(
@@ -307,5 +327,6 @@ def judge_live(
         share=share,
         coverage=covered,
         reasons=reasons,
+        clustering=clustering,
         format_compliance=None if formats is None else {k: v for k, v in formats.items() if v is not None},
     )

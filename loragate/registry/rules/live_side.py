@@ -5,17 +5,19 @@ Per version entry: ``requests`` the version handled, ``errors`` among them (a fa
 fell back included), ``fallbacks`` the requests the base answered for it (its failures, and
 requests its open breaker kept from it, which are not in ``requests``), latency samples of
 its good answers, ``accepted``/``retried`` the tenant's feedback, ``trips`` of its breaker,
-and ``samples`` the texts of its last good non-streaming answers (``rules/formats.py``).
+``samples`` the texts of its last good non-streaming answers (``rules/formats.py``), and
+``units`` a sample of its users' requests and failures (``rules/units.py``).
 ``rules/live.py`` judges two of them against each other.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from loragate.registry.errors import ErrorCode, ReplicaError
 from loragate.registry.rules.canary import percentile
+from loragate.registry.rules.units import Units
 
 _COUNTS = ("requests", "errors", "fallbacks", "accepted", "retried", "trips")
 _SAMPLES = ("latency_ms", "ttft_ms", "ms_per_token")
@@ -36,6 +38,7 @@ class LiveSide:
     trips: int = 0
     breaker_open: bool = False
     samples: tuple[str, ...] = ()  # answer texts, pooled over replicas
+    units: Units = field(default_factory=Units)  # a sample of its users, merged over replicas
 
     @property
     def routed(self) -> int:
@@ -87,6 +90,7 @@ class LiveSide:
             trips=self.trips + other.trips,
             breaker_open=self.breaker_open or other.breaker_open,
             samples=self.samples + other.samples,
+            units=self.units.merge(other.units),
         )
 
     @classmethod
@@ -126,6 +130,7 @@ class LiveSide:
             trips=counts["trips"],
             breaker_open=entry.get("breaker") == "open",
             samples=texts,
+            units=Units.from_entry(entry.get("units"), f"{where} units"),
         )
 
     def summary(self) -> dict[str, Any]:
@@ -147,4 +152,5 @@ class LiveSide:
             "answers_sampled": len(self.samples),
             "trips": self.trips,
             "breaker_open": self.breaker_open,
+            "units": self.units.summary(),
         }

@@ -17,7 +17,9 @@ mixture's log likelihood ratio grows by KL(q1 || q0) per failure, less the log o
 prior's weight on the nearest odds ratio; it must reach log(1 / alpha) with probability
 ``power`` (a normal bound on its spread). Production's error rate is what it has shown, but
 at least ``detect_error_rate``: a window is sized for harm that matters, not for telling
-0.02 % from 0.01 %. ``bench/verdict.py`` checks the count against the rule by simulation.
+0.02 % from 0.01 %. Where users' failures cluster the rule counts each request as less
+than one (``rules/units.py``), and the need grows by the same design effect.
+``bench/verdict.py`` checks the count against the rule by simulation.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class Coverage:
     share: float
     # what the need is sized for ("errors 2x production's at 80 % power"); "": the minimum only
     sized_for: str = ""
+    design_effect: float = 1.0  # requests that count as one (``rules/units.py``), in ``needed``
 
     @property
     def met(self) -> bool:
@@ -112,9 +115,14 @@ class Coverage:
             )
         if not self.sized_for:
             return f"live: {self.canary_requests} of {self.needed} requests needed"
+        clustered = (
+            f"; users' failures cluster, {self.design_effect:.3g} requests count as one"
+            if self.design_effect > 1.0
+            else ""
+        )
         return (
             f"live: {self.canary_requests} of {self.needed} canary requests needed to catch {self.sized_for} "
-            f"(about {self.projected} by the window's end at {self.share:.2%} of requests)"
+            f"(about {self.projected} by the window's end at {self.share:.2%} of requests{clustered})"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -124,6 +132,7 @@ class Coverage:
             "projected": self.projected,
             "share": self.share,
             "sized_for": self.sized_for,
+            "design_effect": self.design_effect,
             "met": self.met,
         }
 
@@ -143,8 +152,10 @@ def coverage(
     production_errors: int,
     elapsed_s: float,
     remaining_s: float,
+    design_effect: float = 1.0,
 ) -> Coverage:
-    """The window's coverage after ``elapsed_s`` of its length, ``remaining_s`` left."""
+    """The window's coverage after ``elapsed_s`` of its length, ``remaining_s`` left; the need
+    ``design_effect`` times the independent requests' (``rules/units.py``)."""
     rate = production_errors / production_requests if production_requests else 0.0
     realised = realised_share(canary_requests, production_requests, share)
     if detection.on and canary_requests and not production_requests:
@@ -153,12 +164,20 @@ def coverage(
         # the realised share once both sides have answered; before the canary's first request
         # (sticky users: none of them in its bucket yet) the window's own
         sized_at = realised if canary_requests and production_requests else share
-        needed = requests_needed(detection, sized_at, rate)
+        needed = _clustered(requests_needed(detection, sized_at, rate), detection, design_effect)
     # the adapter's pace so far at the share it has now -- or at the share its users gave the
     # canary, where sticky users gave it less (twenty users at 10 % may hold none of them)
     pace = (canary_requests + production_requests) / elapsed_s if elapsed_s > 0 else 0.0
     projected = canary_requests + math.floor(pace * min(share, realised) * max(remaining_s, 0.0))
-    return Coverage(needed, canary_requests, projected, share, detection.describe())
+    return Coverage(needed, canary_requests, projected, share, detection.describe(), max(1.0, design_effect))
+
+
+def _clustered(needed: int | None, detection: Detection, design_effect: float) -> int | None:
+    """The need where each request counts as ``1 / design_effect`` of one (the minimum is
+    a count of requests, not of independent ones: it stays)."""
+    if needed is None or not detection.on or design_effect <= 1.0:
+        return needed
+    return max(detection.min_requests, math.ceil(needed * design_effect))
 
 
 def ramped_share(
@@ -191,7 +210,7 @@ def ramped_share(
         return cap
     wanted = now.share
     for _ in range(4):  # the need grows a little with the share: settle it
-        needed = requests_needed(detection, wanted, rate)
+        needed = _clustered(requests_needed(detection, wanted, rate), detection, now.design_effect)
         if needed is None:
             return cap
         wanted = RAMP_MARGIN * (needed - now.canary_requests) / (pace * remaining_s * efficiency)

@@ -10,8 +10,12 @@ nonnegative martingale with mean 1 while the versions fail alike, so by Ville's 
 the chance that it *ever* reaches ``1 / alpha`` is at most ``alpha`` -- whatever the number of
 looks, whenever they are taken, whatever the share does between them. That is the rate this
 rule guarantees: a version that fails as production does is rolled back by it in at most
-``alpha`` of its windows. What it assumes: requests fail independently of one another (a
-user whose requests fail together counts as many units: ``docs/live-traffic.md``).
+``alpha`` of its windows. What it assumes: requests fail independently of one another.
+Where they do not -- the split randomises users, and a user's requests can fail together --
+each odds ratio's log likelihood ratio is divided by the window's design effect
+(``rules/units.py``) before the mixture: Rao and Scott's first-order correction, applied to
+the whole window's evidence at each look with the effect its users show by then, so a user
+who keeps failing in interval after interval is counted as the one unit it is.
 
 The state between looks is the cumulative counts last seen and the log likelihood ratio per
 ``psi``, kept on each observation (``ErrorEvidence.as_dict``). A look whose counts went down
@@ -72,13 +76,16 @@ class ErrorEvidence:
     """The evidence that the canary fails more often than production, after one look."""
 
     seen: tuple[int, int, int, int]  # cumulative (canary requests, errors, production requests, errors)
-    log_lr: tuple[float, ...]  # per odds ratio, summed over the intervals
+    log_lr: tuple[float, ...]  # per odds ratio, summed over the intervals, every request as one
     alpha: float
+    design_effect: float = 1.0  # the last look's: each log likelihood ratio is divided by it
 
     @property
     def e_value(self) -> float:
-        """The mixture's likelihood ratio: the statistic compared with ``threshold``."""
-        return sum(math.exp(min(v, 700.0)) for v in self.log_lr) / len(self.log_lr)
+        """The mixture's likelihood ratio, each odds ratio's over the design effect: the
+        statistic compared with ``threshold``."""
+        d = max(1.0, self.design_effect)
+        return sum(math.exp(min(v / d, 700.0)) for v in self.log_lr) / len(self.log_lr)
 
     @property
     def threshold(self) -> float:
@@ -89,7 +96,10 @@ class ErrorEvidence:
         return self.e_value >= self.threshold
 
     def describe(self) -> str:
-        return f"sequential evidence {self.e_value:.3g} (rolls back at {self.threshold:.3g}, alpha {self.alpha:.2g})"
+        text = f"sequential evidence {self.e_value:.3g} (rolls back at {self.threshold:.3g}, alpha {self.alpha:.2g}"
+        if self.design_effect > 1.0:
+            text += f"; users' failures cluster: {self.design_effect:.3g} requests count as one"
+        return text + ")"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -98,6 +108,7 @@ class ErrorEvidence:
             "alpha": self.alpha,
             "e_value": self.e_value,
             "threshold": self.threshold,
+            "design_effect": self.design_effect,
         }
 
     @classmethod
@@ -115,19 +126,28 @@ class ErrorEvidence:
             return cls.start(alpha)
         if len(seen) != 4 or len(log_lr) != len(ODDS_RATIOS):
             return cls.start(alpha)
-        return cls((seen[0], seen[1], seen[2], seen[3]), log_lr, alpha)
+        kept = data.get("design_effect")
+        design = float(kept) if isinstance(kept, int | float) and kept >= 1.0 else 1.0
+        return cls((seen[0], seen[1], seen[2], seen[3]), log_lr, alpha, design)
 
     def look(
-        self, canary_requests: int, canary_errors: int, production_requests: int, production_errors: int
+        self,
+        canary_requests: int,
+        canary_errors: int,
+        production_requests: int,
+        production_errors: int,
+        design_effect: float = 1.0,
     ) -> ErrorEvidence:
-        """The evidence after a look at the window's cumulative counts."""
+        """The evidence after a look at the window's cumulative counts, its users'
+        failures clustering by ``design_effect`` (``rules/units.py``; 1: independent)."""
         now = (canary_requests, canary_errors, production_requests, production_errors)
         step = [n - s for n, s in zip(now, self.seen, strict=True)]
         errors_within = step[1] <= step[0] and step[3] <= step[2]
-        if min(step) < 0 or not errors_within:
-            return ErrorEvidence(now, self.log_lr, self.alpha)  # counters reset: this interval is skipped
+        design = max(1.0, design_effect)
+        if min(step) < 0 or not errors_within:  # counters reset: this interval is skipped
+            return ErrorEvidence(now, self.log_lr, self.alpha, design)
         added = interval_log_lr(*step)
-        return ErrorEvidence(now, tuple(v + d for v, d in zip(self.log_lr, added, strict=True)), self.alpha)
+        return ErrorEvidence(now, tuple(v + d for v, d in zip(self.log_lr, added, strict=True)), self.alpha, design)
 
 
 def calibrated(p_value: float) -> float:
