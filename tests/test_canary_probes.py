@@ -2,7 +2,8 @@
 answer: a probe is asked again once before its failure counts (one that fails twice is
 evidence for the sequential probe error rule, not a rollback on its own), and a golden answer
 that differs from validation's is read a second time before it counts as drift -- while a
-replica that fails every probe, or a version that really drifts, is still rolled back."""
+replica that fails every probe, or a version that really drifts, is still rolled back. A
+first canary (no production version) is judged against the base on its own replica."""
 
 from __future__ import annotations
 
@@ -76,3 +77,26 @@ def test_a_golden_answer_that_differs_on_both_reads_is_drift(dark):
     observation, _ = observe_window(fleet.registry, window)
     assert observation.drift > 0 and observation.verdict == Verdict.ROLLBACK, observation.reasons
     assert any("golden_drift" in r for r in observation.reasons)
+
+
+@pytest.fixture
+def first(tmp_path, replicas, replica_adapters, validated_adapters):
+    """v1 the adapter's first canary: no production version, no share of live traffic."""
+    fleet = make_fleet(tmp_path, replicas, replica_adapters, validated_adapters, canary_share=0.0, canary_window_s=3600)
+    deployment = deploy_canary(fleet.registry, fleet.v1)
+    try:
+        yield fleet, deployment.window
+    finally:
+        fleet.registry.close()
+
+
+def test_a_first_canary_as_costly_as_lora_is_judged_against_the_base_on_its_own_replica_and_kept(first):
+    """LoRA's own arithmetic costs more than the bare base on every prompt; a first canary is
+    held to ``LORAGATE_CANARY_FIRST_P95_RATIO`` of the base asked on the same replica right
+    after it, so a good one is never rolled back for being an adapter."""
+    fleet, window = first
+    observations = [observe_window(fleet.registry, fleet.registry.canary_window(window.id))[0] for _ in range(3)]
+    assert [o.verdict for o in observations if o.verdict == Verdict.ROLLBACK] == []
+    for o in observations:
+        assert o.production.errors == 0 and o.canary.errors == 0
+        assert len(o.pairs_ms) == len(o.canary.latencies_ms) > 0  # every probe paired with the base

@@ -155,7 +155,14 @@ def observe_window(
         # not TCP set-ups'
         canary_clients = [(stack.enter_context(replica_client(registry, r.url, retries=0)), name) for r in canaries]
         production_clients = [(stack.enter_context(replica_client(registry, r.url, retries=0)), r) for r in productions]
-        if window.share > 0 and production_version and production_clients:
+        if production_version is None and canary_clients:
+            # a first canary's reference is the base on its own replica, asked right after it:
+            # the same engine, its batches shared with the other canaries' adapters -- the bare
+            # base on a production replica shares the prompt, not the load
+            production_clients = [
+                (client, replica) for (client, _), replica in zip(canary_clients, canaries, strict=True)
+            ]
+        elif window.share > 0 and production_version and production_clients:
             # warm on the production replicas: the same replicas answer for both versions, so
             # a canary pool busy with other canaries' probes does not make this one look slow
             warm_as = qualified_name(name, window.version_id)
