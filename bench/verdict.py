@@ -39,14 +39,13 @@ import numpy as np
 
 from bench.verdict_latency import latency_rows
 from bench.verdict_users import users_rows
+from bench.verdict_windows import LOOK_S, LOOKS, proportion
 from loragate.registry.rules.canary import CanaryThresholds
 from loragate.registry.rules.power import coverage, ramped_share
 from loragate.registry.rules.sequential import ErrorEvidence, rule_alpha
-from loragate.registry.rules.significance import fisher_exact_greater, wilson_interval
+from loragate.registry.rules.significance import fisher_exact_greater
 
 ROOT = Path(__file__).resolve().parents[1]
-LOOKS = 144
-LOOK_S = 600
 SHARE = 0.01
 FALSE_ROLLBACK = 0.01  # LORAGATE_CANARY_FALSE_ROLLBACK's default
 PEER_ALPHA = 0.05  # the replaced rule: 1 - LORAGATE_CANARY_CONFIDENCE at every look
@@ -108,19 +107,13 @@ def first_rollbacks(case: Case, windows: int, seed: int, peer: bool) -> list[tup
     return out
 
 
-def _proportion(hits: int, windows: int, counted: str = "count") -> dict[str, Any]:
-    """``hits`` of ``windows`` with Wilson's 95 % interval; ``counted`` names the count."""
-    low, high = wilson_interval(hits, windows, 0.95) or (0.0, 1.0)
-    return {"windows": windows, counted: hits, "share": hits / windows, "ci95": [low, high]}
-
-
 def null_case(case: Case, windows: int, peer_windows: int, seed: int) -> dict[str, Any]:
     runs = first_rollbacks(case, windows, seed, peer=False)
     peer_runs = first_rollbacks(case, peer_windows, seed + 1, peer=True) if peer_windows else []
     return {
         **case.label,
-        "loragate": _proportion(sum(1 for r, _ in runs if r is not None), windows, "rolled_back"),
-        "fisher_every_look": _proportion(sum(1 for _, f in peer_runs if f is not None), peer_windows, "rolled_back")
+        "loragate": proportion(sum(1 for r, _ in runs if r is not None), windows, "rolled_back"),
+        "fisher_every_look": proportion(sum(1 for _, f in peer_runs if f is not None), peer_windows, "rolled_back")
         if peer_windows
         else None,
     }
@@ -130,7 +123,7 @@ def worse_case(case: Case, windows: int, seed: int) -> dict[str, Any]:
     looks = [r for r, _ in first_rollbacks(case, windows, seed, peer=False) if r is not None]
     return {
         **case.label,
-        "caught": _proportion(len(looks), windows, "rolled_back"),
+        "caught": proportion(len(looks), windows, "rolled_back"),
         "median_hours_to_rollback": statistics.median(looks) * LOOK_S / 3600 if looks else None,
     }
 
@@ -184,8 +177,8 @@ def few_users_case(users: int, canary_ratio: float, windows: int, seed: int) -> 
         "canary_error_ratio": canary_ratio,
         "windows": windows,
         "ready": outcomes.count("ready") / windows,
-        "rolled_back": _proportion(outcomes.count("rolled_back"), windows),
-        "undecided": _proportion(outcomes.count("undecided"), windows),
+        "rolled_back": proportion(outcomes.count("rolled_back"), windows),
+        "undecided": proportion(outcomes.count("undecided"), windows),
         "median_final_share": statistics.median(s for _, s, _ in runs),
         "median_ramp_steps": statistics.median(n for _, _, n in runs),
     }

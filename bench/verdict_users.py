@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.verdict_windows import LOOK_S, proportion
 from loragate.registry.rules.sequential import ErrorEvidence, rule_alpha
 from loragate.registry.rules.units import HASH_BITS, UNITS, Units, carried_by_one_user, design_effect, kept
 
@@ -99,10 +100,11 @@ def users_window(
                 chosen = _sampled(depths[side], seen[side])
                 pairs = list(zip(requests[side][chosen].tolist(), failures[side][chosen].tolist(), strict=True))
                 sides.append((pairs, int(requests[side].sum())))
-            effect = design_effect(sides).value
+            clustering = design_effect(sides)
+            effect = clustering.value
             ours = ours.look(*counts, effect)
             canary_units = Units(0, dict(enumerate(sides[0][0])), True)
-            carried = ours.worse and carried_by_one_user(counts, canary_units, effect, alpha) is not None
+            carried = ours.worse and carried_by_one_user(counts, canary_units, clustering, alpha) is not None
             rule = look if ours.worse and not carried else None
         if plain is None:
             peer = peer.look(*counts)
@@ -113,17 +115,15 @@ def users_window(
 
 
 def users_case(case: UsersCase, windows: int, looks: int, false_rollback: float, seed: int) -> dict[str, Any]:
-    from bench.verdict import LOOK_S, _proportion
-
     rng = np.random.default_rng(seed)
     runs = [users_window(case, looks, false_rollback, rng) for _ in range(windows)]
     ours = [r for r, _, _ in runs if r is not None]
     plain = [p for _, p, _ in runs if p is not None]
     return {
         **case.label,
-        "loragate": _proportion(len(ours), windows, "rolled_back"),
+        "loragate": proportion(len(ours), windows, "rolled_back"),
         "median_hours_to_rollback": statistics.median(ours) * LOOK_S / 3600 if ours else None,
-        "requests_as_units": _proportion(len(plain), windows, "rolled_back"),
+        "requests_as_units": proportion(len(plain), windows, "rolled_back"),
         "median_design_effect": statistics.median(e for _, _, e in runs),
     }
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 
 import httpx
 import pytest
 
-from loragate.registry.records.adapters import utcnow
 from loragate.registry.render.canary import canary_evidence_markdown
 from loragate.registry.rules.canary import Verdict, WindowStatus
 from loragate.registry.rules.fleet import qualified_name, version_path
@@ -230,8 +230,10 @@ def test_a_window_over_with_too_few_live_requests_is_undecided_and_withdrawn_lea
 
 @pytest.fixture
 def few_users(tmp_path, replicas, replica_adapters, validated_adapters):
-    """v1 in production; v2 deployed as the canary at 1 %, its window of 15 s sized to catch
-    errors 2x production's (thousands of requests), the split allowed to ramp to 10 %."""
+    """v1 in production; v2 deployed as the canary at 1 %, its window of 10 minutes sized to
+    catch errors 2x production's (thousands of requests), the split allowed to ramp to 10 %.
+    The test ends the window by moving the evaluation's clock past it, not by waiting: a
+    short window on a busy host could be over before its first evaluation."""
     fleet = make_fleet(
         tmp_path,
         replicas,
@@ -240,7 +242,7 @@ def few_users(tmp_path, replicas, replica_adapters, validated_adapters):
         canary_share=0.01,
         canary_max_auto_share=0.10,
         canary_detect_ratio=2.0,
-        canary_window_s=15,
+        canary_window_s=600,
         canary_p95_slack_ms=60_000,
     )
     fleet.promote(fleet.v1, "canary")
@@ -250,7 +252,9 @@ def few_users(tmp_path, replicas, replica_adapters, validated_adapters):
     fleet.registry.close()
 
 
-def test_a_tenant_of_twenty_users_ramps_within_the_cap_then_ends_undecided_with_what_was_missing(few_users):
+def test_a_tenant_of_twenty_users_ramps_within_the_cap_then_ends_undecided_with_what_was_missing(
+    few_users, monkeypatch
+):
     fleet, deployment = few_users
     a, b = productions(fleet)
     answered_by = [ask(a, fleet.name, user).headers["x-loragate-version"] for user in USERS[:20]]
@@ -263,7 +267,8 @@ def test_a_tenant_of_twenty_users_ramps_within_the_cap_then_ends_undecided_with_
     ]
     assert "auto-ramp 1.00% -> 10.00% (cap 10.00%)" in (step.reason or "")
     answered_by += [ask(r, fleet.name, u).headers["x-loragate-version"] for u in USERS[:20] for r in (a, b)]
-    time.sleep(max(0.0, (ramped.ends_at - utcnow()).total_seconds()) + 0.1)
+    over = ramped.ends_at + timedelta(seconds=1)
+    monkeypatch.setattr("loragate.tasks.canary.utcnow", lambda: over)  # the window's length is over
 
     observation, _ = observe_window(fleet.registry, ramped)
     assert observation.verdict == Verdict.UNDECIDED, observation.reasons

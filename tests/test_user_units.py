@@ -19,7 +19,14 @@ from loragate.registry.rules.canary import CanaryThresholds, Observation, Verdic
 from loragate.registry.rules.live import LiveStats, judge_live
 from loragate.registry.rules.live_side import LiveSide
 from loragate.registry.rules.sequential import ErrorEvidence, rule_alpha
-from loragate.registry.rules.units import UNITS, Units, carried_by_one_user, design_effect
+from loragate.registry.rules.units import (
+    SETTLED_FAILING_UNITS,
+    UNITS,
+    DesignEffect,
+    Units,
+    carried_by_one_user,
+    design_effect,
+)
 from tests.support.split import NAME, FakeVllm, _split, ask, call
 from tests.support.split import window as route_window
 from tests.test_live_verdict import LATE, WINDOW, probe, window
@@ -178,10 +185,17 @@ def test_no_single_user_decides_a_rollback_where_users_failures_cluster():
     assert "only with one user's 30 failures in 40 requests" in " ".join(judged.reasons)
     counts = (1_040, 80, 100_000, 1_050)
     alpha = judged.error_evidence.alpha
-    assert carried_by_one_user(counts, canary.units, judged.clustering.value, alpha) == (40, 30)
-    assert carried_by_one_user(counts, canary.units, 1.0, alpha) is None  # independent failures
+    assert carried_by_one_user(counts, canary.units, judged.clustering, alpha) == (40, 30)
+    # all thirty failures one user's: where users are shown not to cluster its requests are
+    # as many units; where too few users failed to tell, no one user decides
+    alone = Units(0, {10_000: (40, 30), **{10_001 + i: (20, 0) for i in range(50)}}, True)
+    one_users = (1_040, 30, 100_000, 1_050)
+    independent = DesignEffect(1.0, 0.0, 1_051, SETTLED_FAILING_UNITS)
+    assert carried_by_one_user(one_users, alone, independent, alpha) is None
+    unsettled = DesignEffect(1.0, 0.0, 1_051, SETTLED_FAILING_UNITS - 1)
+    assert carried_by_one_user(one_users, alone, unsettled, alpha) == (40, 30)
     spread = Units(0, {10_000 + i: (20, 2) for i in range(52)}, True)  # no one user carries it
-    assert carried_by_one_user((1_040, 104, 100_000, 1_050), spread, judged.clustering.value, alpha) is None
+    assert carried_by_one_user((1_040, 104, 100_000, 1_050), spread, judged.clustering, alpha) is None
 
 
 def test_an_older_replica_reporting_no_units_is_judged_as_before():

@@ -266,9 +266,7 @@ def judge_live(
     errors_worse = evidence.worse
     carried = None
     if errors_worse:
-        carried = carried_by_one_user(
-            (c.requests, c.errors, p.requests, p.errors), c.units, clustering.value, evidence.alpha
-        )
+        carried = carried_by_one_user((c.requests, c.errors, p.requests, p.errors), c.units, clustering, evidence.alpha)
         errors_worse = carried is None
     if carried is not None:
         reasons.append(

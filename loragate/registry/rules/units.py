@@ -42,6 +42,9 @@ MIN_EFFECTIVE_USERS = 5
 # a design effect from this up says users' failures cluster (under independent failures the
 # estimate is within a few percent of 1)
 CLUSTERED = 1.25
+# the design effect is trusted once this many distinct users have failed: before that it
+# rests on a handful of failures, and a heavy user's look as independent as anyone's
+SETTLED_FAILING_UNITS = 20
 
 
 def kept(key: int, level: int) -> bool:
@@ -106,14 +109,20 @@ class Units:
 @dataclass(frozen=True)
 class DesignEffect:
     """How many requests count as one: ``value`` >= 1, the intraclass correlation ``rho``
-    it came from, and the users it was estimated on."""
+    it came from, the users it was estimated on and how many of them failed."""
 
     value: float = 1.0
     rho: float = 0.0
     units: int = 0
+    failing_units: int = 0
+
+    @property
+    def settled(self) -> bool:
+        """Whether enough users failed for the effect to say failures do not cluster."""
+        return self.failing_units >= SETTLED_FAILING_UNITS
 
     def as_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "rho": self.rho, "units": self.units}
+        return {"value": self.value, "rho": self.rho, "units": self.units, "failing_units": self.failing_units}
 
 
 def design_effect(sides: Iterable[tuple[Iterable[tuple[int, int]], int]]) -> DesignEffect:
@@ -135,7 +144,7 @@ def design_effect(sides: Iterable[tuple[Iterable[tuple[int, int]], int]]) -> Des
     nothing failed or no user sent two requests."""
     excess = spread = 0.0
     weighted: list[tuple[float, float, int]] = []  # per side: n_w, its own effect, requests in all
-    units = 0
+    units = failing = 0
     for pairs_in, requests_in_all in sides:
         pairs = [(n, f) for n, f in pairs_in if n > 0]
         sampled = sum(n for n, _ in pairs)
@@ -150,12 +159,13 @@ def design_effect(sides: Iterable[tuple[Iterable[tuple[int, int]], int]]) -> Des
             (squares / sampled, _own_effect(residuals, squares, sampled, rate), max(requests_in_all, sampled))
         )
         units += len(pairs)
+        failing += sum(1 for _, f in pairs if f > 0)
     if spread <= 0 or not weighted:
-        return DesignEffect(1.0, 0.0, units)
+        return DesignEffect(1.0, 0.0, units, failing)
     rho = min(1.0, max(0.0, excess / spread))
     clustered = sum(max(1 + rho * (n_w - 1), own) / requests for n_w, own, requests in weighted)
     independent = sum(1 / requests for _, _, requests in weighted)
-    return DesignEffect(max(1.0, clustered / independent), rho, units)
+    return DesignEffect(max(1.0, clustered / independent), rho, units, failing)
 
 
 def _own_effect(residuals: float, squares: int, requests: int, rate: float) -> float:
@@ -171,19 +181,22 @@ def _own_effect(residuals: float, squares: int, requests: int, rate: float) -> f
 
 
 def carried_by_one_user(
-    counts: tuple[int, int, int, int], canary: Units, design: float, alpha: float
+    counts: tuple[int, int, int, int], canary: Units, design: DesignEffect, alpha: float
 ) -> tuple[int, int] | None:
     """The (requests, failures) of the canary's user whose failures alone carry the error
     rule's verdict -- the window's cumulative ``counts`` (canary requests, failures,
     production requests, failures) without that user's no longer reach the rule's threshold
     at ``alpha`` -- or None where the verdict stands without its heaviest-failing user, no
-    user of the canary's is known, or the window's users do not cluster (``design`` below
-    ``CLUSTERED``: where failures are independent, a heavy user's requests are as many
-    units, and leaving one out would only cost the rule its power). Where they cluster, no
-    single user decides a rollback: one user is one unit, however many requests it sends."""
+    user of the canary's is known, or the window's users are shown not to cluster (``design``
+    below ``CLUSTERED`` and ``settled``: where failures are independent, a heavy user's
+    requests are as many units, and leaving one out would only cost the rule its power).
+    Where they cluster, or too few users have failed to tell, no single user decides a
+    rollback: one user is one unit, however many requests it sends."""
     failing = [pair for pair in canary.counts.values() if pair[1] > 0]
-    if not failing or design < CLUSTERED:
+    if not failing or (design.value < CLUSTERED and design.settled):
         return None
     requests, failures = max(failing, key=lambda pair: (pair[1], pair[0]))
-    rest = ErrorEvidence.start(alpha).look(counts[0] - requests, counts[1] - failures, counts[2], counts[3], design)
+    rest = ErrorEvidence.start(alpha).look(
+        counts[0] - requests, counts[1] - failures, counts[2], counts[3], design.value
+    )
     return None if rest.worse else (requests, failures)
