@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from loragate.registry.progress import Progress
     from loragate.registry.service import Registry
 
 EXIT_OK = 0
@@ -54,12 +55,14 @@ def common_options(*, top_level: bool) -> argparse.ArgumentParser:
     return parser
 
 
-def progress_printer(args: argparse.Namespace) -> Callable[[str], None]:
+def progress_printer(args: argparse.Namespace) -> Progress:
+    from loragate.registry.progress import quiet
+
     show = args.progress or (
         args.progress is None and (sys.stderr.isatty() or os.environ.get("LORAGATE_PROGRESS") == "1")
     )
     if not show:
-        return lambda _msg: None
+        return quiet
     return lambda msg: print(f"… {msg}", file=sys.stderr, flush=True)
 
 

@@ -15,7 +15,6 @@ larger share, within its cap (``canary_moves.ramp_canary``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from loragate.registry.errors import (
     ReplicaError,
 )
 from loragate.registry.intake.jsonio import loads_object
+from loragate.registry.progress import Progress, quiet
 from loragate.registry.records.adapters import utcnow
 from loragate.registry.rules.canary import CanaryWindow, Observation, SideStats, Verdict
 from loragate.registry.rules.fleet import qualified_name
@@ -38,12 +38,6 @@ from loragate.tasks.replicas import Completion, ReplicaClient, replica_client
 from loragate.tasks.routes import stage_replicas
 from loragate.tasks.traffic import read_traffic
 from loragate.tasks.traffic_watch import TrafficAlert, alerts_in, record_alerts
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -131,7 +125,7 @@ def _drifted(client: ReplicaClient, model: str, probe: Probe, first: Completion 
 
 
 def observe_window(
-    registry: Registry, window: CanaryWindow, progress: Progress = _quiet
+    registry: Registry, window: CanaryWindow, progress: Progress = quiet
 ) -> tuple[Observation, list[TrafficAlert]]:
     """One evaluation of an open window: probe both sides, read the live figures, judge,
     record; returns the observation and the traffic alerts recorded now (to announce).

@@ -17,7 +17,6 @@ commits (``tasks/warm_copies.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +27,7 @@ from loragate.registry.errors import (
     InvalidInput,
     LoragateError,
 )
+from loragate.registry.progress import Progress, quiet
 from loragate.registry.records.adapters import utcnow
 from loragate.registry.rules.canary import ACTIVE, CanaryWindow, WindowStatus
 from loragate.registry.rules.lifecycle import Plan
@@ -38,13 +38,8 @@ from loragate.tasks.fleet import promote_and_switch, rollback_and_switch
 from loragate.tasks.routes import push_routes, stage_replicas
 from loragate.tasks.traffic import cool_version, warm_version
 
-Progress = Callable[[str], None]
 # what the shell's withdrawal records where the operator gave no reason
 SHELL_WITHDRAWAL = "withdrawn from the shell (loragate rollback --stage canary)"
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 # -- deploy ------------------------------------------------------------------------------
@@ -60,7 +55,7 @@ class CanaryDeployment:
 
 
 def deploy_canary(
-    registry: Registry, version_id: str, progress: Progress = _quiet, *, reason: str | None = "canary gate"
+    registry: Registry, version_id: str, progress: Progress = quiet, *, reason: str | None = "canary gate"
 ) -> CanaryDeployment:
     """Put a validated version on the canary replicas (switched and verified in place), open
     its window, and -- once the adapter has a production version to split with -- warm it
@@ -111,7 +106,7 @@ def deploy_canary(
 
 
 def put_on_canary(
-    registry: Registry, version_id: str, *, reason: str | None = None, progress: Progress = _quiet
+    registry: Registry, version_id: str, *, reason: str | None = None, progress: Progress = quiet
 ) -> CanaryDeployment | tuple[Plan, list[dict[str, Any]]]:
     """``loragate promote VERSION --to canary``: where the version's base has replicas, the
     canary gate's own ``deploy_canary`` (its window opened, its live split given its share);
@@ -134,7 +129,7 @@ def ramp_canary(
     window: CanaryWindow,
     covered: Coverage,
     production: tuple[int, int],
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> CanaryWindow | None:
     """Raise a running window's share when its traffic will not bring the live requests its
     verdict needs by its end (``rules/power.py``), never past the window's
@@ -167,7 +162,7 @@ def ramp_canary(
 
 
 def withdraw_from_canary(
-    registry: Registry, name: str, version_id: str, reason: str, progress: Progress = _quiet
+    registry: Registry, name: str, version_id: str, reason: str, progress: Progress = quiet
 ) -> tuple[Plan, list[dict[str, Any]]]:
     """The canary replicas go back to production's version (or drop the name), the warm copy
     on production is unloaded and the version becomes ``rolled_back`` with the reason --
@@ -201,7 +196,7 @@ def _withdraw(
 
 
 def withdraw_canary(
-    registry: Registry, window: CanaryWindow, reason: str, progress: Progress = _quiet, *, undecided: bool = False
+    registry: Registry, window: CanaryWindow, reason: str, progress: Progress = quiet, *, undecided: bool = False
 ) -> CanaryWindow:
     """Auto-rollback: the canary gets 0 % of live traffic on every replica at once, then is
     withdrawn, and its window closes -- ``rolled_back``, or ``undecided`` for a window over
@@ -212,7 +207,7 @@ def withdraw_canary(
 
 
 def withdraw_adapter_canary(
-    registry: Registry, name: str, *, reason: str | None = None, progress: Progress = _quiet
+    registry: Registry, name: str, *, reason: str | None = None, progress: Progress = quiet
 ) -> tuple[Plan, list[dict[str, Any]], CanaryWindow | None]:
     """``loragate rollback NAME --stage canary``: the adapter's canary withdrawn as the watch
     withdraws it (``withdraw_canary``) where it has an active window -- 0 % on every replica
@@ -246,7 +241,7 @@ def promote_canary(
     registry: Registry,
     version_id: str,
     reason: str,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
     *,
     acknowledge_scan_review: bool = False,
 ) -> tuple[CanaryWindow, str | None, list[dict[str, Any]]]:
@@ -296,7 +291,7 @@ def promote_to_production(
     *,
     reason: str | None = None,
     acknowledge_scan_review: bool = False,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> tuple[Plan, list[dict[str, Any]], CanaryWindow | None]:
     """``loragate promote VERSION --to production``: a person's own move (``promote_and_switch``),
     which ends the version's active canary window in its transaction as the gate's promotion
@@ -319,7 +314,7 @@ def promote_to_production(
     return plan, report, ended if ended is not None and ended.status not in ACTIVE else None
 
 
-def keep_previous_warm(registry: Registry, name: str, previous: str | None, progress: Progress = _quiet) -> None:
+def keep_previous_warm(registry: Registry, name: str, previous: str | None, progress: Progress = quiet) -> None:
     """After a promotion: the replaced version stays warm as ``name@version`` on the
     production replicas, so rolling back only moves traffic. The promotion itself already put
     the promoted version under the plain name and unloaded its warm copy and the previous

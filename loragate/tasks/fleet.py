@@ -36,6 +36,7 @@ from loragate.registry.errors import (
     LoragateError,
     ReplicaError,
 )
+from loragate.registry.progress import Progress, quiet
 from loragate.registry.retrying import policy
 from loragate.registry.rules.fleet import AdapterPointers, Placement, Replica, ReplicaRole, desired_placements
 from loragate.registry.rules.lifecycle import Plan, Pointer
@@ -48,13 +49,8 @@ from loragate.tasks.replicas import replica_client
 from loragate.tasks.routes import confirm_version, on_each, push_routes, serves_warm
 from loragate.tasks.warm_copies import settle_warm_copies
 
-Progress = Callable[[str], None]
 # a move retried after a lost compare-and-set, as the store retries its own writes
 MOVE_ATTEMPTS = 8
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 # -- a stage's replicas, all or nothing ---------------------------------------------------
@@ -112,7 +108,7 @@ class FleetSwitch:
     registry: Registry
     name: str
     copies: ReadyCopies
-    progress: Progress = _quiet
+    progress: Progress = quiet
     moves: list[ReplicaMove] = field(default_factory=list)
     _entries_before: dict[str, Entries] = field(default_factory=dict)
 
@@ -294,7 +290,7 @@ def promote_and_switch(
     to: str,
     *,
     reason: str | None = None,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
     acknowledge_scan_review: bool = False,
 ) -> tuple[Plan, list[dict[str, Any]]]:
     """Promote a version and switch the stage's replicas to it, together (production for a
@@ -334,7 +330,7 @@ def rollback_and_switch(
     *,
     reason: str | None = None,
     expected_version: str | None = None,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> tuple[Plan, list[dict[str, Any]]]:
     """Roll a stage back to its previous version and switch its replicas back, together;
     with ``expected_version``, only while the stage serves it (decided under the adapter's

@@ -12,7 +12,6 @@ refused again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from prefect.logging import get_run_logger
 from prefect.transactions import get_transaction
 
 from loragate.registry.errors import DeployFailed, ErrorCode, IllegalTransition, NotFound, ReplicaError, Unavailable
+from loragate.registry.progress import Progress
 from loragate.registry.render.validation import validation_evidence_markdown
 from loragate.registry.rules.access import Role
 from loragate.registry.rules.canary import CanaryWindow, Observation, WindowStatus
@@ -51,7 +51,7 @@ def _log(message: str) -> None:
     get_run_logger().info(message)
 
 
-def _progress() -> Callable[[str], None]:
+def _progress() -> Progress:
     """The run's logger, bound now: fleet switches report from worker threads, which have
     no Prefect run context of their own."""
     return get_run_logger().info

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from loragate.registry.errors import LoragateError, ReplicaError
+from loragate.registry.progress import Progress, quiet
 from loragate.registry.rules.fleet import (
     ActionKind,
     AdapterPointers,
@@ -30,13 +31,8 @@ from loragate.registry.service import Registry
 from loragate.registry.storage.copies import VerifiedCache, cache_file, damaged_files, quarantine
 from loragate.registry.storage.resolver_index import adapter_entries, drop_unknown, replace_entries
 from loragate.tasks.copies import materialize_for
-from loragate.tasks.fleet import Progress
 from loragate.tasks.replica_switch import load_replica, switch_replica, unload_replica, verify_replica
 from loragate.tasks.replicas import replica_client
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 @dataclass
@@ -130,7 +126,7 @@ def fleet_status(registry: Registry, checker: CopyChecker | None = None) -> list
     return states
 
 
-def reconcile_fleet(registry: Registry, progress: Progress = _quiet) -> list[ReplicaState]:
+def reconcile_fleet(registry: Registry, progress: Progress = quiet) -> list[ReplicaState]:
     """Make every reachable replica serve what the pointers want: load what a restarted
     replica lost, correct a wrong path, unload what no pointer wants and every stray warm
     copy; each action audited.

@@ -15,19 +15,15 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from loragate.registry.errors import DeployFailed, LoragateError, ReplicaError
+from loragate.registry.progress import Progress, quiet
 from loragate.registry.rules.fleet import Replica, ReplicaRole, qualified_name, version_path
 from loragate.registry.rules.names import AdapterName
 from loragate.registry.service import Registry
 from loragate.tasks.replicas import replica_client
 
-Progress = Callable[[str], None]
 T = TypeVar("T")
 # the user a confirmation request is sent as: any fixed key, so every replica decides alike
 CONFIRM_USER = "loragate-confirm"
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def production_replicas(registry: Registry, name: str) -> list[Replica]:
@@ -77,7 +73,7 @@ def serves_warm(registry: Registry, replica: Replica, name: str, version_id: str
 # -- routes --------------------------------------------------------------------------------
 
 
-def push_routes(registry: Registry, name: str, progress: Progress = _quiet) -> list[str]:
+def push_routes(registry: Registry, name: str, progress: Progress = quiet) -> list[str]:
     """Every production replica reads the routing table now; returns the replicas that could
     not be told (they read it within their own refresh interval anyway)."""
 
@@ -92,7 +88,7 @@ def push_routes(registry: Registry, name: str, progress: Progress = _quiet) -> l
 
 
 def confirm_version(
-    registry: Registry, name: str, version_id: str, deadline_s: float = 10.0, progress: Progress = _quiet
+    registry: Registry, name: str, version_id: str, deadline_s: float = 10.0, progress: Progress = quiet
 ) -> dict[str, float]:
     """Wait until every production replica answers users of ``name`` with ``version_id``
     (the ``x-loragate-version`` header of a one-token request); replica URL -> seconds it

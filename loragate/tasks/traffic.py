@@ -20,10 +20,10 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from collections.abc import Callable
 from typing import Any
 
 from loragate.registry.errors import DeployFailed, ErrorCode, InvalidInput, NotFound, ReplicaError
+from loragate.registry.progress import Progress, quiet
 from loragate.registry.rules.canary import CanaryWindow
 from loragate.registry.rules.fleet import Placement, Replica, qualified_name, version_path
 from loragate.registry.service import Registry
@@ -32,17 +32,10 @@ from loragate.tasks.replica_switch import switch_replica, verify_replica
 from loragate.tasks.replicas import replica_client
 from loragate.tasks.routes import failures, on_each, production_replicas, push_routes, serves_warm
 
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
 # -- warm and cool -------------------------------------------------------------------------
 
 
-def warm_version(registry: Registry, name: str, version_id: str, progress: Progress = _quiet) -> list[dict[str, Any]]:
+def warm_version(registry: Registry, name: str, version_id: str, progress: Progress = quiet) -> list[dict[str, Any]]:
     """Serve ``version_id`` as ``name@version_id`` on every production replica of the base,
     verified like a switch (copy signature, bytes, golden answers); a replica that already
     serves it from its path is only verified again. Returns a report per replica.
@@ -90,7 +83,7 @@ def warm_version(registry: Registry, name: str, version_id: str, progress: Progr
     return [r for r in results.values() if isinstance(r, dict)]
 
 
-def cool_version(registry: Registry, name: str, version_id: str, progress: Progress = _quiet) -> None:
+def cool_version(registry: Registry, name: str, version_id: str, progress: Progress = quiet) -> None:
     """Drop ``name@version_id`` from every production replica (best effort: reconcile and the
     registry's refusal to serve it cover one that cannot be reached now)."""
     served_as = qualified_name(name, version_id)
@@ -106,7 +99,7 @@ def cool_version(registry: Registry, name: str, version_id: str, progress: Progr
 # -- the split -----------------------------------------------------------------------------
 
 
-def open_split(registry: Registry, window: CanaryWindow, progress: Progress = _quiet) -> list[dict[str, Any]]:
+def open_split(registry: Registry, window: CanaryWindow, progress: Progress = quiet) -> list[dict[str, Any]]:
     """Give the canary its share of live traffic: warm on every production replica first,
     then the routes pushed. A window with share 0 (a dark canary) only gets the probes."""
     if window.share <= 0 or not production_replicas(registry, window.adapter_name):
@@ -118,7 +111,7 @@ def open_split(registry: Registry, window: CanaryWindow, progress: Progress = _q
 
 
 def set_share(
-    registry: Registry, name: str, share: float, reason: str | None = None, progress: Progress = _quiet
+    registry: Registry, name: str, share: float, reason: str | None = None, progress: Progress = quiet
 ) -> CanaryWindow:
     """Change the running canary's share and push it to the replicas. A share above 0 on
     a window whose canary is not warm yet warms it first (nothing changes if that fails).

@@ -32,11 +32,11 @@ the pointers no longer name.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from loragate.registry.errors import DeployFailed, LoragateError, ReplicaError
 from loragate.registry.intake.golden import GoldenSet
+from loragate.registry.progress import Progress, quiet
 from loragate.registry.rules.fleet import (
     ActionKind,
     AdapterPointers,
@@ -53,7 +53,6 @@ from loragate.tasks.replica_switch import load_replica, unload_replica, verify_r
 from loragate.tasks.replicas import ReplicaClient, replica_client
 from loragate.tasks.routes import on_each
 
-Progress = Callable[[str], None]
 # what a replica serving the version must answer (``Registry.expected_outputs``)
 Expected = tuple[GoldenSet, dict[str, str]] | None
 # the audited actions (``warm_copies`` events): production loaded under its plain name again,
@@ -62,11 +61,7 @@ LOAD_PLAIN = "load_plain"
 UNLOAD_STRAY = ActionKind.UNLOAD_STRAY.value
 
 
-def _quiet(_: str) -> None:
-    pass
-
-
-def settle_warm_copies(registry: Registry, name: str, progress: Progress = _quiet) -> list[dict[str, Any]]:
+def settle_warm_copies(registry: Registry, name: str, progress: Progress = quiet) -> list[dict[str, Any]]:
     """On every production replica of ``name``'s base: production under the plain name, the
     warm copies the pointers do not allow unloaded (module docstring), each audited as a
     ``warm_copies`` event. Returns what was done, a row per action; failures are reported

@@ -30,6 +30,7 @@ from loragate.registry.intake.catalog import BaseModelRecord, inspect_base
 from loragate.registry.intake.digests import canonical_json, digest_of_hex, sha256_bytes
 from loragate.registry.intake.manifest import Manifest, content_address, parse_json_object, parse_manifest
 from loragate.registry.intake.weights import inspect_lora_weights
+from loragate.registry.progress import Progress, quiet
 from loragate.registry.records.adapters import AdapterVersion
 from loragate.registry.rules.access import Action
 from loragate.registry.rules.lifecycle import Stage, ValidationStatus
@@ -37,12 +38,6 @@ from loragate.registry.rules.names import AdapterName
 from loragate.registry.service.base import RegistryBase
 from loragate.registry.storage.s3_store import fetch_s3_bundle
 from loragate.registry.storage.scratch import scratch_dir, sweep
-
-Progress = Callable[[str], None]
-
-
-def quiet(_: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from loragate.registry.intake.catalog import BaseModelRecord
 from loragate.registry.intake.digests import canonical_json, canonical_sha256
 from loragate.registry.intake.golden import GoldenSet, match_case
 from loragate.registry.intake.weights import read_lora_structure, scan_lora_values
+from loragate.registry.progress import Progress, quiet
 from loragate.registry.records.adapters import AdapterVersion, ValidationRun, utcnow
 from loragate.registry.records.reports import BaseUnderTest, CaseResult, CheckVerdict, Drift, ValidationReport
 from loragate.registry.rules.lifecycle import Pointer
@@ -31,12 +32,6 @@ from loragate.tasks.validation.policy import ValidationPolicy
 from loragate.tasks.validation.regression import compare_with_production, skipped
 from loragate.tasks.validation.scan import scan_weights
 from loragate.tasks.validation.session import BaseSession
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
 
 
 def token_overlap_delta(a: list[int], b: list[int]) -> float:
@@ -252,7 +247,7 @@ def validate_group(
     quantization_config: Mapping[str, Any] | None,
     targets: list[AdapterUnderTest],
     policy: ValidationPolicy,
-    progress: Progress = _quiet,
+    progress: Progress = quiet,
 ) -> list[ValidationReport]:
     """Validate adapters that share one base and quantization setup, loading it once."""
     try:
@@ -300,7 +295,7 @@ def _baseline_for(registry: Registry, version: AdapterVersion, known: dict[str, 
 
 
 def validate_versions(
-    registry: Registry, version_ids: Iterable[str], policy: ValidationPolicy, progress: Progress = _quiet
+    registry: Registry, version_ids: Iterable[str], policy: ValidationPolicy, progress: Progress = quiet
 ) -> list[ValidationReport]:
     """Validate registered versions, grouped by base, and record every run.
 
