@@ -8,6 +8,7 @@
 - ``service/``  ``Registry``, composed by concern: the only API above ``registry/``
 - ``render/``   evidence for people: markdown and table rows
 - ``errors``, ``settings``: typed errors with codes; configuration
+- ``retrying``: the retry policy, and which failures are worth another try, once per kind
 - ``progress``: the one-line-per-step callback long operations report through
 
 Nothing here imports Prefect or the layers above (tasks, flows, cli).

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loragate.registry.errors import (
-    ConcurrentUpdate,
     DeployFailed,
     ErrorCode,
     InvalidInput,
@@ -37,7 +36,11 @@ from loragate.registry.errors import (
     ReplicaError,
 )
 from loragate.registry.progress import Progress, quiet
-from loragate.registry.retrying import policy
+from loragate.registry.retrying import (
+    is_replica_unavailable,
+    tolerating_concurrent_updates,
+    tolerating_unavailable_replicas,
+)
 from loragate.registry.rules.fleet import AdapterPointers, Placement, Replica, ReplicaRole, desired_placements
 from loragate.registry.rules.lifecycle import Plan, Pointer
 from loragate.registry.rules.names import AdapterName
@@ -48,10 +51,6 @@ from loragate.tasks.replica_switch import Verification, switch_replica, unload_r
 from loragate.tasks.replicas import replica_client
 from loragate.tasks.routes import confirm_version, on_each, push_routes, serves_warm
 from loragate.tasks.warm_copies import settle_warm_copies
-
-# a move retried after a lost compare-and-set, as the store retries its own writes
-MOVE_ATTEMPTS = 8
-
 
 # -- a stage's replicas, all or nothing ---------------------------------------------------
 
@@ -222,7 +221,7 @@ class FleetSwitch:
                 return
 
             # a wrong answer is final; an unreachable or overloaded replica gets another try
-            for attempt in policy(settings.replica_switch_attempts, step_s=0.0, retry_if=_replica_unavailable):
+            for attempt in tolerating_unavailable_replicas(settings.replica_switch_attempts, step_s=0.0):
                 with attempt:
                     try:
                         switch_replica(client, self.name, after.path)
@@ -230,7 +229,7 @@ class FleetSwitch:
                             client, move.replica, after, expected.get(after.version_id), settings.deploy_agreement
                         )
                     except ReplicaError as e:
-                        if e.code == ErrorCode.REPLICA_UNAVAILABLE:
+                        if is_replica_unavailable(e):
                             self.progress(f"{move.replica.url}: {e.one_line()}")
                         raise
         self.progress(f"{move.replica.url}: {self.name} -> {after.version_id} verified")
@@ -276,14 +275,6 @@ def _in_parallel(moves: list[ReplicaMove], work: Callable[[ReplicaMove], None]) 
     return failures
 
 
-def _lost_compare_and_set(error: BaseException) -> bool:
-    return isinstance(error, ConcurrentUpdate)
-
-
-def _replica_unavailable(error: BaseException) -> bool:
-    return isinstance(error, ReplicaError) and error.code == ErrorCode.REPLICA_UNAVAILABLE
-
-
 def promote_and_switch(
     registry: Registry,
     version_id: str,
@@ -304,8 +295,9 @@ def promote_and_switch(
     name = registry.get_version(version_id).name
     copies = ReadyCopies(registry)
     copies.prepare_promotion(name, version_id, to)  # before the lock: downloads, placed copies
-    # the move and its switch, whole, again after a lost compare-and-set
-    for attempt in policy(MOVE_ATTEMPTS, step_s=0.002, retry_if=_lost_compare_and_set):
+    # the move and its switch, whole, again after a lost compare-and-set, as the store
+    # retries its own writes
+    for attempt in tolerating_concurrent_updates():
         with (
             attempt,
             FleetSwitch(registry, name, copies, progress) as switch,
@@ -343,8 +335,9 @@ def rollback_and_switch(
     """
     copies = ReadyCopies(registry)
     copies.prepare_rollback(name, stage)  # before the lock: downloads, placed copies
-    # the move and its switch, whole, again after a lost compare-and-set
-    for attempt in policy(MOVE_ATTEMPTS, step_s=0.002, retry_if=_lost_compare_and_set):
+    # the move and its switch, whole, again after a lost compare-and-set, as the store
+    # retries its own writes
+    for attempt in tolerating_concurrent_updates():
         with (
             attempt,
             FleetSwitch(registry, name, copies, progress) as switch,

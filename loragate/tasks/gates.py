@@ -20,9 +20,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 from prefect.transactions import get_transaction
 
-from loragate.registry.errors import DeployFailed, ErrorCode, IllegalTransition, NotFound, ReplicaError, Unavailable
+from loragate.registry.errors import DeployFailed, IllegalTransition, NotFound
 from loragate.registry.progress import Progress
 from loragate.registry.render.validation import validation_evidence_markdown
+from loragate.registry.retrying import is_outage
 from loragate.registry.rules.access import Role
 from loragate.registry.rules.canary import CanaryWindow, Observation, WindowStatus
 from loragate.registry.rules.lifecycle import Stage, ValidationStatus
@@ -35,15 +36,12 @@ RETRY_DELAYS_S: list[float] = [2, 10, 30]
 
 
 def outage_only(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry a task whose failure was an outage; a refusal would be refused again."""
+    """Retry a task whose failure was an outage (``retrying.is_outage``); a refusal would be
+    refused again."""
     try:
         state.result()
-    except Unavailable:
-        return True
-    except ReplicaError as e:
-        return e.code == ErrorCode.REPLICA_UNAVAILABLE
-    except BaseException:
-        return False
+    except BaseException as e:
+        return is_outage(e)
     return False
 
 

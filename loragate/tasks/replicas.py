@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from loragate.registry.errors import ErrorCode, PermissionDenied, ReplicaError
-from loragate.registry.retrying import call_with_retries
+from loragate.registry.retrying import tolerating_unavailable_replicas
 from loragate.registry.settings import Settings, env_var
 
 if TYPE_CHECKING:
@@ -58,12 +58,6 @@ def _capped(timeout: httpx.Timeout, seconds: float) -> httpx.Timeout:
         write=min(timeout.write or seconds, seconds),
         pool=min(timeout.pool or seconds, seconds),
     )
-
-
-def _worth_retrying(error: BaseException) -> bool:
-    """A transport failure or a 5xx: another try may find the replica up again. A 4xx would
-    only be refused again."""
-    return isinstance(error, ReplicaError) and error.code == ErrorCode.REPLICA_UNAVAILABLE
 
 
 def replica_admin_key(settings: Settings) -> str | None:
@@ -164,12 +158,8 @@ class ReplicaClient:
         the admin key when ``admin``."""
         attempts = 1 + (self.retries if idempotent else 0)
         headers = self._admin_headers if admin else None
-        return call_with_retries(
-            lambda: self._send_once(method, path, body, headers),
-            attempts,
-            step_s=RETRY_STEP_S,
-            retry_if=_worth_retrying,
-        )
+        retrying = tolerating_unavailable_replicas(attempts, step_s=RETRY_STEP_S)
+        return retrying(lambda: self._send_once(method, path, body, headers))
 
     def _send_once(
         self, method: str, path: str, body: dict[str, Any] | None, extra_headers: dict[str, str] | None = None

@@ -24,6 +24,7 @@ from typing import Any
 
 from loragate.registry.errors import DeployFailed, ErrorCode, InvalidInput, NotFound, ReplicaError
 from loragate.registry.progress import Progress, quiet
+from loragate.registry.retrying import is_replica_unavailable
 from loragate.registry.rules.canary import CanaryWindow
 from loragate.registry.rules.fleet import Placement, Replica, qualified_name, version_path
 from loragate.registry.service import Registry
@@ -210,7 +211,8 @@ def send_feedback(registry: Registry, request_id: str, outcome: str) -> dict[str
             with replica_client(registry, replica.url, retries=1) as client:
                 return {**client.feedback(request_id, outcome), "replica": replica.url}
         except ReplicaError as e:
-            if e.code != ErrorCode.REPLICA_UNAVAILABLE:
+            # an unavailable replica: another may take it; a refusal stands
+            if not is_replica_unavailable(e):
                 raise
             last = e
     assert last is not None

@@ -23,12 +23,11 @@ from sqlalchemy.exc import OperationalError
 
 from loragate.registry.db import migrate
 from loragate.registry.db.schema import audit_events
-from loragate.registry.errors import ConcurrentUpdate, ErrorCode, InvalidInput, PermissionDenied, Unavailable
+from loragate.registry.errors import ErrorCode, InvalidInput, PermissionDenied, Unavailable
 from loragate.registry.records.adapters import utcnow
-from loragate.registry.retrying import call_with_retries, until_deadline
+from loragate.registry.retrying import tolerating_concurrent_updates, until_deadline
 
 T = TypeVar("T")
-MAX_ATTEMPTS = 8
 # SQLSTATE of a statement the connected database role holds no grant for
 INSUFFICIENT_PRIVILEGE = "42501"
 # SQLSTATEs of a session limit reached: a lock waited for too long, a statement ran too long
@@ -218,7 +217,7 @@ class Database:
 
     def retrying(self, fn: Callable[[], T]) -> T:
         """``fn()`` again after a lost compare-and-set (``ConcurrentUpdate``), a few times."""
-        return call_with_retries(fn, MAX_ATTEMPTS, step_s=0.002, retry_if=lambda e: isinstance(e, ConcurrentUpdate))
+        return tolerating_concurrent_updates()(fn)
 
     def insert_statement(self) -> Any:
         """INSERT with ON CONFLICT, which both dialects spell alike."""

@@ -13,10 +13,11 @@ from sqlalchemy import bindparam, insert, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from loragate.registry.db.database import MAX_ATTEMPTS, Database, utc
+from loragate.registry.db.database import Database, utc
 from loragate.registry.db.schema import adapter_versions, adapters
 from loragate.registry.errors import ConcurrentUpdate, NotFound
 from loragate.registry.records.adapters import AdapterVersion, utcnow
+from loragate.registry.retrying import CONCURRENT_UPDATE_ATTEMPTS
 from loragate.registry.rules.lifecycle import Stage, ValidationStatus
 from loragate.registry.rules.names import AdapterName
 
@@ -119,7 +120,8 @@ class VersionRepository:
             ConcurrentUpdate: the row could not be inserted after retries (version ids
                 colliding with other adapters' registers in the same second).
         """
-        for _ in range(MAX_ATTEMPTS):
+        # a version id lost to another adapter's writer, like a lost compare-and-set
+        for _ in range(CONCURRENT_UPDATE_ATTEMPTS):
             try:
                 with self.db.write() as conn:
                     return self._insert(conn, name, content_address, weights_hex, finalize, actor)
