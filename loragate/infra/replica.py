@@ -25,7 +25,6 @@ command that started them.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
 import signal
@@ -35,6 +34,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from loragate.infra.processes import ProcessIdentity, stop_process_tree
 from loragate.infra.replica_secrets import REPLICA_SECRETS_VARIABLE
 from loragate.infra.replica_split import TRAFFIC_SPLIT, split_environment
 from loragate.registry.errors import ErrorCode, LoragateError, ReplicaError
+from loragate.registry.fan_out import fan_out
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = REPO / ".venv-vllm"
@@ -366,8 +367,7 @@ def start_replicas(replicas: list[VllmReplica], timeout: float = 300.0, first_cp
             if r.omp_cpus is None:
                 r.omp_cpus = str(cpus[(first_cpu + i) % len(cpus)])
             r.launch()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(replicas) or 1) as pool:
-            list(pool.map(lambda r: r.wait_ready(timeout), replicas))
+        _on_all(replicas, lambda r: r.wait_ready(timeout))
     except BaseException:
         stop_replicas(replicas)
         raise
@@ -376,8 +376,19 @@ def start_replicas(replicas: list[VllmReplica], timeout: float = 300.0, first_cp
 
 def stop_replicas(replicas: list[VllmReplica]) -> None:
     """Stop them all at once: each may take its grace period."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(replicas) or 1) as pool:
-        list(pool.map(lambda r: r.stop(), replicas))
+    _on_all(replicas, lambda r: r.stop())
+
+
+def _on_all(replicas: list[VllmReplica], work: Callable[[VllmReplica], object]) -> None:
+    """``work`` on every replica at once (``fan_out``), waiting for all of them; then the
+    error of the first replica in the list that failed is raised -- the list's order, not
+    the clock's, so the same failure is reported whichever replica was slower."""
+    errors = {
+        id(replica): outcome for replica, outcome in fan_out(replicas, work) if isinstance(outcome, BaseException)
+    }
+    for replica in replicas:
+        if id(replica) in errors:
+            raise errors[id(replica)]
 
 
 def main() -> int:

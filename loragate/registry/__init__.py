@@ -10,6 +10,7 @@
 - ``errors``, ``settings``: typed errors with codes; configuration
 - ``retrying``: the retry policy, and which failures are worth another try, once per kind
 - ``progress``: the one-line-per-step callback long operations report through
+- ``fan_out``: the same work on many replicas at once, every outcome handed back
 
 Nothing here imports Prefect or the layers above (tasks, flows, cli).
 """

@@ -22,7 +22,6 @@ production then goes back under its plain name, strays are unloaded (``tasks/war
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from loragate.registry.errors import (
     LoragateError,
     ReplicaError,
 )
+from loragate.registry.fan_out import fan_out
 from loragate.registry.progress import Progress, quiet
 from loragate.registry.retrying import (
     is_replica_unavailable,
@@ -49,7 +49,7 @@ from loragate.registry.storage.resolver_index import Entries, adapter_entries, r
 from loragate.tasks.copies import ReadyCopies
 from loragate.tasks.replica_switch import Verification, switch_replica, unload_replica, verify_replica
 from loragate.tasks.replicas import replica_client
-from loragate.tasks.routes import confirm_version, on_each, push_routes, serves_warm
+from loragate.tasks.routes import confirm_version, push_routes, serves_warm
 from loragate.tasks.warm_copies import settle_warm_copies
 
 # -- a stage's replicas, all or nothing ---------------------------------------------------
@@ -138,9 +138,8 @@ class FleetSwitch:
         if not moves:
             return
         self._check_ranks(moves)
-        warm = on_each([m.replica for m in moves], lambda r: self._warm(next(m for m in moves if m.replica == r)))
-        for move in moves:
-            move.routed = warm.get(move.replica.url) is True
+        for move, warm in fan_out(moves, self._warm):
+            move.routed = warm is True
         expected = {}
         for move in moves:
             if move.after is not None and not move.routed:
@@ -265,14 +264,9 @@ class FleetSwitch:
 
 
 def _in_parallel(moves: list[ReplicaMove], work: Callable[[ReplicaMove], None]) -> list[tuple[Replica, BaseException]]:
-    failures = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(moves))) as pool:
-        futures = {pool.submit(work, m): m for m in moves}
-        for future in concurrent.futures.as_completed(futures):
-            error = future.exception()
-            if error is not None:
-                failures.append((futures[future].replica, error))
-    return failures
+    """``work`` on every move at once (``fan_out``); the replicas that failed with their
+    errors, in the order they finished."""
+    return [(move.replica, outcome) for move, outcome in fan_out(moves, work) if isinstance(outcome, BaseException)]
 
 
 def promote_and_switch(

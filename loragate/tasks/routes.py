@@ -9,12 +9,12 @@ every replica read it now, so a withdrawn canary or a rollback gets 0 % at once,
 
 from __future__ import annotations
 
-import concurrent.futures
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from loragate.registry.errors import DeployFailed, LoragateError, ReplicaError
+from loragate.registry.fan_out import fan_out
 from loragate.registry.progress import Progress, quiet
 from loragate.registry.rules.fleet import Replica, ReplicaRole, qualified_name, version_path
 from loragate.registry.rules.names import AdapterName
@@ -42,17 +42,9 @@ def stage_replicas(registry: Registry, name: str) -> tuple[list[Replica], list[R
 
 
 def on_each(replicas: Iterable[Replica], work: Callable[[Replica], T]) -> dict[str, T | BaseException]:
-    """``work`` on every replica at once; replica URL -> its result, or the error it raised."""
-    replicas = list(replicas)
-    results: dict[str, T | BaseException] = {}
-    if not replicas:
-        return results
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(replicas)) as pool:
-        futures = {pool.submit(work, r): r for r in replicas}
-        for future in concurrent.futures.as_completed(futures):
-            error = future.exception()
-            results[futures[future].url] = error if error is not None else future.result()
-    return results
+    """``work`` on every replica at once (``fan_out``); replica URL -> its result, or the
+    error it raised, in the order they finished."""
+    return {replica.url: outcome for replica, outcome in fan_out(replicas, work)}
 
 
 def failures(results: dict[str, Any]) -> list[str]:
