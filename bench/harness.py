@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 
 from loragate.infra.replica import VllmReplica
-from loragate.infra.replica_secrets import ADMIN_KEY_FILE, REGISTRY_URL_FILE, write_replica_secrets
+from loragate.infra.replica_secrets import write_replica_secrets
+from loragate.tasks.secret_files import ADMIN_KEY_FILE, HOME_REPLICA_SECRETS_DIR, REGISTRY_URL_FILE
 from tests.support.postgres import admin_engine, drop_database, pg_url
 
 
@@ -91,11 +92,11 @@ def replicas_obey(registry, directory: Path | None = None) -> tuple[Path, str]:
     from loragate.infra.replica_secrets import replica_registry_url, write_replica_secrets
     from loragate.tasks.replicas import replica_admin_key
 
-    held = directory / "admin-key" if directory else None
+    held = directory / ADMIN_KEY_FILE if directory else None
     key = (held.read_text() if held and held.exists() else None) or replica_admin_key(registry.settings)
     key = key or secrets.token_urlsafe(32)
     url = replica_registry_url(registry.settings.database_url)
-    own = write_replica_secrets(Path(registry.settings.home) / "replica-secrets", key, url)
+    own = write_replica_secrets(Path(registry.settings.home) / HOME_REPLICA_SECRETS_DIR, key, url)
     return (write_replica_secrets(directory, key, url) if directory else own), key
 
 

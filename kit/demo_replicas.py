@@ -10,6 +10,7 @@ from secrets import token_urlsafe
 
 from kit.demo_console import HOME, loragate, say
 from kit.demo_registry import SUPPORT, registry
+from loragate.tasks.secret_files import ADMIN_KEY_FILE, HOME_REPLICA_SECRETS_DIR
 
 
 def demo_replica_secrets() -> tuple[Path, str]:
@@ -20,7 +21,7 @@ def demo_replica_secrets() -> tuple[Path, str]:
 
     admin_key = token_urlsafe(32)
     url = replica_registry_url(Settings().database_url)
-    return write_replica_secrets(HOME / "replica-secrets", admin_key, url), admin_key
+    return write_replica_secrets(HOME / HOME_REPLICA_SECRETS_DIR, admin_key, url), admin_key
 
 
 def direct_load_refused(url: str, name: str, version: str) -> None:
@@ -56,7 +57,7 @@ def tampered_copy_repaired(
     # as after a restart: the replica is asked for a name it no longer holds, and its
     # resolver finds the copy the index names does not verify (the unload is the fleet's:
     # with the replicas' admin key)
-    admin_key = (HOME / "replica-secrets" / "admin-key").read_text()
+    admin_key = (HOME / HOME_REPLICA_SECRETS_DIR / ADMIN_KEY_FILE).read_text()
     with ReplicaClient(urls["production"], admin_key=admin_key) as client:
         client.unload(name)
         client.unload(qualified_name(name, version))  # the copy kept warm for a rollback, too

@@ -255,7 +255,7 @@ def worker_secrets(tmp_path, monkeypatch):
         slack_token: str | None = None,
         replica_admin_key: str | None = None,
     ) -> Path:
-        from loragate.tasks.replicas import REPLICA_ADMIN_KEY_FILE
+        from loragate.tasks.secret_files import REPLICA_ADMIN_KEY_FILE
 
         directory = write_pool_secrets(tmp_path / "worker-secrets", tokens, signing_key_pem, slack_token)
         if replica_admin_key is not None:  # a pool that switches replicas

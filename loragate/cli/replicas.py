@@ -106,10 +106,11 @@ def _replica_secrets(settings: Settings) -> Path:
     (made once there)."""
     import secrets
 
-    from loragate.infra.replica_secrets import ADMIN_KEY_FILE, replica_registry_url, write_replica_secrets
+    from loragate.infra.replica_secrets import replica_registry_url, write_replica_secrets
     from loragate.tasks.replicas import replica_admin_key
+    from loragate.tasks.secret_files import ADMIN_KEY_FILE, HOME_REPLICA_SECRETS_DIR
 
-    directory = (Path(settings.home) / "replica-secrets").absolute()
+    directory = (Path(settings.home) / HOME_REPLICA_SECRETS_DIR).absolute()
     made = directory / ADMIN_KEY_FILE
     key = replica_admin_key(settings) or (made.read_text().strip() if made.exists() else secrets.token_urlsafe(32))
     url = replica_registry_url(settings.database_url)

@@ -43,7 +43,8 @@ from loragate.infra.prefect_local import (
 from loragate.infra.replica import replica_environment
 from loragate.registry.db.users import role_database_url
 from loragate.registry.rules.access import Role
-from loragate.tasks.credentials import DATABASE_URL_FILE, SECRETS_DIR_VARIABLE, write_pool_secrets
+from loragate.tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets
+from loragate.tasks.secret_files import DATABASE_URL_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 # the local pipeline's reconcile and advance sweep (prefect.yaml: every 5 min and every minute)

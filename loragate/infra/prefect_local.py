@@ -285,7 +285,8 @@ def start_worker(
 # the machine's Postgres (``make postgres`` starts it); the local stack's Prefect server keeps
 # its state there when it answers, SQLite under its home otherwise
 LOCAL_POSTGRES = os.environ.get("LORAGATE_LOCAL_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
-DATABASE_URL_FILE = "database-url"
+# the Prefect server's own database, kept in its home for ``make ui``: no secrets directory's
+PREFECT_DATABASE_URL_FILE = "database-url"
 
 
 def fresh_local_database(home: Path, name: str) -> str | None:
@@ -305,7 +306,7 @@ def fresh_local_database(home: Path, name: str) -> str | None:
     server, _, _ = LOCAL_POSTGRES.rpartition("/")
     url = f"{server.replace('postgresql://', 'postgresql+asyncpg://', 1)}/{name}"
     home.mkdir(parents=True, exist_ok=True)
-    (home / DATABASE_URL_FILE).write_text(url)
+    (home / PREFECT_DATABASE_URL_FILE).write_text(url)
     return url
 
 
@@ -321,5 +322,5 @@ def start_local_prefect_server(home: Path, port: int | None = None, *, database:
 
 def kept_database_url(home: Path) -> str | None:
     """The database a Prefect server whose home is ``home`` used (``fresh_local_database``)."""
-    path = home / DATABASE_URL_FILE
+    path = home / PREFECT_DATABASE_URL_FILE
     return path.read_text().strip() if path.exists() else None

@@ -13,11 +13,9 @@ import os
 import secrets
 from pathlib import Path
 
+from loragate.tasks.secret_files import ADMIN_KEY_FILE, FEEDBACK_KEY_FILE, REGISTRY_URL_FILE, REPLICA_ADMIN_KEY_FILE
+
 REPLICA_SECRETS_VARIABLE = "LORAGATE_REPLICA_SECRETS_DIR"
-ADMIN_KEY_FILE = "admin-key"
-REGISTRY_URL_FILE = "registry-url"
-# seals the request ids the split gives (feedback): the replicas' alone, never a pool's
-FEEDBACK_KEY_FILE = "feedback-key"
 
 
 def write_replica_secrets(
@@ -52,7 +50,6 @@ def write_replica_secrets(
 # the work pools whose flows switch replicas (canary and production deploys, rollbacks,
 # reconcile): only their workers hold the replicas' admin key (infra/pipeline.POOLS)
 FLEET_CONTROL_POOLS = ("canary", "release", "fleet")
-POOL_ADMIN_KEY_FILE = "replica-admin-key"
 
 
 def hand_admin_key(pool_secret_dirs: dict[str, Path], admin_key: str) -> None:
@@ -62,7 +59,7 @@ def hand_admin_key(pool_secret_dirs: dict[str, Path], admin_key: str) -> None:
         directory = pool_secret_dirs.get(pool)
         if directory is None:
             continue
-        path = Path(directory) / POOL_ADMIN_KEY_FILE
+        path = Path(directory) / REPLICA_ADMIN_KEY_FILE
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(admin_key)

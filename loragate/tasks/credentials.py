@@ -23,15 +23,9 @@ from loragate.registry.errors import ErrorCode, PermissionDenied
 from loragate.registry.rules.access import Role
 from loragate.registry.service import Registry
 from loragate.registry.settings import Settings
+from loragate.tasks.secret_files import DATABASE_URL_FILE, SIGNING_KEY_FILE, SLACK_TOKEN_FILE, token_file
 
 SECRETS_DIR_VARIABLE = "LORAGATE_SECRETS_DIR"
-SIGNING_KEY_FILE = "signing-key.pem"
-SLACK_TOKEN_FILE = "slack-token"
-DATABASE_URL_FILE = "database-url"
-
-
-def token_file(role: Role) -> str:
-    return f"token-{role.value}"
 
 
 def secrets_dir() -> Path | None:

@@ -37,6 +37,7 @@ import httpx
 from loragate.registry.errors import ErrorCode, PermissionDenied, ReplicaError
 from loragate.registry.retrying import tolerating_unavailable_replicas
 from loragate.registry.settings import Settings, env_var
+from loragate.tasks.secret_files import ADMIN_KEY_FILE, HOME_REPLICA_SECRETS_DIR, REPLICA_ADMIN_KEY_FILE
 
 if TYPE_CHECKING:
     from loragate.registry.service import Registry
@@ -46,8 +47,6 @@ DEFAULT_DEADLINE_S = 120.0
 # linear back-off between attempts: 0.2 s, 0.4 s, ...
 RETRY_STEP_S = 0.2
 ADMIN_KEY_HEADER = "X-Loragate-Admin-Key"
-# in a pool worker's secrets directory (loragate.tasks.credentials)
-REPLICA_ADMIN_KEY_FILE = "replica-admin-key"
 
 
 def _capped(timeout: httpx.Timeout, seconds: float) -> httpx.Timeout:
@@ -75,7 +74,7 @@ def replica_admin_key(settings: Settings) -> str | None:
         return read_secret(REPLICA_ADMIN_KEY_FILE)
     path = settings.replica_admin_key_file
     if path is None:
-        made = Path(settings.home) / "replica-secrets" / "admin-key"
+        made = Path(settings.home) / HOME_REPLICA_SECRETS_DIR / ADMIN_KEY_FILE
         if not made.is_file():
             return None
         path = made
