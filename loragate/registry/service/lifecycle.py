@@ -8,7 +8,7 @@ is the fleet switch (``loragate.tasks.fleet``), where a move reads top to bottom
         FleetSwitch(registry, name, copies) as switch,      # puts every replica back on an error
         registry.pointer_move(version_id, "production", reason=...) as move,
     ):
-        switch.apply(move.plan)          # under the adapter's lock, before anything is written
+        switch.apply(move.plan)          # under the adapter's lock, the move written, not committed
         move.audit(switch.report())      # in the move's own transaction
     # committed here; an error anywhere above rolls everything back
 
