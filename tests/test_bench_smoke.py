@@ -1,7 +1,7 @@
 """Every benchmark still runs, in its smallest mode: a benchmark that breaks fails CI.
 
-No figure is asserted (that is what the benchmarks' own targets and the README are for);
-only that each finishes, prints its JSON, and its result has the shape the README reads.
+No figure is asserted (that is what the benchmarks' own targets and docs/benchmarks/ are
+for); only that each finishes, prints its JSON, and its result has the shape those pages read.
 """
 
 from __future__ import annotations

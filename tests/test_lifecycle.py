@@ -200,7 +200,7 @@ def test_a_finished_validation_is_never_pending():
         plan_validation_result(VersionState("v1", Stage.STAGING, N), N)
 
 
-# The lifecycle as documented (README "Lifecycle", the diagram atop registry/rules/lifecycle.py),
+# The lifecycle as documented (docs/concepts/lifecycle.md, the diagram atop registry/rules/lifecycle.py),
 # written out move by move with the operation that makes it -- not read from ALLOWED, so a
 # change to the table has to be made here too, on purpose. The diagram leaves out three moves
 # into and out of canary that the promotion planner makes (the last three), kept on purpose.

@@ -1,6 +1,6 @@
 """prefect.yaml's triggers checked against the events the pipeline really emits.
 
-The gates chain by events (README, "The promotion pipeline"): a trigger that expects a
+The gates chain by events (README.md#the-pipeline): a trigger that expects a
 misspelt event, matches another resource, or passes on a payload field the event does not
 carry is accepted by ``prefect deploy`` and then never fires, or starts a flow with empty
 parameters. Each trigger is parsed the way ``prefect deploy`` parses it and judged with

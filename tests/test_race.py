@@ -13,7 +13,7 @@ that wrote it. Replaying the pointer moves from the pointers before the race mus
 stages and revision; every call that reported a change has exactly its event, and the
 fleet events of each move follow it before the next one.
 
-The figures of the run (README, "Concurrency") are printed as JSON and written to
+The figures of the run (docs/operations/fleet.md#faults-and-races) are printed as JSON and written to
 ``tests/artifacts/race.json``.
 """
 

@@ -4,7 +4,8 @@ and a transaction left idle each have a limit (``LORAGATE_DATABASE_LOCK_TIMEOUT_
 behind a move that holds the adapter (a stuck promotion) gives up after the lock limit with
 ``database_busy`` and changes nothing; a move whose block stalls past the idle limit loses
 its session -- its lock goes with it and nothing it wrote stays. The limits are small here so
-the test is quick; what the defaults bound is measured in the README."""
+the test is quick; what the defaults bound is measured in
+docs/benchmarks/scale.md#a-stuck-promotion."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def common_options(*, top_level: bool) -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         default=False if top_level else argparse.SUPPRESS,
-        help="machine-readable output (stable, see README)",
+        help="machine-readable output (stable: docs/reference/json.md)",
     )
     parser.add_argument(
         "--token",

@@ -95,7 +95,7 @@ class WarmWorker(ProcessWorker):
             raise ValueError(f"flow run {flow_run.id} has no deployment: a warm worker runs deployments' runs only")
         # the deployment as Prefect's worker read it to build this run's configuration: one
         # API call less between a run's creation and its start, each of them a second or more
-        # on a server whose cores busy replicas share (README, "A rollback through Prefect")
+        # on a server whose cores busy replicas share (docs/benchmarks/fleet.md#a-rollback-through-prefect)
         deployment = configuration._related_objects.get("deployment")
         if deployment is None or deployment.id != flow_run.deployment_id:
             deployment = await self.client.read_deployment(flow_run.deployment_id)

@@ -15,7 +15,7 @@ from loragate.registry.service import Registry
 from loragate.registry.settings import Settings
 from tests.support.registries import IN_PROCESS
 
-# the role each mutating command needs (README, "Who may do what"); a read needs none
+# the role each mutating command needs (docs/concepts/roles.md#roles); a read needs none
 COMMAND_ROLES = {
     "register": "training",
     "golden": "training",

@@ -18,10 +18,10 @@ What was hashed is remembered by inode, size, mtime and ctime, so a name resolve
 after an unload costs a few ``stat`` calls and one query. The replica's admin API is
 guarded by ``admin_guard``, which checks a load with ``verified`` as well.
 
-It also mends two faults of vLLM 0.32 that a switch in place meets under load (README,
-"Fleet control"): a request admitted just before its name was unloaded (served from the
-index instead of a 404), and a batch holding two versions of one name (both activated
-instead of the engine dying).
+It also mends two faults of vLLM 0.32 that a switch in place meets under load
+(docs/operations/fleet.md): a request admitted just before its name was unloaded (served
+from the index instead of a 404), and a batch holding two versions of one name (both
+activated instead of the engine dying).
 """
 
 from __future__ import annotations
