@@ -7,10 +7,15 @@
   every field of ``loragate.registry.settings.Settings`` and no other; every ``LORAGATE_*`` variable
   the docs name is a setting or one of the page's "Read elsewhere" variables, and each of
   those is read by some code in the repository;
-- the README is one page (under 250 lines); no page links to a file that does not exist or
-  lies outside the repository, and nothing points at the design notes kept outside it;
+- the code layout (``docs/reference/layout.md``) has a row for every module of ``loragate/`` and
+  of the resolver plugin and for no other, each role how its module's docstring begins; a
+  module path or a ``loragate.<layer>...`` name the docs give exists;
+- the README is one page (under 250 lines) and no page holds a block of it copied (the docs'
+  index includes its opening); no page links to a file that does not exist or lies outside the
+  repository, every link to a heading -- from a page, a docstring or a comment -- finds it, and
+  nothing points at the design notes kept outside the repository;
 - every page is in the site's nav (``mkdocs build --strict`` in ``make docs`` checks the
-  links and anchors themselves).
+  links and anchors of the site as it renders them).
 """
 
 from __future__ import annotations
@@ -26,6 +31,16 @@ import yaml
 from loragate.cli.main import build_parser
 from loragate.cli.output import common_options
 from loragate.registry.settings import Settings, env_var
+from tests.support.docs import (
+    LAYOUT_PAGE,
+    copied_blocks,
+    dead_code_anchors,
+    dead_doc_anchors,
+    first_sentence,
+    layout_rows,
+    modules,
+    role_mismatch,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -266,3 +281,82 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_exists():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     nav = _nav_files(config["nav"])
     assert sorted(nav) == sorted(str(p.relative_to(DOCS)) for p in pages())
+
+
+# -- headings, the code layout, the README's opening -------------------------------------------
+
+
+@pytest.mark.parametrize("page", [README, ROOT / "CHANGELOG.md", *pages()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_to_a_heading_finds_it(page):
+    """A link to a heading, of another page or of its own, names an id MkDocs gives a heading there."""
+    assert dead_doc_anchors(page) == [], f"{page.relative_to(ROOT)} links to headings that do not exist"
+
+
+def _sources() -> list[Path]:
+    files = [p for f in SOURCE_FOLDERS for p in (ROOT / f).rglob("*") if p.suffix in {".py", ".yaml"}]
+    return [p for p in files if p.is_file() and "build" not in p.relative_to(ROOT).parts]
+
+
+def test_every_heading_a_docstring_or_comment_names_exists():
+    """What the code points at in the docs is a heading there: a page's heading by its id, or a
+    README's section by its title."""
+    dead = {str(p.relative_to(ROOT)): found for p in _sources() if (found := dead_code_anchors(p))}
+    assert dead == {}
+
+
+@functools.cache
+def _layout() -> dict[str, str]:
+    return layout_rows(LAYOUT_PAGE.read_text())
+
+
+def test_the_layout_lists_every_module_and_no_other():
+    listed, present = set(_layout()), set(modules())
+    missing = [f"{m}  ->  | `{Path(m).name}` | {first_sentence(m)} |" for m in sorted(present - listed)]
+    assert missing == [], "modules with no row in docs/reference/layout.md, under their folder:\n" + "\n".join(missing)
+    assert sorted(listed - present) == [], "docs/reference/layout.md lists modules that do not exist"
+
+
+def test_each_role_in_the_layout_is_how_its_module_docstring_begins():
+    present = set(modules())
+    wrong = {m: why for m, role in _layout().items() if m in present and (why := role_mismatch(m, role))}
+    assert wrong == {}, "docs/reference/layout.md: roles that are not how their module's docstring begins"
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_page_holds_a_copy_of_the_readme(page):
+    """Five lines in a row as the README has them: a copy, bound to drift from it. A page
+    includes the README's part (``--8<-- "README.md:section"``) or says it in its own words."""
+    copied = copied_blocks(README.read_text(), page.read_text())
+    assert copied == [], f"{page.relative_to(ROOT)} copies the README:\n{copied[0]}"
+
+
+NAMED_PATH = re.compile(r"(?<![\w/.$-])((?:loragate|kit|bench|tests|infra)/[\w./-]*)")
+NAMED_MODULE = re.compile(r"(?<![\w.])(loragate\.(?:registry|tasks|flows|cli|infra)(?:\.\w+)*)")
+
+
+def _ignored_folders() -> list[str]:
+    """Git-ignored output folders (``tests/artifacts/``): named by the docs, made by a run."""
+    lines = (ROOT / ".gitignore").read_text().splitlines()
+    return [line.strip() for line in lines if "/" in line.strip().rstrip("/")]
+
+
+def _exists(name: str) -> bool:
+    parts = name.split(".")
+    for i in range(len(parts), 1, -1):
+        base = ROOT.joinpath(*parts[:i])
+        module = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if module.is_file():
+            rest = parts[i:]
+            return not rest or (len(rest) == 1 and re.search(rf"\b{rest[0]}\b", module.read_text()) is not None)
+    return False
+
+
+@pytest.mark.parametrize("page", [README, *pages(), *INCLUDED], ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_modules_and_paths_the_docs_name_exist(page):
+    """A path under the code's folders, or a ``loragate.<layer>`` name, that the docs give exists:
+    a module moved takes its mentions along."""
+    text = FENCE.sub("", page.read_text())
+    paths = {p.rstrip(".,:;)") for p in NAMED_PATH.findall(text)}
+    gone = sorted(p for p in paths if not (ROOT / p).exists() and not any(p.startswith(f) for f in _ignored_folders()))
+    gone += sorted(n for n in set(NAMED_MODULE.findall(text)) if not _exists(n))
+    assert gone == [], f"{page.relative_to(ROOT)} names modules or paths that do not exist"

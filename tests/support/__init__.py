@@ -13,4 +13,6 @@
 * ``browser``: answering a paused flow run's approval form in the Prefect UI.
 * ``moves``: promotions and rollbacks through the fleet-switching move, the one public path.
 * ``bundle_mutations``, ``bad_weights``, ``bad_metadata``: the bad-input table's rows.
+* ``docs``: what the docs tests read -- pages with their snippets, headings and their ids,
+  references to a heading, the code layout's rows.
 """
