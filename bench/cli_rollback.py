@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench.fleet_setup import BASE_ID, LOGS, build_setup, log, promote_back, use_fleet
 from bench.harness import production_replicas, replicas_obey
-from loragate.infra.replica import start_replicas, stop_replicas
+from loragate.local.replica import start_replicas, stop_replicas
 from loragate.tasks.fleet import promote_and_switch
 
 REPLICAS = 2

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import psutil
 
-from loragate.infra.replica import VllmReplica
+from loragate.local.replica import VllmReplica
 
 # below the control plane's 0, not so low that the replicas stall while it idles
 REPLICA_NICENESS = 10

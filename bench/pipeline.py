@@ -15,7 +15,7 @@ the Prefect API, and the validation report from the registry, and splits the tim
 
 Three configurations of the same local server, in the same run: worker and runner polls
 lowered to 1 s (what ``make demo`` and the tests use) with the pipeline's workers (a warm
-worker per pool: ``infra/pipeline.POOLS``); the same with a process worker on every pool
+worker per pool: ``loragate/local/pipeline.POOLS``); the same with a process worker on every pool
 (the peer: a process start per gate); and Prefect's default polls. The target is 8 s for
 the whole minus the forward passes on the lowered configuration (issue 18).
 
@@ -44,10 +44,10 @@ from bench.harness import Databases, production_and_canary, serving_path
 from kit.basekit import build_base
 from kit.modelkit import train_adapter
 from kit.tenant_tasks import write_golden_set
-from loragate.infra.pipeline import PipelineSecrets, start_pipeline
-from loragate.infra.prefect_local import PrefectServer, start_prefect_server, stop
-from loragate.infra.replica import start_replicas, stop_replicas
-from loragate.infra.replica_secrets import ADMIN_KEY_FILE, hand_admin_key, replica_registry_url, write_replica_secrets
+from loragate.local.pipeline import PipelineSecrets, start_pipeline
+from loragate.local.prefect_local import PrefectServer, start_prefect_server, stop
+from loragate.local.replica import start_replicas, stop_replicas
+from loragate.local.replica_secrets import ADMIN_KEY_FILE, hand_admin_key, replica_registry_url, write_replica_secrets
 from loragate.registry.rules.access import Principal, Role
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.service import Registry
@@ -281,8 +281,8 @@ def run_configuration(
     totals = [r["event_to_canary_serving_s"] for r in results]
     minus = [r["minus_forward_passes_s"] for r in results]
     return {
-        "polls": polls or "lowered to 1 s (infra/prefect_local.py FAST_POLL_ENV)",
-        "workers": "warm where infra/pipeline.POOLS says" if warm_workers else "a process worker per pool",
+        "polls": polls or "lowered to 1 s (loragate/local/prefect_local.py FAST_POLL_ENV)",
+        "workers": "warm where loragate/local/pipeline.POOLS says" if warm_workers else "a process worker per pool",
         "prefect_database": "postgres" if prefect_on_postgres else "sqlite",
         "server_deploy_workers_setup_s": round(setup_s, 1),
         "trials": results,

@@ -73,10 +73,10 @@ from bench.timing import ratio, spread
 from kit.basekit import build_base
 from kit.modelkit import train_adapter
 from kit.tenant_tasks import write_golden_set
-from loragate.infra.pipeline import SWEEPS_EVERY_S, PipelineSecrets, set_interval, start_pipeline
-from loragate.infra.prefect_local import start_local_prefect_server
-from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
-from loragate.infra.replica_secrets import hand_admin_key, write_replica_secrets
+from loragate.local.pipeline import SWEEPS_EVERY_S, PipelineSecrets, set_interval, start_pipeline
+from loragate.local.prefect_local import start_local_prefect_server
+from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.local.replica_secrets import hand_admin_key, write_replica_secrets
 from loragate.registry.rules.access import Principal, Role
 from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.service import Registry

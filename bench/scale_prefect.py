@@ -8,7 +8,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from loragate.infra.pipeline import LocalPipeline
+from loragate.local.pipeline import LocalPipeline
 
 PAGE = 200  # the most flow runs the API returns at once
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from bench.harness import replicas_obey
-from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.records.adapters import utcnow
 from loragate.registry.rules.access import Principal
 from loragate.registry.rules.fleet import version_path

@@ -34,7 +34,7 @@ from typing import Any
 from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, log, use_fleet
 from bench.harness import emit, production_replicas, replicas_obey
 from kit.modelkit import train_adapter
-from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.errors import LoragateError
 from loragate.registry.rules.access import Principal
 from loragate.registry.rules.fleet import version_path

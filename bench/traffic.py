@@ -49,7 +49,7 @@ from bench.traffic_clients import ADMIN_HEADER
 from bench.traffic_cost import bench_cost
 from bench.traffic_moves import ROLLBACK_TARGET_S, bench_rollback, bench_withdraw
 from bench.traffic_split import bench_split
-from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.rules.fleet import version_path
 from loragate.tasks.canary_moves import deploy_canary, promote_canary

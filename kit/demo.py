@@ -216,10 +216,10 @@ def summary(pipeline) -> None:
 def main() -> None:
     from kit.demo_replicas import ask, demo_replica_secrets, direct_load_refused, tampered_copy_repaired
     from kit.demo_traffic import LoopingUsers, live_errors_rolled_back
-    from loragate.infra.pipeline import POOLS, PipelineSecrets, start_pipeline
-    from loragate.infra.prefect_local import start_local_prefect_server
-    from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
-    from loragate.infra.replica_secrets import hand_admin_key
+    from loragate.local.pipeline import POOLS, PipelineSecrets, start_pipeline
+    from loragate.local.prefect_local import start_local_prefect_server
+    from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
+    from loragate.local.replica_secrets import hand_admin_key
     from loragate.registry.rules.access import Role
 
     if HOME.exists():

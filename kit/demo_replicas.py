@@ -16,7 +16,7 @@ from loragate.tasks.secret_files import ADMIN_KEY_FILE, HOME_REPLICA_SECRETS_DIR
 def demo_replica_secrets() -> tuple[Path, str]:
     """(the replicas' secrets directory, the admin key), under the demo's home, where
     ``loragate`` run from this shell finds the key too."""
-    from loragate.infra.replica_secrets import replica_registry_url, write_replica_secrets
+    from loragate.local.replica_secrets import replica_registry_url, write_replica_secrets
     from loragate.registry.settings import Settings
 
     admin_key = token_urlsafe(32)

@@ -168,7 +168,7 @@ def replica_secrets(tmp_path_factory) -> Path:
     a path, never the key)."""
     import secrets
 
-    from loragate.infra.replica_secrets import ADMIN_KEY_FILE, write_replica_secrets
+    from loragate.local.replica_secrets import ADMIN_KEY_FILE, write_replica_secrets
 
     directory = write_replica_secrets(tmp_path_factory.mktemp("replica-secrets"), secrets.token_urlsafe(32))
     os.environ["LORAGATE_REPLICA_ADMIN_KEY_FILE"] = str(directory / ADMIN_KEY_FILE)
@@ -181,7 +181,7 @@ def replicas(tiny_base, replica_adapters, replica_secrets, tmp_path_factory):
     admin guard: two production, one canary. Every serving and fleet test shares them. The
     tests' registries move production in process as their owner, without a sign-off code:
     the replicas are started to serve that (``owner_moves``, each process's own flag)."""
-    from loragate.infra.replica import VllmReplica, start_replicas, stop_replicas
+    from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
 
     logs = tmp_path_factory.mktemp("vllm-logs")
     # each replica's injected faults (tests/test_traffic_split.py writes them): none until written

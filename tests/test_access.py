@@ -221,7 +221,7 @@ def test_in_process_principal_is_never_used_by_the_cli_flows_or_tasks():
     root = Path(__file__).resolve().parents[1]
     offenders = [
         str(p.relative_to(root))
-        for folder in ("cli", "flows", "tasks", "infra", "registry")
+        for folder in ("cli", "flows", "tasks", "local", "registry")
         for p in (root / folder).rglob("*.py")
         if "in_process(" in p.read_text() and p.name != "access.py"
     ]

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from bench import harness
-from loragate.infra.replica_secrets import write_replica_secrets
+from loragate.local.replica_secrets import write_replica_secrets
 from tests.test_bench_smoke import secrets_of
 
 

@@ -331,7 +331,7 @@ def test_no_page_holds_a_copy_of_the_readme(page):
 
 
 NAMED_PATH = re.compile(r"(?<![\w/.$-])((?:loragate|kit|bench|tests|infra)/[\w./-]*)")
-NAMED_MODULE = re.compile(r"(?<![\w.])(loragate\.(?:registry|tasks|flows|cli|infra)(?:\.\w+)*)")
+NAMED_MODULE = re.compile(r"(?<![\w.])(loragate\.(?:registry|tasks|flows|cli|local)(?:\.\w+)*)")
 
 
 def _ignored_folders() -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from loragate.infra.pipeline import POOLS
+from loragate.local.pipeline import POOLS
 from tests.support.k8s import (
     GPU,
     K8S,
@@ -61,7 +61,7 @@ def test_it_replaces_the_job_variants_worker_under_the_same_name():
 def test_the_worker_is_the_warm_worker_of_the_gpu_pool_with_the_local_pipelines_imports():
     _, worker = worker_pod()
     command = worker["command"]
-    assert command[:3] == ["python", "-m", "loragate.infra.warm_worker"]
+    assert command[:3] == ["python", "-m", "loragate.local.warm_worker"]
     assert arg_after(command, "--pool") == "gpu"
     assert arg_after(command, "--limit") == "1"  # one batch at a time on the pod's GPU
     assert "--flows-package" not in command  # the image's own `loragate.flows`, nothing else

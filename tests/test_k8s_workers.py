@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from loragate.infra.pipeline import POOLS
-from loragate.infra.prefect_local import HEARTBEAT_ENV
+from loragate.local.pipeline import POOLS
+from loragate.local.prefect_local import HEARTBEAT_ENV
 from tests.support.k8s import (
     GPU,
     K8S,
@@ -32,7 +32,7 @@ from tests.support.k8s import (
 # -- the workers -----------------------------------------------------------------------------
 
 
-WARM_WORKER = ["python", "-m", "loragate.infra.warm_worker"]
+WARM_WORKER = ["python", "-m", "loragate.local.warm_worker"]
 
 
 def test_each_prefect_yaml_pool_has_a_worker_of_the_right_kind_with_a_health_check():

@@ -10,14 +10,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # the product's layers live in the one installed package; the kit, the benchmarks and the
 # tests stay in the repository
-PRODUCT = ("loragate.registry", "loragate.tasks", "loragate.flows", "loragate.cli", "loragate.infra")
+PRODUCT = ("loragate.registry", "loragate.tasks", "loragate.flows", "loragate.cli", "loragate.local")
 OUTSIDE_THE_WHEEL = {"kit", "bench", "tests"}
 FORBIDDEN = {
-    "loragate.registry": {"prefect", "loragate.tasks", "loragate.flows", "loragate.cli", "loragate.infra"},
-    "loragate.tasks": {"loragate.flows", "loragate.cli", "loragate.infra"},
-    "loragate.flows": {"loragate.cli", "loragate.infra"},
+    "loragate.registry": {"prefect", "loragate.tasks", "loragate.flows", "loragate.cli", "loragate.local"},
+    "loragate.tasks": {"loragate.flows", "loragate.cli", "loragate.local"},
+    "loragate.flows": {"loragate.cli", "loragate.local"},
     "loragate.cli": set(),
-    "loragate.infra": {"loragate.cli"},
+    "loragate.local": {"loragate.cli"},
     "kit": {"loragate.cli", "bench", "tests"},
     "bench": {"loragate.cli"},
 }

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from loragate.infra.pipeline import POOLS
+from loragate.local.pipeline import POOLS
 from loragate.registry.db.schema import audit_events
 from loragate.registry.db.store import make_engine
 from loragate.registry.rules.access import PERMISSIONS, Action, Role

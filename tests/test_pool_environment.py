@@ -1,5 +1,5 @@
 """The pipeline's pools apart on one host: each pool's worker starts from an allowlisted
-environment (``infra/pipeline.worker_environment``) -- its own secrets directory's path, the
+environment (``loragate/local/pipeline.worker_environment``) -- its own secrets directory's path, the
 Prefect client's settings, the loragate settings it was given -- never its parent's whole
 environment; and on Postgres its secrets directory holds the URL of its role's database
 user, never the owner's, which it reads instead of ``LORAGATE_DATABASE_URL``.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from loragate.infra.pipeline import POOLS, PipelineSecrets, start_pool_worker, write_secrets
-from loragate.infra.prefect_local import stop_process
+from loragate.local.pipeline import POOLS, PipelineSecrets, start_pool_worker, write_secrets
+from loragate.local.prefect_local import stop_process
 from loragate.registry.rules.access import Role
 from loragate.tasks.credentials import DATABASE_URL_FILE, SECRETS_DIR_VARIABLE, settings_for, write_pool_secrets
 from tests.support.prefect_env import prefect_server_fixture  # noqa: F401  (a fixture)
@@ -37,7 +37,7 @@ def environ_of(pid: int, timeout_s: float = 30.0) -> dict[str, str]:
     """The environment ``pid`` was exec'd with (after the exec: before it, /proc shows the
     parent's copy)."""
     end = time.monotonic() + timeout_s
-    while b"loragate.infra.warm_worker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+    while b"loragate.local.warm_worker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
         assert time.monotonic() < end, f"{pid} never exec'd the worker"
         time.sleep(0.05)
     raw = Path(f"/proc/{pid}/environ").read_bytes()

@@ -18,7 +18,7 @@ import pytest
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import connect
 
-from loragate.infra.prefect_local import AUTH_FILE
+from loragate.local.prefect_local import AUTH_FILE
 from tests.support.prefect_env import prefect_server_fixture  # noqa: F401  (registers `prefect_server`)
 
 ANY_ID = str(uuid.uuid4())

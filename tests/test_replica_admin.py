@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from kit.tamper import flip_a_byte
-from loragate.infra.replica_secrets import ADMIN_KEY_FILE
+from loragate.local.replica_secrets import ADMIN_KEY_FILE
 from loragate.registry.errors import ReplicaError
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.storage.resolver_index import index_entry, replace_entries

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 
-from loragate.infra.replica_secrets import replica_registry_url, write_replica_secrets
+from loragate.local.replica_secrets import replica_registry_url, write_replica_secrets
 from loragate.registry.db.schema import approval_codes
 from loragate.registry.errors import PermissionDenied
 from loragate.registry.rules.canary import WindowStatus

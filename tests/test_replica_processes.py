@@ -18,10 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from loragate.infra.processes import ProcessIdentity, Stopped, stop_process_tree
-from loragate.infra.replica import VllmReplica
-from loragate.infra.replica_processes import LEGACY_MARKER, recorded_replicas
-from loragate.infra.replica_secrets import write_replica_secrets
+from loragate.local.processes import ProcessIdentity, Stopped, stop_process_tree
+from loragate.local.replica import VllmReplica
+from loragate.local.replica_processes import LEGACY_MARKER, recorded_replicas
+from loragate.local.replica_secrets import write_replica_secrets
 from loragate.registry.errors import ErrorCode, ReplicaError
 
 SLEEPER = "import time; time.sleep(120)"

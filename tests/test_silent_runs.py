@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from loragate.infra.prefect_local import HEARTBEAT_ENV, HEARTBEAT_S
+from loragate.local.prefect_local import HEARTBEAT_ENV, HEARTBEAT_S
 from loragate.registry.records.adapters import utcnow
 from loragate.tasks import unresponsive
 from loragate.tasks.unresponsive import crash_silent_runs, silence_limit_s

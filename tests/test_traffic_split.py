@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from kit.tamper import flip_a_byte
-from loragate.infra.replica_secrets import (
+from loragate.local.replica_secrets import (
     ADMIN_KEY_FILE,
     FEEDBACK_KEY_FILE,
     replica_registry_url,

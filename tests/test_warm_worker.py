@@ -1,4 +1,4 @@
-"""The warm worker (``infra/warm_worker.py``) runs a pool's deployment runs in threads of its
+"""The warm worker (``loragate/local/warm_worker.py``) runs a pool's deployment runs in threads of its
 own process: what a process worker does for a flow run -- claim it, run the deployment's
 entrypoint, record its final state, re-run a resumed suspension from the top -- without a
 process start. Against a real ``prefect server start`` and a real worker process."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from loragate.infra.warm_worker import WarmWorker, module_of_entrypoint
+from loragate.local.warm_worker import WarmWorker, module_of_entrypoint
 from tests.support.prefect_env import (  # noqa: F401  (a fixture)
     client_env,
     prefect_server_fixture,

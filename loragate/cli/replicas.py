@@ -7,7 +7,7 @@ secrets directory (``$LORAGATE_HOME/replica-secrets``) holds the admin key this 
 fleet control uses (``LORAGATE_REPLICA_ADMIN_KEY_FILE``, else one made there once) and the
 registry's URL it reads what it may serve from; ``down`` stops the ones it started
 and removes them from the fleet. Starting, recording and stopping the processes is
-``loragate.infra.replica_processes``'s; this module parses, calls and prints.
+``loragate.local.replica_processes``'s; this module parses, calls and prints.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 
 def cmd_replicas_up(args: argparse.Namespace) -> int:
-    from loragate.infra.replica import DEFAULT_PYTHON, build_vllm_venv
-    from loragate.infra.replica_processes import start_recorded_replicas
+    from loragate.local.replica import DEFAULT_PYTHON, build_vllm_venv
+    from loragate.local.replica_processes import start_recorded_replicas
     from loragate.registry.intake.catalog import base_directory
     from loragate.tasks.reconcile import reconcile_fleet
 
@@ -106,7 +106,7 @@ def _replica_secrets(settings: Settings) -> Path:
     (made once there)."""
     import secrets
 
-    from loragate.infra.replica_secrets import replica_registry_url, write_replica_secrets
+    from loragate.local.replica_secrets import replica_registry_url, write_replica_secrets
     from loragate.tasks.replicas import replica_admin_key
     from loragate.tasks.secret_files import ADMIN_KEY_FILE, HOME_REPLICA_SECRETS_DIR
 
@@ -118,7 +118,7 @@ def _replica_secrets(settings: Settings) -> Path:
 
 
 def cmd_replicas_down(args: argparse.Namespace) -> int:
-    from loragate.infra.replica_processes import recorded_replicas
+    from loragate.local.replica_processes import recorded_replicas
 
     stopped = []
     with open_registry(args) as reg:

@@ -6,7 +6,7 @@ Nothing is cancelled when one fails: every piece of work runs to its end (a repl
 switched must be known to be so before anything is put back), and each one's result or the
 error it raised is handed back, for its caller to judge -- all or nothing (the fleet
 switch), best effort (a warm copy unloaded), one error raised (replicas started).
-It lives at the bottom of the layers so the tasks and the infra share one.
+It lives at the bottom of the layers so the tasks and the local processes share one.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ read by name, so whoever writes a directory and whoever reads it must agree on e
 
 - **A pool worker's** (``LORAGATE_SECRETS_DIR``; a Kubernetes Secret per pool, a 0700
   directory per pool locally): read by ``tasks/credentials.py``, written by its
-  ``write_pool_secrets`` and, for the fleet-control pools, ``infra/replica_secrets.py``'s
+  ``write_pool_secrets`` and, for the fleet-control pools, ``local/replica_secrets.py``'s
   ``hand_admin_key``.
-- **A replica's** (``LORAGATE_REPLICA_SECRETS_DIR``): written by ``infra/replica_secrets.py``,
+- **A replica's** (``LORAGATE_REPLICA_SECRETS_DIR``): written by ``local/replica_secrets.py``,
   read by the vLLM plugin -- a package of its own (``infra/vllm_plugin``) that cannot import
   loragate and spells the names again; the tests hold both to the same names. A developer's
   shell keeps its replicas' directory under ``LORAGATE_HOME``, where the shell's fleet

@@ -65,7 +65,7 @@ class Fleet:
 def point_replicas(replicas, database_url: str) -> None:
     """Put the registry at ``database_url`` behind the session's replicas: what their plugin
     asks before it serves or loads a version (re-read on every question)."""
-    from loragate.infra.replica_secrets import replica_registry_url, write_replica_secrets
+    from loragate.local.replica_secrets import replica_registry_url, write_replica_secrets
 
     for directory in {r.secrets_dir for r in replicas if getattr(r, "secrets_dir", None) is not None}:
         key = (directory / "admin-key").read_text()

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from loragate.infra.pipeline import POOLS
+from loragate.local.pipeline import POOLS
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "infra" / "k8s"
@@ -25,7 +25,7 @@ NAMESPACE = "loragate"
 K8S_VERSIONS = ("1.33", kubernetes_validate.latest_version())
 GPU = "nvidia.com/gpu"
 SECRETS_PATH = "/var/run/secrets/loragate"
-# each work pool's worker holds one gate role's token (prefect.yaml, infra/pipeline.POOLS)
+# each work pool's worker holds one gate role's token (prefect.yaml, loragate/local/pipeline.POOLS)
 POOL_ROLES = {pool.name: pool.role.value for pool in POOLS}
 
 

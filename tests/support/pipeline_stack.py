@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from kit.tenant_tasks import golden_cases
-from loragate.infra.pipeline import POOLS, LocalPipeline, PipelineSecrets, start_pipeline
-from loragate.infra.replica_secrets import ADMIN_KEY_FILE, hand_admin_key
+from loragate.local.pipeline import POOLS, LocalPipeline, PipelineSecrets, start_pipeline
+from loragate.local.replica_secrets import ADMIN_KEY_FILE, hand_admin_key
 from loragate.registry.errors import NotFound
 from loragate.registry.rules.access import Role
 from loragate.registry.rules.canary import WindowStatus

@@ -12,7 +12,7 @@ or under ``prefect_test_harness``) import the fixture::
 
 and run code of their own against it inside ``client_env(server)``. Subprocesses (a
 worker, the ``prefect`` CLI, ``loragate``) get ``server.env``. The launcher itself lives in
-``loragate.infra.prefect_local`` (``make demo`` starts the same server).
+``loragate.local.prefect_local`` (``make demo`` starts the same server).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from loragate.infra.prefect_local import (
+from loragate.local.prefect_local import (
     FAST_POLL_ENV,
     PrefectServer,
     start_local_prefect_server,

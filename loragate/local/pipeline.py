@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from loragate.infra.prefect_local import (
+from loragate.local.prefect_local import (
     AUTH_FILE,
     HEARTBEAT_ENV,
     PrefectServer,
@@ -40,7 +40,7 @@ from loragate.infra.prefect_local import (
     stop,
     stop_process,
 )
-from loragate.infra.replica import replica_environment
+from loragate.local.replica import replica_environment
 from loragate.registry.db.users import role_database_url
 from loragate.registry.rules.access import Role
 from loragate.tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets

@@ -48,7 +48,7 @@ def write_replica_secrets(
 
 
 # the work pools whose flows switch replicas (canary and production deploys, rollbacks,
-# reconcile): only their workers hold the replicas' admin key (infra/pipeline.POOLS)
+# reconcile): only their workers hold the replicas' admin key (local/pipeline.POOLS)
 FLEET_CONTROL_POOLS = ("canary", "release", "fleet")
 
 

@@ -6,7 +6,7 @@ file per replica under ``$LORAGATE_HOME/replicas/`` (``<port>.json``, its log be
 ``<port>.log``): the URL, the PID *and* the process's creation time. By the time ``down``
 runs a replica may have died and its PID been handed to an unrelated process; the
 creation time tells the two apart, and only the process we started is signalled
-(``loragate.infra.processes``).
+(``loragate.local.processes``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import psutil
 
-from loragate.infra.processes import ProcessIdentity, Stopped, stop_process_tree
-from loragate.infra.replica import DEFAULT_PYTHON, VllmReplica, start_replicas
+from loragate.local.processes import ProcessIdentity, Stopped, stop_process_tree
+from loragate.local.replica import DEFAULT_PYTHON, VllmReplica, start_replicas
 
 # what a replica's command line holds, for records written before creation times were
 LEGACY_MARKER = "vllm.entrypoints.openai.api_server"

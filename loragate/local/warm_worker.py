@@ -17,7 +17,7 @@ that pool's secrets directory and nothing else, as the process worker's did. A p
 flows need heavy libraries names them (``--preload``): shadow validation's torch,
 transformers and PEFT are imported once at the worker's start, not once per batch.
 
-``python -m loragate.infra.warm_worker --pool NAME [--limit N] [--name NAME] [--preload MODULE ...]
+``python -m loragate.local.warm_worker --pool NAME [--limit N] [--name NAME] [--preload MODULE ...]
 [--with-healthcheck]`` starts one (from the repository root: the entrypoints are relative
 to it).
 """
@@ -39,7 +39,7 @@ from prefect.exceptions import Abort, InfrastructureNotAvailable, Pause
 from prefect.flows import Flow
 from prefect.workers.process import ProcessJobConfiguration, ProcessWorker, ProcessWorkerResult
 
-from loragate.infra.prefect_local import FLOWS_PACKAGE, WORKER_LIMIT
+from loragate.local.prefect_local import FLOWS_PACKAGE, WORKER_LIMIT
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun, WorkPool
@@ -159,7 +159,7 @@ def run_in_this_thread(flow: Flow[..., Any], flow_run: FlowRun) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m loragate.infra.warm_worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m loragate.local.warm_worker", description=__doc__.splitlines()[0])
     parser.add_argument("--pool", required=True)
     parser.add_argument("--limit", type=int, default=WORKER_LIMIT, help="flow runs at once (threads)")
     parser.add_argument("--name", default=None)

@@ -12,14 +12,14 @@ A replica given a secrets directory (``write_replica_secrets``: ``admin-key``,
 loads and unloads without the admin key, and both the resolver and the admin API serve
 only what the registry's database (read-only) lets the replica's role serve. The directory's
 path reaches the child in ``LORAGATE_REPLICA_SECRETS_DIR``; the secrets never do. It runs
-the plugin's live split too (``loragate.infra.replica_split``).
+the plugin's live split too (``loragate.local.replica_split``).
 
 Failures to build the venv, start a replica or see it answer are the registry's typed
 ``ReplicaError`` (``replica_unavailable``), so ``loragate replicas up`` reports them in one
-line like any other error. ``loragate.infra.replica_processes`` keeps the replicas that outlive the
+line like any other error. ``loragate.local.replica_processes`` keeps the replicas that outlive the
 command that started them.
 
-``python -m loragate.infra.replica --build-venv`` builds ``.venv-vllm`` (what ``make vllm`` runs).
+``python -m loragate.local.replica --build-venv`` builds ``.venv-vllm`` (what ``make vllm`` runs).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loragate.infra.processes import ProcessIdentity, stop_process_tree
-from loragate.infra.replica_secrets import REPLICA_SECRETS_VARIABLE
-from loragate.infra.replica_split import TRAFFIC_SPLIT, split_environment
+from loragate.local.processes import ProcessIdentity, stop_process_tree
+from loragate.local.replica_secrets import REPLICA_SECRETS_VARIABLE
+from loragate.local.replica_split import TRAFFIC_SPLIT, split_environment
 from loragate.registry.errors import ErrorCode, LoragateError, ReplicaError
 from loragate.registry.fan_out import fan_out
 

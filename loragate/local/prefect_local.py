@@ -253,13 +253,13 @@ def start_worker(
     """A ``prefect worker start --type process`` on ``pool`` (created if missing), polling
     every second, running at most ``limit`` flow runs at once, in its own process group;
     ``env`` is merged over the server's client env. ``warm``: a ``WarmWorker`` instead
-    (``infra/warm_worker.py``), whose runs are threads of its own process, running flows of
+    (``local/warm_worker.py``), whose runs are threads of its own process, running flows of
     ``flows_package`` only, with the ``preload`` modules imported at its start.
     ``inherit=False``: ``env`` and the server's client env are all it gets, nothing of this
-    process's environment (the pipeline's workers: ``infra/pipeline.worker_environment``).
+    process's environment (the pipeline's workers: ``local/pipeline.worker_environment``).
     Stop it with ``stop_process``."""
     if warm:
-        cmd = [sys.executable, "-m", "loragate.infra.warm_worker", "--pool", pool, "--limit", str(limit)]
+        cmd = [sys.executable, "-m", "loragate.local.warm_worker", "--pool", pool, "--limit", str(limit)]
         cmd += ["--flows-package", flows_package, *(f"--preload={module}" for module in preload)]
     else:
         cmd = [prefect_bin(), "worker", "start", "--pool", pool, "--type", "process", "--limit", str(limit)]

@@ -1,1 +1,0 @@
-"""Running the product's processes: vLLM replicas and their clients, the local Prefect server and its workers."""
