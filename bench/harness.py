@@ -31,7 +31,7 @@ class ServingReplica:
     url: str
     role: str
     adapter_dir: Path
-    # its admin key and registry URL (loragate.local.replica.write_replica_secrets)
+    # its admin key and registry URL (loragate.local.replica_secrets.write_replica_secrets)
     secrets_dir: Path | None = None
 
 

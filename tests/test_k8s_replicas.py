@@ -75,7 +75,7 @@ def test_vllm_replicas_are_ready_when_they_list_models_and_alive_while_healthy()
 
 
 def test_vllm_replicas_load_the_loragate_resolver_for_their_role():
-    """As loragate/local/replica.py launches it: the plugin is enabled by its entry point's name and
+    """As loragate/local/replica_config.py launches it: the plugin is enabled by its entry point's name and
     registers only when told the adapter dir and the role."""
     plugin = tomllib.loads((ROOT / "infra" / "vllm_plugin" / "pyproject.toml").read_text())
     entry_points = set(plugin["project"]["entry-points"]["vllm.general_plugins"])

@@ -31,7 +31,8 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 
 def cmd_replicas_up(args: argparse.Namespace) -> int:
-    from loragate.local.replica import DEFAULT_PYTHON, build_vllm_venv
+    from loragate.local.replica import build_vllm_venv
+    from loragate.local.replica_config import DEFAULT_PYTHON
     from loragate.local.replica_processes import start_recorded_replicas
     from loragate.registry.intake.catalog import base_directory
     from loragate.tasks.reconcile import reconcile_fleet

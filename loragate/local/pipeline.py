@@ -40,7 +40,7 @@ from loragate.local.prefect_local import (
     stop,
     stop_process,
 )
-from loragate.local.replica import replica_environment
+from loragate.local.replica_config import replica_environment
 from loragate.registry.db.users import role_database_url
 from loragate.registry.rules.access import Role
 from loragate.tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets

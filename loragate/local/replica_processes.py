@@ -19,7 +19,8 @@ from pathlib import Path
 import psutil
 
 from loragate.local.processes import ProcessIdentity, Stopped, stop_process_tree
-from loragate.local.replica import DEFAULT_PYTHON, VllmReplica, start_replicas
+from loragate.local.replica import VllmReplica, start_replicas
+from loragate.local.replica_config import DEFAULT_PYTHON
 
 # what a replica's command line holds, for records written before creation times were
 LEGACY_MARKER = "vllm.entrypoints.openai.api_server"
