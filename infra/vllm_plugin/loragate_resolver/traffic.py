@@ -21,7 +21,8 @@ is the client's error (400) before anything else runs. A client may not name a v
 (``name@version``: 404, here and on every other route: ``qualified``). The fleet's own
 requests (admin key) pass untouched, uncounted. A canary replica only labels and counts.
 Figures: ``live_stats`` (``GET /loragate/traffic``, admin key) and ``metrics``
-(``/metrics``). Faults for tests: ``faults`` (``LORAGATE_REPLICA_FAULTS``).
+(``/metrics``). ``faults`` is where a test replica's subclass of the split injects errors
+and delays; here it is ``NoFaults``, which injects none.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from loragate_resolver import read_index, registry_reader, request_ids, routing,
 from loragate_resolver.admin_guard import HEADER as ADMIN_HEADER
 from loragate_resolver.admin_guard import _error, _replay, _respond, header, key_matches
 from loragate_resolver.breaker import Breaker, Limits
-from loragate_resolver.faults import Faults
 from loragate_resolver.live_stats import LiveStats
 
 SPLIT_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -61,6 +61,18 @@ def _env_float(name: str, default: float) -> float:
 
 def _json_response(payload: Any) -> tuple[int, bytes]:
     return 200, json.dumps(payload).encode()
+
+
+class NoFaults:
+    """What the split injects into a version's answers: nothing. The hook of the test replicas'
+    fault injector, a subclass of the split kept out of this package: ``of`` a version (``error``,
+    ``delay_ms``) and ``breaker`` limits overridden, empty here."""
+
+    def of(self, version: str) -> dict[str, Any]:
+        return {}
+
+    def breaker(self) -> dict[str, Any]:
+        return {}
 
 
 class _Index:
@@ -104,7 +116,7 @@ class TrafficSplit:
             cooldown_s=_env_float("LORAGATE_BREAKER_COOLDOWN_S", 30.0),
         )
         self.feedback_ttl_s = max(1.0, _env_float("LORAGATE_FEEDBACK_TTL_S", 3600.0))
-        self.faults = Faults(os.environ.get("LORAGATE_REPLICA_FAULTS"))
+        self.faults = NoFaults()
         self.stats = LiveStats()
         self.breakers: dict[tuple[str, str], Breaker] = {}
         self.routes: dict[str, routing.Route] = {}
