@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live-latency-windows", type=int, default=50)
     parser.add_argument("--seed", type=int, default=39)
     parser.add_argument("--smoke", action="store_true", help="a few windows of a few cases: it runs, nothing more")
+    parser.add_argument("--units-only", action="store_true", help="only the users-as-units rows (more windows, sooner)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     traffic, rates = (60, 600, 6000), (0.002, 0.01, 0.03)
@@ -207,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         args.windows, args.peer_windows, args.worse_windows, traffic, rates = 5, 3, 5, (600,), (0.01,)
         args.user_windows, args.latency_windows, args.live_latency_windows, args.unit_windows = 3, 2, 1, 2
     started = time.monotonic()
+    units = users_rows(args.unit_windows, LOOKS, FALSE_ROLLBACK, args.seed + 17, smoke=args.smoke)
+    if args.units_only:
+        return _print({"benchmark": "verdict", **_run(), "users_as_units": units}, started, args.out)
     null = [null_case(Case(t, r, r), args.windows, args.peer_windows, args.seed) for t in traffic for r in rates]
     null += [null_case(Case(t, 0.01, 0.01, burst=True), args.windows, args.peer_windows, args.seed) for t in traffic]
     worse = [
@@ -219,9 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     result = {
         "benchmark": "verdict",
-        "commit": _commit(),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} ({platform.machine()}, {platform.python_version()})",
+        **_run(),
         "window": {"looks": LOOKS, "every_s": LOOK_S, "share": SHARE},
         "false_rollback_budget": FALSE_ROLLBACK,
         "live_error_rule_alpha": rule_alpha(FALSE_ROLLBACK),
@@ -229,13 +231,25 @@ def main(argv: list[str] | None = None) -> int:
         "as_good_as_production": null,
         "worse": worse,
         "few_users": few,
-        "users_as_units": users_rows(args.unit_windows, LOOKS, FALSE_ROLLBACK, args.seed + 17, smoke=args.smoke),
+        "users_as_units": units,
         **latency_rows(args.latency_windows, args.live_latency_windows, args.seed + 13, smoke=args.smoke),
-        "seconds": round(time.monotonic() - started, 1),
     }
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
+    return _print(result, started, args.out)
+
+
+def _run() -> dict[str, Any]:
+    """Which code ran, when, where."""
+    return {
+        "commit": _commit(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} ({platform.machine()}, {platform.python_version()})",
+    }
+
+
+def _print(result: dict[str, Any], started: float, out: Path | None) -> int:
+    text = json.dumps({**result, "seconds": round(time.monotonic() - started, 1)}, indent=1)
+    if out:
+        out.write_text(text + "\n")
     print(text)
     return 0
 
