@@ -17,7 +17,7 @@ def registry():
 
 def version_of(name: str, source: Path) -> str | None:
     """The version registered from ``source`` (its weights digest is in the version id)."""
-    from loragate.registry.intake.digests import sha256_file
+    from loragate.registry.digests import sha256_file
 
     digest = sha256_file(source / "adapter_model.safetensors")[:12]
     with registry() as reg:

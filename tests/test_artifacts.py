@@ -7,8 +7,8 @@ import os
 import boto3
 import pytest
 
+from loragate.registry.digests import digest_of_hex, sha256_bytes, sha256_file
 from loragate.registry.errors import AlreadyExists, ErrorCode, IntegrityFailure
-from loragate.registry.intake.digests import digest_of_hex, sha256_bytes, sha256_file
 from loragate.registry.service import Registry
 from loragate.registry.storage.blobs import blob_key
 from loragate.registry.storage.local_store import LocalArtifactStore

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
+from loragate.registry.digests import canonical_sha256
 from loragate.registry.errors import ErrorCode, IntegrityFailure, InvalidInput
 from loragate.registry.intake.catalog import canonical_config, config_facts, inspect_base, verify_base
-from loragate.registry.intake.digests import canonical_sha256
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

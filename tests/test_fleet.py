@@ -358,7 +358,7 @@ def test_replicas_up_starts_answering_replicas_in_the_fleet_and_down_stops_them(
 def test_replicas_up_exits_1_when_a_replica_it_started_cannot_be_given_verified_bytes(
     catalogued_cli, tmp_path, seeded_bundles
 ):
-    from loragate.registry.intake.digests import digest_of_hex
+    from loragate.registry.digests import digest_of_hex
     from loragate.registry.settings import Settings
     from tests.support.registries import artifact_store, mark_validated
 

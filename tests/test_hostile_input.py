@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loragate.registry.digests import canonical_json
 from loragate.registry.errors import InvalidInput
-from loragate.registry.intake.digests import canonical_json
 from loragate.registry.intake.golden import match_case, parse_golden_set
 from loragate.registry.intake.jsonio import loads_strict
 from loragate.registry.intake.weights import read_lora_structure

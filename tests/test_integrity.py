@@ -14,8 +14,8 @@ import os
 
 import pytest
 
+from loragate.registry.digests import digest_of_hex, sha256_bytes
 from loragate.registry.errors import ErrorCode, IntegrityFailure
-from loragate.registry.intake.digests import digest_of_hex, sha256_bytes
 from loragate.registry.service import Registry
 from loragate.registry.settings import Settings
 from loragate.registry.storage.blobs import blob_key

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from loragate.registry.intake.digests import digest_of_hex, sha256_bytes
+from loragate.registry.digests import digest_of_hex, sha256_bytes
 from loragate.registry.storage.scratch import scratch_name
 from tests.support.faults import silent_endpoint
 from tests.support.moves import promote

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from loragate.registry.digests import canonical_json
 from loragate.registry.errors import ErrorCode, InvalidInput
-from loragate.registry.intake.digests import canonical_json
 from loragate.registry.intake.manifest import content_address, parse_json_object, parse_manifest
 
 BASE = {

@@ -148,7 +148,7 @@ def _sign_bypassing_checks(registry, version_id: str, private_pem: bytes, as_key
     import tempfile
     from pathlib import Path
 
-    from loragate.registry.intake.digests import sha256_file
+    from loragate.registry.digests import sha256_file
     from loragate.registry.storage.signing import SIGNED_REPORT_FILE, public_key_of, sign_directory
 
     version = registry.get_version(version_id)

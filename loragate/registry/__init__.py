@@ -11,6 +11,8 @@
 - ``retrying``: the retry policy, and which failures are worth another try, once per kind
 - ``progress``: the one-line-per-step callback long operations report through
 - ``fan_out``: the same work on many replicas at once, every outcome handed back
+- ``digests``: content digests, the patterns of commits and digests, canonical JSON -- what
+  intake names content with, and storage and service check it by
 
 Nothing here imports Prefect or the layers above (tasks, flows, cli).
 """

@@ -327,7 +327,7 @@ def upload_bundle(s3_endpoint: str, bundle: Path) -> str:
 
 
 def weights_prefix(bundle: Path) -> str:
-    from loragate.registry.intake.digests import sha256_file
+    from loragate.registry.digests import sha256_file
 
     return sha256_file(bundle / "adapter_model.safetensors")[:12]
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loragate.registry.digests import CHUNK, sha256_bytes
 from loragate.registry.errors import ErrorCode, InvalidInput
-from loragate.registry.intake.digests import CHUNK, sha256_bytes
 from loragate.registry.intake.manifest import Manifest, parse_json_object
 from loragate.registry.intake.weights import WeightsSummary
 from loragate.registry.storage.scratch import scratch_dir

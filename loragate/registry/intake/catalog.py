@@ -17,8 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from loragate.registry.errors import ErrorCode, IntegrityFailure, InvalidInput
-from loragate.registry.intake.digests import (
+from loragate.registry.digests import (
     HF_COMMIT,
     canonical_json,
     canonical_sha256,
@@ -26,6 +25,7 @@ from loragate.registry.intake.digests import (
     sha256_bytes,
     sha256_file,
 )
+from loragate.registry.errors import ErrorCode, IntegrityFailure, InvalidInput
 from loragate.registry.intake.jsonio import loads_object
 from loragate.registry.intake.manifest import normalize_rope_scaling
 from loragate.registry.intake.weights import read_base_linear_shapes

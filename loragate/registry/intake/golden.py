@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from loragate.registry.digests import canonical_json, digest_of_hex, sha256_bytes
 from loragate.registry.errors import ErrorCode, IntegrityFailure, InvalidInput
-from loragate.registry.intake.digests import canonical_json, digest_of_hex, sha256_bytes
 from loragate.registry.intake.jsonio import loads_object
 from loragate.registry.intake.matching import (
     MAX_COMPLETION_CHARS,

@@ -36,8 +36,7 @@ from pydantic import (
     field_validator,
 )
 
-from loragate.registry.errors import ErrorCode, InvalidInput
-from loragate.registry.intake.digests import (
+from loragate.registry.digests import (
     GIT_COMMIT,
     SHA256_HEX,
     canonical_json,
@@ -46,6 +45,7 @@ from loragate.registry.intake.digests import (
     is_revision,
     sha256_bytes,
 )
+from loragate.registry.errors import ErrorCode, InvalidInput
 from loragate.registry.intake.jsonio import loads_object
 from loragate.registry.rules.lifecycle import ValidationStatus
 

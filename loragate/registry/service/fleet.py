@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from loragate.registry.digests import digest_of_hex, sha256_file
 from loragate.registry.errors import AlreadyExists, ErrorCode, InvalidInput, NotFound
 from loragate.registry.intake.bundle import ADAPTER_CONFIG_FILE, BUNDLE_FILES, MANIFEST_FILE, WEIGHTS_FILE, publish_dir
-from loragate.registry.intake.digests import digest_of_hex, sha256_file
 from loragate.registry.intake.golden import GoldenSet, load_stored_golden_set
 from loragate.registry.rules.access import Action
 from loragate.registry.rules.fleet import AdapterPointers, Replica, ReplicaRole

@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from loragate.registry.digests import canonical_json, digest_of_hex, sha256_bytes
 from loragate.registry.errors import ErrorCode, InvalidInput, NotFound
 from loragate.registry.intake.binding import binding_mismatches
 from loragate.registry.intake.bundle import (
@@ -27,7 +28,6 @@ from loragate.registry.intake.bundle import (
     snapshot_bundle,
 )
 from loragate.registry.intake.catalog import BaseModelRecord, inspect_base
-from loragate.registry.intake.digests import canonical_json, digest_of_hex, sha256_bytes
 from loragate.registry.intake.manifest import Manifest, content_address, parse_json_object, parse_manifest
 from loragate.registry.intake.weights import inspect_lora_weights
 from loragate.registry.progress import Progress, quiet

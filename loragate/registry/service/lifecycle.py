@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from loragate.registry.db.pointers import ClaimedAdapter
+from loragate.registry.digests import digest_of_hex
 from loragate.registry.errors import ErrorCode, InvalidInput
-from loragate.registry.intake.digests import digest_of_hex
 from loragate.registry.rules.access import Action
 from loragate.registry.rules.lifecycle import Plan, Pointer, check_scan_acknowledged, plan_promotion, plan_rollback
 from loragate.registry.rules.names import AdapterName

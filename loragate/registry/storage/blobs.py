@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from loragate.registry.digests import CHUNK, hex_of
 from loragate.registry.errors import ErrorCode, IntegrityFailure
-from loragate.registry.intake.digests import CHUNK, hex_of
 
 
 def blob_key(digest: str) -> str:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loragate.registry.intake.digests import sha256_file
+from loragate.registry.digests import sha256_file
 
 CACHE_DIR = "verified-copies"
 QUARANTINE_DIR = ".loragate-quarantine"

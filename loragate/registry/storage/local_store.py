@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-from loragate.registry.intake.digests import CHUNK, hex_of, is_digest
+from loragate.registry.digests import CHUNK, hex_of, is_digest
 from loragate.registry.storage.blobs import (
     StoredBlob,
     blob_key,

@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from loragate.registry.digests import hex_of, is_digest
 from loragate.registry.errors import ErrorCode, IntegrityFailure, InvalidInput, Unavailable
-from loragate.registry.intake.digests import hex_of, is_digest
 from loragate.registry.settings import Settings
 from loragate.registry.storage.blobs import (
     StoredBlob,

@@ -15,10 +15,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from loragate.registry.digests import canonical_json, canonical_sha256
 from loragate.registry.errors import LoragateError
 from loragate.registry.intake.bundle import ADAPTER_CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE
 from loragate.registry.intake.catalog import BaseModelRecord
-from loragate.registry.intake.digests import canonical_json, canonical_sha256
 from loragate.registry.intake.golden import GoldenSet, match_case
 from loragate.registry.intake.weights import read_lora_structure, scan_lora_values
 from loragate.registry.progress import Progress, quiet
