@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 
+from kit.postgres import admin_engine, drop_database, pg_url
 from loragate.local.replica import VllmReplica
 from loragate.local.replica_secrets import write_replica_secrets
 from loragate.tasks.secret_files import ADMIN_KEY_FILE, HOME_REPLICA_SECRETS_DIR, REGISTRY_URL_FILE
-from tests.support.postgres import admin_engine, drop_database, pg_url
 
 
 @dataclass(frozen=True)

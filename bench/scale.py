@@ -71,6 +71,7 @@ from bench.scale_restart import bench_restart
 from bench.scale_verdicts import CONTROL_SLOWDOWN, verdicts
 from bench.timing import ratio, spread
 from kit.basekit import build_base
+from kit.flow_processes import processes_running, rss_mib
 from kit.modelkit import train_adapter
 from kit.tenant_tasks import write_golden_set
 from loragate.local.pipeline import SWEEPS_EVERY_S, PipelineSecrets, set_interval, start_pipeline
@@ -82,7 +83,6 @@ from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.service import Registry
 from loragate.registry.settings import Settings
 from loragate.registry.storage.signing import generate_key_pair
-from tests.support.flow_processes import processes_running, rss_mib
 
 BASE_ID = "tiny-llama"
 # canary-evaluate's schedule in prefect.yaml: 50 windows must be evaluated within it

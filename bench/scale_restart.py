@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from bench.harness import replicas_obey
+from kit.postgres import admin_engine, drop_database, pg_url
 from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.records.adapters import utcnow
 from loragate.registry.rules.access import Principal
@@ -31,7 +32,6 @@ from loragate.registry.storage.signing import generate_key_pair
 from loragate.tasks.fleet import promote_and_switch
 from loragate.tasks.reconcile import fleet_status, reconcile_fleet
 from loragate.tasks.validation import ValidationPolicy, validate_versions
-from tests.support.postgres import admin_engine, drop_database, pg_url
 
 BASE_ID = "tiny-llama"
 ANSWER_DEADLINE_S = 600.0

@@ -33,7 +33,9 @@ from typing import Any
 
 from bench.fleet_setup import BASE_ID, LOGS, Setup, build_setup, log, use_fleet
 from bench.harness import emit, production_replicas, replicas_obey
+from kit.http_faults import Fault, FaultProxy
 from kit.modelkit import train_adapter
+from kit.postgres import admin_engine, drop_database, pg_url
 from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.errors import LoragateError
 from loragate.registry.rules.access import Principal
@@ -43,8 +45,6 @@ from loragate.tasks.fleet import promote_and_switch, rollback_and_switch
 from loragate.tasks.reconcile import reconcile_fleet
 from loragate.tasks.replicas import ReplicaClient
 from loragate.tasks.validation import ValidationPolicy, validate_versions
-from tests.support.faults import Fault, FaultProxy
-from tests.support.postgres import admin_engine, drop_database, pg_url
 
 ROLLBACK_AFTER_S = 2.0
 

@@ -26,10 +26,10 @@ atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 # it now, not inside a test whose captured stderr is closed afterwards
 import prefect.main  # noqa: E402,F401  (prefect.main sets logging up)
 
+from kit.postgres import admin_engine, drop_database, pg_url  # noqa: E402
 from loragate.registry.service import Registry  # noqa: E402
 from loragate.registry.settings import Settings  # noqa: E402
 from tests.support.commands import cli_runner  # noqa: E402
-from tests.support.postgres import admin_engine, drop_database, pg_url  # noqa: E402
 from tests.support.registries import IN_PROCESS, sql_engine  # noqa: E402
 from tests.support.slack import slack  # noqa: E402,F401  (the recording Slack fixture)
 from tests.support.split import split_env  # noqa: E402,F401  (the live split over a fake vLLM)

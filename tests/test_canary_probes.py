@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from kit.http_faults import CompletionFault, FaultProxy
 from loragate.registry.rules.canary import Verdict
 from loragate.tasks.canary import observe_window
 from loragate.tasks.canary_moves import deploy_canary
-from tests.support.faults import CompletionFault, FaultProxy
 from tests.support.fleet import make_fleet
 
 pytestmark = pytest.mark.slow

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kit.http_faults import Fault, FaultProxy
 from loragate.registry.errors import AlreadyExists, DeployFailed, ErrorCode, InvalidInput
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.service import Registry
@@ -26,7 +27,6 @@ from loragate.tasks.fleet import FleetSwitch, promote_and_switch
 from loragate.tasks.reconcile import fleet_status, reconcile_fleet
 from loragate.tasks.replica_switch import switch_replica
 from loragate.tasks.replicas import ReplicaClient
-from tests.support.faults import Fault, FaultProxy
 from tests.support.fleet import (
     SUPPORT_PROMPT,
     admin_client,

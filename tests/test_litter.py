@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from kit.http_faults import silent_endpoint
 from loragate.registry.digests import digest_of_hex, sha256_bytes
 from loragate.registry.storage.scratch import scratch_name
-from tests.support.faults import silent_endpoint
 from tests.support.moves import promote
 from tests.support.registries import artifact_store, mark_validated
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from kit.http_faults import silent_endpoint
 from loragate.cli.main import main
 from tests.support.commands import main_with_tokens, role_tokens
-from tests.support.faults import silent_endpoint
 from tests.support.registries import registry_snapshot
 
 NAME = "acme/tiny-llama/support"

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from kit.http_faults import Fault, FaultProxy
 from loragate.registry.errors import NotFound
 from loragate.registry.rules.access import split_token
 from loragate.registry.rules.canary import ACTIVE, WindowStatus
@@ -35,7 +36,6 @@ from loragate.tasks.naming import artifact_key
 from loragate.tasks.replica_switch import switch_replica
 from loragate.tasks.validation import ValidationPolicy, validate_versions
 from tests.support.browser import approve_in_ui
-from tests.support.faults import Fault, FaultProxy
 from tests.support.fleet import admin_client
 from tests.support.pipeline_stack import (  # noqa: F401  (a fixture)
     ARTIFACTS,

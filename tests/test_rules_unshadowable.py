@@ -21,10 +21,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError
 
+from kit.postgres import admin_engine, drop_database, pg_url
 from loragate.registry.db import migrate
 from tests import test_production_signoff_in_sql as signoff_in_sql
 from tests.support.moves import promote
-from tests.support.postgres import admin_engine, drop_database, pg_url
 from tests.test_production_signoff_in_sql import NAME, POINT, World, refused
 
 pytestmark = pytest.mark.postgres

@@ -20,6 +20,7 @@ import boto3
 import httpx
 import pytest
 
+from kit.flow_processes import processes_running
 from kit.tenant_tasks import golden_cases
 from loragate.local.pipeline import POOLS, LocalPipeline, PipelineSecrets, start_pipeline
 from loragate.local.replica_secrets import ADMIN_KEY_FILE, hand_admin_key
@@ -31,7 +32,6 @@ from loragate.registry.service import Registry
 from loragate.registry.settings import Settings
 from loragate.tasks.replicas import ReplicaClient
 from tests.support.fleet import point_replicas
-from tests.support.flow_processes import processes_running
 from tests.support.prefect_env import client_env, wait_for_state
 from tests.support.registries import IN_PROCESS, SIGNING_KEY
 from tests.support.slack import RecordingSlack

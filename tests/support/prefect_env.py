@@ -24,6 +24,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from kit.postgres import PG_ADMIN_URL
 from loragate.local.prefect_local import (
     FAST_POLL_ENV,
     PrefectServer,
@@ -33,7 +34,6 @@ from loragate.local.prefect_local import (
     stop,
     stop_process,
 )
-from tests.support.postgres import PG_ADMIN_URL
 
 __all__ = [
     "FAST_POLL_ENV",

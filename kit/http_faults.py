@@ -1,5 +1,5 @@
-"""Faults for tests: an endpoint that never answers, and a fault-injecting HTTP proxy in
-front of a real vLLM replica.
+"""HTTP faults for tests and benchmarks: an endpoint that never answers, and a
+fault-injecting HTTP proxy in front of a real vLLM replica.
 
 It forwards every request to the replica unless told to misbehave on the call that loads an
 adapter -- after the unload went through, the worst moment -- the way a sick replica would:

@@ -1,6 +1,7 @@
-"""The test Postgres server: its admin URL, and creating, naming and dropping databases on it.
+"""The Postgres server the tests and benchmarks make databases on: its admin URL, and
+creating, naming and dropping databases on it.
 
-``LORAGATE_TEST_PG`` points the tests at another server than the local one.
+``LORAGATE_TEST_PG`` points the tests and benchmarks at another server than the local one.
 """
 
 from __future__ import annotations
