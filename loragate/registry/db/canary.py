@@ -3,13 +3,13 @@ promoted, rolled back, rejected or superseded), the observations judged in it, a
 flow run waiting for its sign-off (the decision itself is ``db/approvals.py``). A window's
 status moves only along ``WINDOW_MOVES``, each move a compare-and-set on the status it was
 read at. Each window gets a random ``bucket_key`` when it opens, which the replicas key
-users' buckets with; nothing here ever reads it back."""
+users' buckets with; nothing here ever reads it back. The share of live requests a window
+answers, once it is open, is ``db/canary_share.py``'s."""
 
 from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -35,13 +35,9 @@ from loragate.registry.rules.canary import (
     window_end,
 )
 from loragate.registry.rules.lifecycle import Pointer
-from loragate.registry.rules.share import above_cap, needs_sign_off
 
 # the unique index over an adapter's active windows (schema.py, migration 0008)
 ONE_ACTIVE_WINDOW = "uq_canary_windows_one_active"
-# whether the caller may raise this window's share above the cap, asked in the change's own
-# transaction with the window's row (a person's sign-off pending: db/approvals.py)
-CapLift = Callable[[Connection, Any], bool]
 
 
 def window_from_row(row: Any) -> CanaryWindow:
@@ -250,82 +246,6 @@ class CanaryRepository:
                 return window_from_row(self.window_row(conn, window_id))
 
         return self.db.retrying(attempt)
-
-    def set_share(
-        self,
-        window_id: int,
-        share: float,
-        actor: str,
-        reason: str | None = None,
-        *,
-        cap: float = 1.0,
-        lift: CapLift | None = None,
-    ) -> CanaryWindow:
-        """Set an active window's share of live requests; the same share again is a no-op
-        (nothing audited). The change is a compare-and-set on the share and status read, so
-        two changes racing are applied one after the other, each audited with what it
-        replaced (``canary_share``). Raising it above ``cap`` takes ``lift`` saying yes in
-        the same transaction.
-
-        Raises:
-            NotFound: no such window.
-            IllegalTransition: the window is closed (only an open or ready one has a share).
-            PermissionDenied: SHARE_ABOVE_CAP, above ``cap`` and not lifted.
-        """
-
-        def attempt() -> CanaryWindow:
-            with self.db.write() as conn:
-                row = self.window_row(conn, window_id)
-                if WindowStatus(row.status) not in ACTIVE:
-                    raise IllegalTransition(
-                        f"canary window {window_id} of {row.version_id} is {row.status}: "
-                        "only an open or ready window has a share of live requests",
-                        field="status",
-                    )
-                if row.share == share:
-                    return window_from_row(row)
-                if not self._within_cap(conn, row, share, cap, lift):
-                    raise above_cap(share, cap, row.version_id)
-                done = conn.execute(
-                    update(canary_windows)
-                    .where(
-                        canary_windows.c.id == window_id,
-                        canary_windows.c.status.in_([s.value for s in ACTIVE]),
-                        canary_windows.c.share == row.share,
-                    )
-                    .values(share=share)
-                ).rowcount
-                if done != 1:
-                    raise ConcurrentUpdate(f"canary window {window_id} changed meanwhile", field="share")
-                self.db.audit(
-                    conn,
-                    actor=actor,
-                    action="canary_share",
-                    adapter_name=row.adapter_name,
-                    version_id=row.version_id,
-                    stage="canary",
-                    from_value=repr(row.share),
-                    to_value=repr(share),
-                    reason=reason,
-                    details={"window_id": window_id, "from": row.share, "to": share, "reason": reason},
-                )
-                return window_from_row(self.window_row(conn, window_id))
-
-        return self.db.retrying(attempt)
-
-    @staticmethod
-    def _within_cap(conn: Connection, row: Any, share: float, cap: float, lift: CapLift | None) -> bool:
-        return not needs_sign_off(share, row.share, cap) or (lift is not None and lift(conn, row))
-
-    def share_allowed(self, window_id: int, share: float, *, cap: float, lift: CapLift | None) -> bool:
-        """Whether ``set_share`` would take ``share`` for the window now, as far as the cap
-        goes: a look, not a reservation (the change decides again in its transaction).
-
-        Raises:
-            NotFound: no such window.
-        """
-        with self.db.reader.connect() as conn:
-            return self._within_cap(conn, self.window_row(conn, window_id), share, cap, lift)
 
     def window_row(self, conn: Connection, window_id: int) -> Any:
         """The window's row, read in ``conn``'s transaction.

@@ -10,6 +10,7 @@ is stored in ``db/canary.py``, not in a file of everything.
     store.golden      golden sets                  (db/validation.py)
     store.validation  validation runs              (db/validation.py)
     store.canary      windows, observations, sign-offs (db/canary.py)
+    store.canary_share  a window's share of live requests (db/canary_share.py)
     store.limits      the limits the database's rules read (db/limits.py)
     store.audit       the audit log, gc references (db/audit.py)
     store.progress    versions waiting between gates (db/progress.py)
@@ -23,6 +24,7 @@ from loragate.registry.db.access import AccessRepository
 from loragate.registry.db.approvals import ApprovalRepository
 from loragate.registry.db.audit import AuditRepository
 from loragate.registry.db.canary import CanaryRepository
+from loragate.registry.db.canary_share import CanaryShareRepository
 from loragate.registry.db.catalog import CatalogRepository
 from loragate.registry.db.database import DEFAULT_LIMITS, Database, SessionLimits, make_engine
 from loragate.registry.db.fleet import FleetRepository
@@ -44,6 +46,7 @@ class SqlStore:
         self.golden = GoldenSetRepository(self.db)
         self.validation = ValidationRunRepository(self.db)
         self.canary = CanaryRepository(self.db)
+        self.canary_share = CanaryShareRepository(self.db, self.canary)
         self.approvals = ApprovalRepository(self.db, self.canary)
         self.limits = LimitsRepository(self.db)
         self.audit = AuditRepository(self.db)

@@ -11,7 +11,7 @@ owner is not; on Postgres the database holds the roles' users to the same rules 
 
 from __future__ import annotations
 
-from loragate.registry.db.canary import CapLift
+from loragate.registry.db.canary_share import CapLift
 from loragate.registry.errors import ErrorCode, IllegalTransition, NotFound
 from loragate.registry.rules.access import Action, Role
 from loragate.registry.rules.canary import ACTIVE, CanaryThresholds, CanaryWindow, Observation, WindowStatus
@@ -124,7 +124,7 @@ class CanaryMixin(RegistryBase):
         window = self._share_window(name_or_window)
         actor = self._authorize(Action.WATCH_CANARY, window.adapter_name)
         cap, lift = self._share_cap(window.adapter_name)
-        return self._store.canary.set_share(window.id, share, actor, reason, cap=cap, lift=lift)
+        return self._store.canary_share.set_share(window.id, share, actor, reason, cap=cap, lift=lift)
 
     def check_canary_share(self, name_or_window: str | int, share: float) -> CanaryWindow:
         """The window ``set_canary_share`` would change, once the caller may give it
@@ -138,7 +138,7 @@ class CanaryMixin(RegistryBase):
         window = self._share_window(name_or_window)
         self._authorize(Action.WATCH_CANARY, window.adapter_name)
         cap, lift = self._share_cap(window.adapter_name)
-        if not self._store.canary.share_allowed(window.id, share, cap=cap, lift=lift):
+        if not self._store.canary_share.share_allowed(window.id, share, cap=cap, lift=lift):
             raise above_cap(share, cap, window.version_id)
         return window
 
@@ -146,7 +146,7 @@ class CanaryMixin(RegistryBase):
         """Whether the caller may give ``window`` ``share`` now, as far as the cap goes: the
         promotion asks before sending every user to the canary."""
         cap, lift = self._share_cap(window.adapter_name)
-        return self._store.canary.share_allowed(window.id, share, cap=cap, lift=lift)
+        return self._store.canary_share.share_allowed(window.id, share, cap=cap, lift=lift)
 
     def _share_window(self, name_or_window: str | int) -> CanaryWindow:
         if isinstance(name_or_window, int) and not isinstance(name_or_window, bool):
