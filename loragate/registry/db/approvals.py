@@ -8,8 +8,8 @@ one code, exactly one records a decision. (No row lock: a role's user holds no U
 grant on codes since 0009, and the compare-and-set decides anyway.)
 The decision's audit event names the token that proved it; a refusal changes nothing and
 is audited on its own. A production move then applies (consumes) one redeemed approve code
-for its version. On Postgres codes are issued, used and applied only through migration
-0009's functions, which check the secrets themselves.
+for its version (``db/sign_offs.py``). On Postgres codes are issued, used and applied only
+through migration 0009's functions, which check the secrets themselves.
 """
 
 from __future__ import annotations
@@ -18,24 +18,22 @@ import dataclasses
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, or_, select, text, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.engine import Connection
 
 from loragate.registry.db.canary import CanaryRepository, window_from_row
 from loragate.registry.db.database import Database, utc, utc_or_none
-from loragate.registry.db.schema import api_tokens, approval_codes, canary_windows
+from loragate.registry.db.schema import api_tokens, approval_codes
 from loragate.registry.errors import ApprovalRefused, ErrorCode, IllegalTransition
 from loragate.registry.records.adapters import utcnow
 from loragate.registry.rules.access import TokenRecord, hash_secret
 from loragate.registry.rules.approvals import (
-    MIN_TTL_S,
     ApprovalCode,
     Decision,
     IssuedCode,
     PresentedCode,
     Redemption,
     check_redeemable,
-    issue_code,
 )
 from loragate.registry.rules.canary import CanaryWindow, WindowStatus
 
@@ -45,7 +43,6 @@ _ISSUE = text(
     ":decision, :ttl_s, :token_id, :token_secret)"
 )
 _USE = text("SELECT loragate_use_approval_code(:code_id, :secret, :used_by)")
-_APPLY = text("SELECT loragate_apply_approval(:version_id, :code_id)")
 _SPEND = text("SELECT loragate_spend_approval_code(:code_id, :secret, :spent_by)")
 # who a code is issued to: (token id, the token's holder, the token's secret)
 Signer = tuple[str, str, str | None]
@@ -112,7 +109,7 @@ class ApprovalRepository:
                 assert rollback_of is not None, "a code decides on a window or on a version to roll back"
                 name, version_id = rollback_of
             signer = (token.token_id, token.holder, token_secret)
-            self._insert(conn, issued, signer, decision, ttl_s, window_id, name, version_id, now)
+            self.insert_code(conn, issued, signer, decision, ttl_s, window_id, name, version_id, now)
             self.db.audit(
                 conn,
                 actor=actor,
@@ -132,7 +129,7 @@ class ApprovalRepository:
             row = conn.execute(select(approval_codes).where(approval_codes.c.code_id == issued.code_id)).one()
         return code_from_row(row)
 
-    def _insert(
+    def insert_code(
         self,
         conn: Connection,
         issued: IssuedCode,
@@ -179,7 +176,7 @@ class ApprovalRepository:
             },
         )
 
-    def _use(self, conn: Connection, code_id: str, secret: str, used_by: str, at: datetime) -> datetime | None:
+    def use_code(self, conn: Connection, code_id: str, secret: str, used_by: str, at: datetime) -> datetime | None:
         """Mark a code used, once (compare-and-set on ``used_at IS NULL``); when it was used,
         or None when it was used meanwhile. On Postgres through
         ``loragate_use_approval_code``, which checks the code's secret again itself."""
@@ -192,72 +189,6 @@ class ApprovalRepository:
             .values(used_at=at, used_by=used_by[:128])
         ).rowcount
         return at if used == 1 else None
-
-    def apply(self, conn: Connection, version_id: str, at: datetime, code_id: str | None = None) -> str | None:
-        """Consume a redeemed approve code for ``version_id`` (``code_id``, else the oldest)
-        for a production move in this transaction; its id, or None when there is none. On
-        Postgres through ``loragate_apply_approval``: the production pointer's trigger checks
-        that a code was applied in the same transaction."""
-        if not self.db.is_sqlite:
-            return conn.execute(_APPLY, {"version_id": version_id, "code_id": code_id}).scalar()
-        oldest = (
-            select(
-                approval_codes.c.code_id,
-                approval_codes.c.used_at,
-                approval_codes.c.issued_at,
-                approval_codes.c.expires_at,
-            )
-            .join(api_tokens, api_tokens.c.token_id == approval_codes.c.token_id)
-            .outerjoin(canary_windows, canary_windows.c.id == approval_codes.c.window_id)
-            .where(
-                approval_codes.c.version_id == version_id,
-                approval_codes.c.decision == Decision.APPROVE.value,
-                approval_codes.c.used_at.is_not(None),
-                approval_codes.c.applied_at.is_(None),
-                api_tokens.c.revoked_at.is_(None),
-                or_(approval_codes.c.window_id.is_(None), canary_windows.c.status == WindowStatus.READY.value),
-                *([approval_codes.c.code_id == code_id] if code_id else []),
-            )
-            .order_by(approval_codes.c.used_at, approval_codes.c.code_id)
-        )
-        # within its lifetime counted from its redemption (SQLite has no interval arithmetic)
-        code_id = next(
-            (
-                row.code_id
-                for row in conn.execute(oldest)
-                if at < utc(row.used_at) + (utc(row.expires_at) - utc(row.issued_at))
-            ),
-            None,
-        )
-        if code_id is None:
-            return None
-        applied = conn.execute(
-            update(approval_codes)
-            .where(approval_codes.c.code_id == code_id, approval_codes.c.applied_at.is_(None))
-            .values(applied_at=at)
-        ).rowcount
-        return code_id if applied == 1 else None
-
-    def sign_off_pending(self, conn: Connection, window: Any) -> bool:
-        """Whether a person's sign-off of ``window``'s version waits for the promotion to
-        apply it: an approve code for the version, bound to this window or to none,
-        redeemed, not applied, within its lifetime counted from its redemption, its
-        reviewer's token active. What lets the promotion raise the window's share above the
-        cap; migration 0012's trigger asks the same of the activation user on Postgres."""
-        redeemed = (
-            select(approval_codes.c.used_at, approval_codes.c.issued_at, approval_codes.c.expires_at)
-            .join(api_tokens, api_tokens.c.token_id == approval_codes.c.token_id)
-            .where(
-                approval_codes.c.version_id == window.version_id,
-                approval_codes.c.decision == Decision.APPROVE.value,
-                or_(approval_codes.c.window_id.is_(None), approval_codes.c.window_id == window.id),
-                approval_codes.c.used_at.is_not(None),
-                approval_codes.c.applied_at.is_(None),
-                api_tokens.c.revoked_at.is_(None),
-            )
-        )
-        now = utcnow()
-        return any(now < utc(r.used_at) + (utc(r.expires_at) - utc(r.issued_at)) for r in conn.execute(redeemed))
 
     def spend(self, code_id: str, secret: str, spent_by: str) -> bool:
         """A code presented with its secret and refused, still unused: used and applied by no
@@ -283,27 +214,6 @@ class ApprovalRepository:
                 == 1
             )
 
-    def sign_off_in(self, conn: Connection, signer: Signer, name: str, version_id: str, at: datetime) -> str:
-        """A person's own production move: an approve code issued to their token and used at
-        once, in the move's transaction, so it goes through the same door as a sign-off
-        given to the pipeline (on Postgres the database checks the token's secret). Its id.
-
-        Raises:
-            PermissionDenied: (Postgres) the database does not take the token.
-        """
-        issued = issue_code()
-        self._insert(conn, issued, signer, Decision.APPROVE, MIN_TTL_S, None, name, version_id, at)
-        presented = PresentedCode.parse(issued.code)
-        used = self._use(conn, issued.code_id, presented.secret, f"promote by {signer[1]}", at)
-        assert used is not None, "a code issued in this transaction is unused"
-        return issued.code_id
-
-    def sign_off_ahead(self, signer: Signer, name: str, version_id: str) -> str:
-        """``sign_off_in`` in a transaction of its own, committed before the move that applies
-        it (``service/approvals.py``: ``_sign_off_ahead``). Its id."""
-        with self.db.write() as conn:
-            return self.sign_off_in(conn, signer, name, version_id, utcnow())
-
     def codes(self, window_id: int) -> list[ApprovalCode]:
         with self.db.reader.connect() as conn:
             rows = conn.execute(
@@ -328,7 +238,7 @@ class ApprovalRepository:
         )
         check_redeemable(stored, presented, offer, token_active=token_active)
         assert stored is not None  # check_redeemable refuses an unknown code
-        used_at = self._use(conn, stored.code_id, presented.secret, used_by, offer.at)
+        used_at = self.use_code(conn, stored.code_id, presented.secret, used_by, offer.at)
         if used_at is None:
             raise ApprovalRefused(
                 f"approval code {stored.code_id} was used meanwhile", code=ErrorCode.APPROVAL_CODE_USED, field="code"

@@ -20,7 +20,7 @@ from loragate.registry.rules.canary import ACTIVE, CanaryWindow, WindowStatus
 from loragate.registry.rules.share import above_cap, needs_sign_off
 
 # whether the caller may raise this window's share above the cap, asked in the change's own
-# transaction with the window's row (a person's sign-off pending: db/approvals.py)
+# transaction with the window's row (a person's sign-off pending: db/sign_offs.py)
 CapLift = Callable[[Connection, Any], bool]
 
 

@@ -2,18 +2,20 @@
 way Prefect's client composes its per-entity mixins -- a reader finds how a canary window
 is stored in ``db/canary.py``, not in a file of everything.
 
-    store.catalog     pinned base models           (db/catalog.py)
-    store.versions    adapter versions             (db/versions.py)
-    store.pointers    adapters, pointers, claims   (db/pointers.py)
-    store.fleet       replicas                     (db/fleet.py)
-    store.access      tokens, keys, signatures     (db/access.py)
-    store.golden      golden sets                  (db/validation.py)
-    store.validation  validation runs              (db/validation.py)
-    store.canary      windows, observations, sign-offs (db/canary.py)
-    store.canary_share  a window's share of live requests (db/canary_share.py)
-    store.limits      the limits the database's rules read (db/limits.py)
-    store.audit       the audit log, gc references (db/audit.py)
-    store.progress    versions waiting between gates (db/progress.py)
+    store.catalog       pinned base models                      (db/catalog.py)
+    store.versions      adapter versions                        (db/versions.py)
+    store.pointers      adapters, pointers, claims              (db/pointers.py)
+    store.fleet         replicas                                (db/fleet.py)
+    store.access        tokens, keys, signatures                (db/access.py)
+    store.golden        golden sets                             (db/validation.py)
+    store.validation    validation runs                         (db/validation.py)
+    store.canary        windows, observations, sign-off claims  (db/canary.py)
+    store.canary_share  a window's share of live requests       (db/canary_share.py)
+    store.approvals     approval codes issued and redeemed      (db/approvals.py)
+    store.sign_offs     the codes production moves spend        (db/sign_offs.py)
+    store.limits        the limits the database's rules read    (db/limits.py)
+    store.audit         the audit log, gc references            (db/audit.py)
+    store.progress      versions waiting between gates          (db/progress.py)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from loragate.registry.db.fleet import FleetRepository
 from loragate.registry.db.limits import LimitsRepository
 from loragate.registry.db.pointers import PointerRepository
 from loragate.registry.db.progress import ProgressRepository
+from loragate.registry.db.sign_offs import SignOffRepository
 from loragate.registry.db.validation import GoldenSetRepository, ValidationRunRepository
 from loragate.registry.db.versions import VersionRepository
 
@@ -48,6 +51,7 @@ class SqlStore:
         self.canary = CanaryRepository(self.db)
         self.canary_share = CanaryShareRepository(self.db, self.canary)
         self.approvals = ApprovalRepository(self.db, self.canary)
+        self.sign_offs = SignOffRepository(self.db, self.approvals)
         self.limits = LimitsRepository(self.db)
         self.audit = AuditRepository(self.db)
         self.progress = ProgressRepository(self.db)

@@ -89,7 +89,7 @@ class ApprovalMixin(ValidationMixin):
         if not acknowledged:
             scan = self.scan_under_review(version_id)
             check_scan_acknowledged(version_id, scan.describe() if scan else None, acknowledged=False)
-        return self._store.approvals.sign_off_ahead(signer, version.name, version_id)
+        return self._store.sign_offs.sign_off_ahead(signer, version.name, version_id)
 
     def _consume_sign_off(
         self, claim: ClaimedAdapter, plan: Plan, own_code: str | None = None
@@ -113,10 +113,10 @@ class ApprovalMixin(ValidationMixin):
 
         def consume(conn: Connection) -> str | None:
             at = utcnow()
-            applied = self._store.approvals.apply(conn, moved_to, at, code_id=own_code) if own_code else None
+            applied = self._store.sign_offs.apply(conn, moved_to, at, code_id=own_code) if own_code else None
             if applied is None:
-                own = self._store.approvals.sign_off_in(conn, signer, claim.name, moved_to, at) if signer else None
-                applied = self._store.approvals.apply(conn, moved_to, at, code_id=own)
+                own = self._store.sign_offs.sign_off_in(conn, signer, claim.name, moved_to, at) if signer else None
+                applied = self._store.sign_offs.apply(conn, moved_to, at, code_id=own)
             return applied
 
         applied = claim.record(consume)

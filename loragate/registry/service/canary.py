@@ -92,7 +92,7 @@ class CanaryMixin(RegistryBase):
         principal = self.principal
         if principal.owner_in_process:
             return 1.0, None
-        lift = self._store.approvals.sign_off_pending if principal.may(Action.PROMOTE_PRODUCTION, name) else None
+        lift = self._store.sign_offs.sign_off_pending if principal.may(Action.PROMOTE_PRODUCTION, name) else None
         return self.settings.canary_max_share, lift
 
     def canary_windows(
