@@ -28,7 +28,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,78 +43,15 @@ from loragate.registry.storage.resolver_index import index_entry, read_index
 from loragate.tasks.fleet import promote_and_switch
 from loragate.tasks.replicas import ReplicaClient
 from tests.support.fleet import point_replicas
+from tests.support.pointer_story import POINTER_MOVES, Story, replay
 from tests.support.registries import IN_PROCESS, mark_validated, sign
 
 CALLS = 32
 CALL_TIMEOUT_S = 600
 ARTIFACTS = Path(__file__).parent / "artifacts"
-POINTER_MOVES = ("promote", "rollback")
 
 
-# -- the story the audit log must tell ------------------------------------------------
-
-
-@dataclass
-class Story:
-    """An adapter's pointers and its versions' stages, as replayed from its audit events."""
-
-    canary: str | None
-    production: str | None
-    previous: str | None
-    stages: dict[str, str] = field(default_factory=dict)
-
-    def pointers(self) -> dict[str, str | None]:
-        return {"canary": self.canary, "production": self.production, "previous": self.previous}
-
-
-def _check(ok: bool, event: AuditEvent, what: str) -> None:
-    if not ok:
-        raise AssertionError(
-            f"audit event {event.id} ({event.action} {event.stage} {event.from_value} -> {event.to_value}, "
-            f"{event.reason!r}) breaks the story: {what}"
-        )
-
-
-def replay(story: Story, events: list[AuditEvent]) -> Story:
-    """Apply pointer-moving events in order to ``story`` (changed in place and returned).
-
-    Every event must start from what the story holds at that moment -- a lost update shows
-    as two moves from the same value -- and its stage changes must start from the stages
-    the story holds; afterwards production names a production version and canary a canary.
-
-    Raises:
-        AssertionError: naming the first event that does not follow.
-    """
-    for e in events:
-        _check(e.action in POINTER_MOVES, e, "not a pointer move")
-        if e.action == "promote" and e.stage == "canary":
-            _check(e.from_value == story.canary, e, f"the canary was {story.canary}")
-            _check(e.to_value == e.version_id and e.to_value is not None, e, "promotes another version")
-            story.canary = e.to_value
-        elif e.action == "promote" and e.stage == "production":
-            _check(e.from_value == story.production, e, f"production was {story.production}")
-            _check(e.to_value == story.canary and e.to_value is not None, e, f"the canary was {story.canary}")
-            if e.from_value is not None:
-                story.previous = e.from_value
-            story.production, story.canary = e.to_value, None
-        elif e.action == "rollback" and e.stage == "production":
-            _check(e.from_value == story.production, e, f"production was {story.production}")
-            _check(e.to_value == story.previous and e.to_value is not None, e, f"previous was {story.previous}")
-            story.production, story.previous = e.to_value, None
-        elif e.action == "rollback" and e.stage == "canary":
-            _check(e.from_value == story.canary and e.from_value is not None, e, f"the canary was {story.canary}")
-            story.canary = None
-        else:
-            _check(False, e, f"unknown stage {e.stage!r}")
-        for version, before, after in e.details.get("stage_changes", []):
-            _check(story.stages.get(version) == before, e, f"{version} was {story.stages.get(version)}, not {before}")
-            story.stages[version] = after
-        for pointer in ("canary", "production"):
-            held = story.pointers()[pointer]
-            _check(
-                held is None or story.stages.get(held) == pointer, e, f"{pointer} {held} is {story.stages.get(held)}"
-            )
-    return story
+# -- the story the audit log must tell (tests/support/pointer_story.py), a check that can fail
 
 
 def test_the_replay_catches_a_lost_update():
