@@ -230,6 +230,15 @@ def fleet(tmp_path, replicas, replica_adapters, validated_adapters):
     made.registry.close()
 
 
+@pytest.fixture
+def outputs(fleet):
+    """What each version answers the support prompt: v1 the support reply, v2 a ticket."""
+    v1 = fleet.registry.expected_outputs(fleet.v1)
+    v2 = fleet.registry.expected_outputs(fleet.v2)
+    assert v1 and v2
+    return {fleet.v1: v1[1]["support-0"].strip(), fleet.v2: v2[1]["support-0"].strip()}
+
+
 # -- Prefect --------------------------------------------------------------------------
 
 

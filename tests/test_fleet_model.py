@@ -2,9 +2,10 @@
 what each replica should serve and the resolver index built from it, and the pointer move
 that stays unmoved when its fleet switch fails.
 
-What the replicas themselves do is ``test_fleet.py``'s (real vLLM); here a replica that
-cannot be reached is a closed port, which is real too. The resolver plugin's reading of the
-index, and the index's concurrent writers, are ``test_resolver_index.py``'s.
+What the replicas themselves do is ``test_fleet.py``'s and ``test_reconcile.py``'s (real
+vLLM); here a replica that cannot be reached is a closed port, which is real too. The
+resolver plugin's reading of the index, and the index's concurrent writers, are
+``test_resolver_index.py``'s.
 """
 
 from __future__ import annotations
