@@ -232,7 +232,7 @@ def main() -> None:
         "LORAGATE_CANARY_WINDOW_S": str(WINDOW_S),
         # two replicas, five workers and a server share two cores: a p95 of a few requests
         # swings by half a second here -- the machine, not the adapter (errors and drift stay
-        # strict; the latency rule is a row of tests/test_canary.py's verdict table)
+        # strict; the latency rule is a row of tests/test_canary_verdict.py's table)
         "LORAGATE_CANARY_P95_SLACK_MS": "3000",
         "LORAGATE_APPROVAL_POLL_S": "1",
         # half the users on the canary, so a few dozen requests show the split; the looping

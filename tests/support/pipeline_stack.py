@@ -248,7 +248,7 @@ def stack_fixture(prefect_server, pg_template, replicas, replica_adapters, tiny_
         # three replicas, five workers and a server share two cores: a p95 of a few requests
         # swings by half a second and more -- the machine, not the adapter. A latency
         # rollback here would be chance; drift and errors stay strict, and the latency rule
-        # is a row of tests/test_canary.py's verdict table
+        # is a row of tests/test_canary_verdict.py's table
         "LORAGATE_CANARY_P95_SLACK_MS": "5000",
         # the canary opens its live split (1 %) on the production replicas, but no user sends
         # traffic here: the minimum of live requests is tests/test_live_verdict.py's (and
