@@ -11,7 +11,7 @@ warm, so a rollback moves traffic and is confirmed per replica by the version he
 reload, no golden completions behind user traffic.
 
 Latency is not what these tests are about (two cores, three replicas): the slack is wide;
-the latency rules are tests/test_live_verdict.py's tables.
+the latency rules are tests/test_live_verdict.py's and tests/test_probe_verdict.py's tables.
 """
 
 from __future__ import annotations

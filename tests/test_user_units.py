@@ -29,7 +29,7 @@ from loragate.registry.rules.units import (
 )
 from tests.support.split import NAME, FakeVllm, _split, ask, call
 from tests.support.split import window as route_window
-from tests.test_live_verdict import LATE, WINDOW, probe, window
+from tests.support.verdicts import LATE, WINDOW, probe, window
 
 # -- what the split keeps ---------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ What the benchmarks use too -- the Postgres server (``kit.postgres``), the HTTP 
 * ``browser``: answering a paused flow run's approval form in the Prefect UI.
 * ``moves``: promotions and rollbacks through the fleet-switching move, the one public path.
 * ``pointer_story``: the story an adapter's audit log must tell, its pointer moves replayed.
+* ``verdicts``: one canary window and its figures, fixed, for the verdict tests.
 * ``bundle_mutations``, ``bad_weights``, ``bad_metadata``: the bad-input table's rows.
 * ``docs``: what the docs tests read -- pages with their snippets, headings and their ids,
   references to a heading, the code layout's rows.
