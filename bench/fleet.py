@@ -20,7 +20,8 @@ protocols  the two ways of switching a name in place, on one replica under the s
            answering in between) and vLLM's ``load_inplace``.
 restart    time from a replica's restart to its first correct answer for the name: with
            the loragate resolver, against reconcile alone (no resolver, one reconcile pass
-           as soon as the replica answers), and the failed requests a client saw meanwhile.
+           as soon as the replica answers), and the failed requests a client saw meanwhile
+           (``bench/fleet_restart.py``).
 
     .venv/bin/python -m bench.fleet [--rounds 5] [--smoke] [--under-load-only] [--split-cores]
     .venv/bin/python -m bench.fleet --smoke --replica URL --replica URL --adapter-dir DIR --base DIR
@@ -39,11 +40,11 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench.fleet_load import under_load_sections
+from bench.fleet_restart import bench_restarts
 from bench.fleet_setup import (
     BASE_ID,
     LOGS,
@@ -61,11 +62,9 @@ from bench.fleet_traffic import LoopingClient, latency
 from bench.harness import emit, production_replicas, replicas_obey, secrets_put_back, work_directory
 from kit.tenant_tasks import golden_cases
 from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
-from loragate.registry.errors import ReplicaError
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.storage.resolver_index import index_entry, read_index, write_index
 from loragate.tasks.fleet import promote_and_switch
-from loragate.tasks.reconcile import reconcile_fleet
 from loragate.tasks.replica_switch import switch_replica
 from loragate.tasks.replicas import ReplicaClient, replica_client
 
@@ -73,7 +72,6 @@ SPEEDUP_TARGET = 20.0
 # the switch is parallel: 3 replicas may take this much longer than 1
 FLAT_TOLERANCE = 1.5
 AFTER_SWITCH_TOLERANCE = 0.10
-FIRST_CORRECT_DEADLINE_S = 60.0
 
 
 def interleaved_p50(client: ReplicaClient, names: list[str], prompt: str, max_tokens: int, rounds: int) -> list[float]:
@@ -233,68 +231,6 @@ def point_index(setup: Setup, adapter_dir: Path, version: str, path: str) -> Non
     entry = index_entry(version, path, setup.registry.bundle_digests(version))
     index.setdefault("roles", {}).setdefault("production", {})[setup.name] = entry
     write_index(str(adapter_dir), index)
-
-
-def first_correct(url: str, setup: Setup, expected: str, before: Callable[[], object] | None = None) -> dict[str, Any]:
-    """From the moment the server answers: ask for the name until it answers ``expected``."""
-    failed = 0
-    started = time.perf_counter()
-    if before is not None:
-        threading.Thread(target=before, daemon=True).start()
-    with ReplicaClient(url, retries=0) as client:
-        while True:
-            if time.perf_counter() - started > FIRST_CORRECT_DEADLINE_S:
-                raise SystemExit(f"bench: {url} did not answer {expected!r} for {setup.name} within a minute")
-            try:
-                if client.complete(setup.name, setup.prompt, setup.max_tokens).text.strip() == expected:
-                    break
-            except ReplicaError:
-                failed += 1
-                time.sleep(0.02)
-    return {"after_ready_s": round(time.perf_counter() - started, 3), "failed_requests": failed}
-
-
-def restart_to_correct(
-    replica: VllmReplica, setup: Setup, how: str, make: Callable[[], VllmReplica]
-) -> tuple[VllmReplica, dict[str, Any]]:
-    expected = setup.answers[setup.production()]
-    started = time.perf_counter()
-    replica.stop()
-    fresh = make()
-    fresh.start()
-    ready = time.perf_counter() - started
-    before = (lambda: reconcile_fleet(setup.registry)) if how == "reconcile alone" else None
-    answer = first_correct(fresh.url, setup, expected, before)
-    result = {"ready_s": round(ready, 2), **answer, "total_s": round(ready + answer["after_ready_s"], 2)}
-    log(f"restart, {how}: {result}")
-    return fresh, result
-
-
-def bench_restarts(setup: Setup, replica: VllmReplica, adapter_dir: Path) -> tuple[VllmReplica, dict[str, Any]]:
-    production = setup.production()
-    path = version_path(str(adapter_dir), setup.name, production)
-
-    # the original's settings, read once: each restart below replaces ``replica``
-    fields = {
-        "model_dir": replica.model_dir,
-        "served_name": replica.served_name,
-        "port": replica.port,
-        "adapter_dir": replica.adapter_dir,
-        "omp_cpus": replica.omp_cpus,
-        "die_with_parent": True,
-        "log_path": replica.log_path,
-    }
-
-    def like(**changes: Any) -> Callable[[], VllmReplica]:
-        return lambda: VllmReplica(**{**fields, **changes})
-
-    results = {}
-    replica, results["lora_modules_baseline"] = restart_to_correct(
-        replica, setup, "--lora-modules", like(adapter_dir=None, lora_modules={setup.name: path})
-    )
-    replica, results["reconcile_alone"] = restart_to_correct(replica, setup, "reconcile alone", like(adapter_dir=None))
-    replica, results["resolver"] = restart_to_correct(replica, setup, "resolver", like())
-    return replica, results
 
 
 # -- the run -----------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """What every fleet benchmark starts from (``bench/fleet.py``, ``fleet_load.py``,
-``fleet_prefect.py``, ``stuck.py``): a registry holding one adapter name with two signed,
-validated versions that answer a probe prompt differently, so any replica's answer says
-which version it serves; the fleet of replicas it is made to drive; and the moves they
-time on it, ``loragate rollback`` as a process of its own among them.
+``fleet_restart.py``, ``fleet_prefect.py``, ``stuck.py``): a registry holding one adapter
+name with two signed, validated versions that answer a probe prompt differently, so any
+replica's answer says which version it serves; the fleet of replicas it is made to drive;
+and the moves they time on it, ``loragate rollback`` as a process of its own among them.
 """
 
 from __future__ import annotations
