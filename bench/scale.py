@@ -9,14 +9,15 @@ burst     N tenants' ``loragate.training.completed`` events emitted at once: tim
           action never runs, and the scheduled ``advance`` sweep must carry every version.
 evaluate  one ``canary-evaluate`` run over the N open windows: its wall time against the
           default interval, and the requests sent per observation; more runs while windows
-          stay open (each window lasts WINDOW_S_PER_TENANT x N), up to MAX_EVALUATIONS.
+          stay open (each window lasts WINDOW_S_PER_TENANT x N), up to MAX_EVALUATIONS
+          (``bench/scale_evaluate.py``).
 verdicts  with the product's canary thresholds (no slack): how many of the N good tenants --
           all the same good adapter -- were rolled back, and why (noise: 0 is the bar), and
           whether the slow control tenant -- one more tenant, the same adapter answered
           CONTROL_SLOWDOWN x as slowly by a proxy in front of each replica (bench/delay_proxy.py) --
-          was rolled back, as a really slower canary must be.
+          was rolled back, as a really slower canary must be (``bench/scale_verdicts.py``).
 sign-off  the N ``promote`` runs the ready windows start, all waiting for a person: the
-          processes (and their memory) they hold on the worker.
+          processes (and their memory) they hold on the worker (``bench/scale_sign_off.py``).
 restart   a production replica restarted with K adapters in production (the small N, N
           and ``--restart-adapters``): time until every adapter answers with its production
           version through the resolver, what a reconcile costs before and after, and
@@ -46,7 +47,6 @@ import json
 import os
 import platform
 import secrets
-import statistics
 import sys
 import time
 import uuid
@@ -66,12 +66,13 @@ from bench.harness import (
     secrets_put_back,
     work_directory,
 )
-from bench.scale_prefect import flow_run_states, pause_trigger, promote_runs
+from bench.scale_evaluate import evaluate
+from bench.scale_prefect import flow_run_states, pause_trigger
 from bench.scale_restart import bench_restart
+from bench.scale_sign_off import waiting_sign_offs
 from bench.scale_verdicts import CONTROL_SLOWDOWN, verdicts
-from bench.timing import ratio, spread
+from bench.timing import ratio, spread, wait_for
 from kit.basekit import build_base
-from kit.flow_processes import processes_running, rss_mib
 from kit.modelkit import train_adapter
 from kit.tenant_tasks import write_golden_set
 from loragate.local.pipeline import SWEEPS_EVERY_S, PipelineSecrets, set_interval, start_pipeline
@@ -79,18 +80,13 @@ from loragate.local.prefect_local import start_local_prefect_server
 from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.local.replica_secrets import hand_admin_key, write_replica_secrets
 from loragate.registry.rules.access import Principal, Role
-from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.service import Registry
 from loragate.registry.settings import Settings
 from loragate.registry.storage.signing import generate_key_pair
 
 BASE_ID = "tiny-llama"
-# canary-evaluate's schedule in prefect.yaml: 50 windows must be evaluated within it
-DEFAULT_EVALUATE_INTERVAL_S = 600.0
 SWEEP_EVERY_S = 10.0
 RESTART_FIGURES = ("restart_all_answer_production_s", "fleet_status_s")
-# canary-evaluate runs again while windows are still open, at most this often
-MAX_EVALUATIONS = 6
 # seconds of window per tenant: one evaluation takes about 5 s a window, so each window stays
 # open for about four evaluations -- the sequential latency rule needs two observations to
 # find a canary slower, and a breach must repeat (latency_breaches, 2): a window over after
@@ -115,15 +111,6 @@ def served_names(url: str) -> set[str]:
     return {c["id"] for c in cards}
 
 
-def wait_for(what: str, check: Any, deadline_s: float, every_s: float = 0.5) -> float:
-    t0 = time.monotonic()
-    while not check():
-        if time.monotonic() - t0 > deadline_s:
-            raise SystemExit(f"bench/scale: {what} not within {deadline_s:.0f} s")
-        time.sleep(every_s)
-    return time.monotonic() - t0
-
-
 def burst(
     label: str,
     tenants: int,
@@ -139,7 +126,6 @@ def burst(
     sign_off: bool = True,
     canary_window_s: float = 1.0,
 ) -> dict[str, Any]:
-    from prefect.deployments import run_deployment
     from prefect.events.worker import EventsWorker
     from prefect.settings import temporary_settings
 
@@ -231,71 +217,13 @@ def burst(
         }
         if len(seen) < len(names) or drop_canary_trigger:
             return result
-        walls: list[float | None] = []
-        states: list[str] = []
-        for n in range(MAX_EVALUATIONS):
-            still_open = len(registry.canary_windows((WindowStatus.OPEN,)))
-            if not still_open:
-                break
-            log(f"{label}: canary-evaluate {n + 1} over {still_open} open windows")
-            with temporary_settings(server.client_settings()):
-                run = run_deployment("canary-evaluate/canary-evaluate", timeout=1800)
-            ran = run.end_time and run.start_time and (run.end_time - run.start_time).total_seconds()
-            walls.append(round(ran, 1) if ran else None)
-            states.append(run.state.name if run.state else "?")
-        evaluate_s = walls[0] if walls else None
-        windows = registry.canary_windows(None)  # every window: a rolled-back one is a verdict too
-        observations = {w.id: registry.canary_observations(w.id) for w in windows}
-        first = [obs[0] for obs in observations.values() if obs]
-        requests = [o.canary.requests + o.production.requests for o in first]
-        result["evaluate"] = {
-            "state": states[0] if states else "?",
-            "windows": len(windows),
-            "wall_s": evaluate_s,
-            "per_window_s": round(evaluate_s / max(1, len(windows)), 2) if evaluate_s is not None else None,
-            "default_interval_s": DEFAULT_EVALUATE_INTERVAL_S,
-            "requests_per_observation": round(statistics.mean(requests), 1) if requests else None,
-            "runs": [{"state": st, "wall_s": w} for st, w in zip(states, walls, strict=True)],
-        }
-        log(f"{label}: evaluate {result['evaluate']}")
+        result["evaluate"], windows, observations = evaluate(registry, server, label)
         result["verdicts"] = verdicts(windows, observations, control, proxied.values())
         log(f"{label}: verdicts {json.dumps(result['verdicts'])}")
         if not sign_off:
             result["flow_runs"] = flow_run_states(pipeline)
             return result
-        ready = sum(1 for w in registry.canary_windows() if w.status == WindowStatus.READY)
-
-        def all_waiting() -> bool:
-            runs = promote_runs(pipeline)
-            return len(runs) >= ready and all(state == "Suspended" for _, state in runs)
-
-        try:
-            waited = wait_for(f"{ready} promote runs suspended", all_waiting, deadline_s, every_s=2.0)
-        except SystemExit as e:
-            log(str(e))
-            waited = None
-        runs = promote_runs(pipeline)
-        run_ids = {run_id for run_id, _ in runs}
-        exiting = len(processes_running(run_ids))
-        # a suspended run's process exits once its engine has reported the state
-        try:
-            gone_after = wait_for("the suspended runs' processes to exit", lambda: not processes_running(run_ids), 120)
-        except SystemExit as e:
-            log(str(e))
-            gone_after = None
-        held = processes_running(run_ids)
-        workers = [w.pid for w in pipeline.workers]
-        result["sign_off"] = {
-            "promote_runs": len(runs),
-            "states": dict(Counter(state for _, state in runs)),
-            "all_suspended_after_s": round(waited, 1) if waited is not None else None,
-            "processes_exiting_at_last_suspend": exiting,
-            "all_exited_after_s": round(gone_after, 1) if gone_after is not None else None,
-            "processes_held": len(held),
-            "rss_held_mib": rss_mib(held),
-            "workers_rss_mib": rss_mib(workers),
-        }
-        log(f"{label}: sign-offs {result['sign_off']}")
+        result["sign_off"] = waiting_sign_offs(pipeline, registry, label, deadline_s)
         result["flow_runs"] = flow_run_states(pipeline)
         return result
     finally:

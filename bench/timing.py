@@ -1,5 +1,5 @@
-"""Latency sampling and summaries shared by the benchmarks (stdlib only: it runs in both the
-project venv and the MLflow venv)."""
+"""Latency sampling and summaries shared by the benchmarks, and waiting for a condition
+within a deadline (stdlib only: it runs in both the project venv and the MLflow venv)."""
 
 from __future__ import annotations
 
@@ -65,3 +65,14 @@ def ratio(small: Any, large: Any) -> float | None:
     if isinstance(small, int | float) and isinstance(large, int | float) and small:
         return round(large / small, 2)
     return None
+
+
+def wait_for(what: str, check: Any, deadline_s: float, every_s: float = 0.5) -> float:
+    """Seconds until ``check()`` holds, asked every ``every_s``; SystemExit naming ``what``
+    once ``deadline_s`` has passed."""
+    t0 = time.monotonic()
+    while not check():
+        if time.monotonic() - t0 > deadline_s:
+            raise SystemExit(f"bench: {what} not within {deadline_s:.0f} s")
+        time.sleep(every_s)
+    return time.monotonic() - t0

@@ -1,6 +1,6 @@
 """The processes on this machine that run given Prefect flow runs: a worker starts each flow
 run with its id in ``PREFECT__FLOW_RUN_ID``. What a waiting sign-off holds on its worker
-(``tests/test_pipeline.py``, ``bench/scale.py``)."""
+(``tests/test_pipeline.py``, ``bench/scale_sign_off.py``)."""
 
 from __future__ import annotations
 
