@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fleet_setup import Setup, log
-from loragate.infra.replica import VllmReplica
+from loragate.local.replica import VllmReplica
 from loragate.registry.errors import ReplicaError
 from loragate.registry.rules.fleet import version_path
 from loragate.tasks.reconcile import reconcile_fleet

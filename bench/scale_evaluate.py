@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from loragate.infra.prefect_local import PrefectServer
+from loragate.local.prefect_local import PrefectServer
 from loragate.registry.rules.canary import CanaryWindow, Observation, WindowStatus
 from loragate.registry.service import Registry
 

@@ -12,7 +12,7 @@ from typing import Any
 from bench.scale_prefect import promote_runs
 from bench.timing import wait_for
 from kit.flow_processes import processes_running, rss_mib
-from loragate.infra.pipeline import LocalPipeline
+from loragate.local.pipeline import LocalPipeline
 from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.service import Registry
 
