@@ -36,6 +36,9 @@ def verdicts(
                     "canary_p95_ms": o.canary.p95_ms,
                     "production_p95_ms": o.production.p95_ms,
                     "samples": [len(o.canary.latencies_ms), len(o.production.latencies_ms)],
+                    # how far the sequential latency rule got: its e-value against 1/alpha
+                    "latency_evidence": (o.latency_evidence or {}).get("e_value"),
+                    "pair_ratio_median": _median_ratio(o.pairs_ms),
                 }
                 for o in observations.get(w.id, [])
             ],
@@ -76,3 +79,9 @@ def verdicts(
 
 def _latency_out(o: Observation) -> bool:
     return any(m.name in LATENCY_MONITORS and not m.in_band for m in o.monitors)
+
+
+def _median_ratio(pairs: Any) -> float | None:
+    """The median of an observation's canary/reference latency ratios, pair by pair."""
+    ratios = sorted(c / r for c, r in pairs or () if r > 0)
+    return round(ratios[len(ratios) // 2], 3) if ratios else None
