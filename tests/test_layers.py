@@ -166,22 +166,14 @@ def test_registry_is_sub_packages_with_only_shared_modules_at_the_top():
 INTAKE = "loragate.registry.intake"
 # the rooms that take what comes in: the service registers bundles and pins bases with it
 INTAKE_USERS = {"service"}
-# arrows into intake from rooms below it that the code still has, each with the intake
-# modules it takes -- pinned so that none is added; each goes when what it takes moves out
-INTAKE_ARROWS_LEFT = {
-    # BaseModelRecord, the pinned base as the store keeps it, is defined by the catalog's intake
-    "loragate/registry/db/catalog.py": ["loragate.registry.intake.catalog"],
-    # live answers are held to the golden set's schemas with the golden cases' own matcher
-    "loragate/registry/rules/formats.py": ["loragate.registry.intake.golden", "loragate.registry.intake.matching"],
-    # a signature covers the bundle's files, opened with intake's regular-file check
-    "loragate/registry/storage/signing.py": ["loragate.registry.intake.bundle"],
-}
 
 
 def test_inside_the_registry_only_the_service_imports_intake():
     """What comes in is checked by ``intake/`` and then kept: storage, rules, records, db and
-    render never need it back, and what they share with it (content digests) sits at the top
-    of ``registry/`` (docs/reference/layout.md), not in intake."""
+    render never need it back. What they share with it lives where every room reaches it:
+    content digests at the top of ``registry/``, the pinned base's record in ``records/``,
+    the golden matcher in ``rules/``, a bundle's file names and safe opening in ``storage/``
+    (docs/reference/layout.md)."""
     rooms = sorted(
         p.name
         for p in (ROOT / "loragate" / "registry").iterdir()
@@ -194,4 +186,4 @@ def test_inside_the_registry_only_the_service_imports_intake():
             into = {".".join(m.split(".")[:4]) for m in imported_modules(p) if m.split(".")[:3] == INTAKE.split(".")}
             if into:
                 arrows[str(p.relative_to(ROOT))] = sorted(into)
-    assert arrows == INTAKE_ARROWS_LEFT
+    assert arrows == {}

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from loragate.registry.errors import ErrorCode, InvalidInput, SignatureInvalid
-from loragate.registry.intake.bundle import WEIGHTS_FILE
+from loragate.registry.storage.bundle_files import WEIGHTS_FILE
 from loragate.registry.storage.scratch import scratch_name
 from loragate.registry.storage.signing import (
     SIGNED_REPORT_FILE,

@@ -17,7 +17,7 @@ MAX_KEY_BYTES = 64 * 1024
 
 
 def _read_key(path: str, field: str) -> bytes:
-    from loragate.registry.intake.bundle import read_regular_file  # pydantic: only when a key is read
+    from loragate.registry.storage.bundle_files import read_regular_file  # pydantic: only when a key is read
 
     return read_regular_file(Path(path), MAX_KEY_BYTES, field=field)
 

@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from loragate.registry.errors import LoragateError
-from loragate.registry.intake.bundle import BUNDLE_FILES
 from loragate.registry.records.adapters import Adapter
 from loragate.registry.rules.fleet import AdapterPointers, Placement, Replica, ReplicaRole, desired_placements
 from loragate.registry.rules.lifecycle import Pointer
 from loragate.registry.rules.names import AdapterName
 from loragate.registry.service import Registry
+from loragate.registry.storage.bundle_files import BUNDLE_FILES
 from loragate.registry.storage.copies import stat_stamp
 
 

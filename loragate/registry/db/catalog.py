@@ -10,8 +10,8 @@ from sqlalchemy.exc import IntegrityError
 from loragate.registry.db.database import Database, utc
 from loragate.registry.db.schema import base_models
 from loragate.registry.errors import AlreadyExists, ConcurrentUpdate
-from loragate.registry.intake.catalog import BaseModelRecord
 from loragate.registry.records.adapters import utcnow
+from loragate.registry.records.bases import BaseModelRecord
 
 
 def base_from_row(row) -> BaseModelRecord:

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from loragate.registry.intake.catalog import BaseModelRecord
 from loragate.registry.intake.manifest import normalize_rope_scaling
+from loragate.registry.records.bases import BaseModelRecord
 
 # manifest field -> the catalog record's attribute it must equal
 BINDING_FIELDS = {

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from loragate.registry.errors import ErrorCode, IntegrityFailure, InvalidInput
 from loragate.registry.intake.jsonio import loads_object
 from loragate.registry.intake.manifest import normalize_rope_scaling
 from loragate.registry.intake.weights import read_base_linear_shapes
+from loragate.registry.records.bases import BaseModelRecord
 from loragate.registry.rules.names import check_base_id
 
 TOKENIZER_FILES = (
@@ -57,42 +56,6 @@ _VOLATILE_KEYS = {
     "_attn_implementation_internal",
 }
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-
-
-@dataclass(frozen=True)
-class BaseModelRecord:
-    base_model_id: str
-    base_model_commit: str
-    source_kind: str  # "local" | "hf"
-    source: str  # directory, or hub repo id
-    content_digest: str
-    config_sha256: str
-    config_raw_sha256: str
-    rope_scaling: dict[str, Any] | None
-    tokenizer_revision: str
-    transformers_version: str | None
-    architecture: str | None
-    module_shapes: dict[str, list[int]] = field(repr=False, default_factory=dict)
-    created_at: datetime | None = None
-    created_by: str | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.base_model_id}@{self.base_model_commit[:19]}"
-
-    def binding_names(self) -> set[str]:
-        """Spellings of this base accepted in adapter_config's base_model_name_or_path."""
-        names = {self.base_model_id, self.source}
-        if self.source_kind == "local":
-            names.add(str(Path(self.source).resolve()))
-        return names
-
-    def summary(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("module_shapes")
-        d["module_count"] = len(self.module_shapes)
-        d["created_at"] = self.created_at.isoformat() if self.created_at else None
-        return d
 
 
 def canonical_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ before it is attached or used; a failing set is refused with every failed expect
 
 Nothing in a set can make validation unbounded or reach outside: lines are strict JSON
 (``loragate.registry.intake.jsonio``), sets, ids, prompts and expectations have size limits, completions
-are at most ``MAX_TOKENS_LIMIT`` tokens, and matching runs on ``loragate.registry.intake.matching``
+are at most ``MAX_TOKENS_LIMIT`` tokens, and matching runs on ``loragate.registry.rules.matching``
 (RE2 regexes, JSON schemas that resolve only inside themselves).
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 from loragate.registry.digests import canonical_json, digest_of_hex, sha256_bytes
 from loragate.registry.errors import ErrorCode, IntegrityFailure, InvalidInput
 from loragate.registry.intake.jsonio import loads_object
-from loragate.registry.intake.matching import (
+from loragate.registry.rules.matching import (
     MAX_COMPLETION_CHARS,
     compile_regex,
     regex_search,

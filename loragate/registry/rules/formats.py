@@ -7,24 +7,38 @@ answer is *compliant* when its stripped text parses as JSON and satisfies at lea
 the set's schemas -- "at least one" because live prompts are not the golden prompts, so an
 answer cannot be paired with its case, and a set with several schemas (one per kind of
 request) accepts any of them. Without a schema compliance is not measured (None) and gates
-nothing. The check runs on ``loragate.registry.intake.matching`` (RE2, no retrieval), like the golden
+nothing. The check runs on ``loragate.registry.rules.matching`` (RE2, no retrieval), like the golden
 cases themselves.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from loragate.registry.intake.golden import GoldenSet
-from loragate.registry.intake.matching import MAX_COMPLETION_CHARS, schema_errors
+from loragate.registry.rules.matching import MAX_COMPLETION_CHARS, schema_errors
 
 FormatCheck = Callable[[str], bool]
 
 
-def declared_schemas(golden: GoldenSet | None) -> list[dict[str, Any]]:
+class _Case(Protocol):
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def expected(self) -> Any: ...
+
+
+class _Cases(Protocol):
+    """What a golden set is to this rule (``intake/golden.py``'s ``GoldenSet``): its cases."""
+
+    @property
+    def cases(self) -> Sequence[_Case]: ...
+
+
+def declared_schemas(golden: _Cases | None) -> list[dict[str, Any]]:
     """The distinct output schemas a golden set declares (its ``json_schema`` cases), in
     case order; none for no set."""
     if golden is None:

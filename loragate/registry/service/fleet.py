@@ -12,7 +12,7 @@ from typing import Any
 
 from loragate.registry.digests import digest_of_hex, sha256_file
 from loragate.registry.errors import AlreadyExists, ErrorCode, InvalidInput, NotFound
-from loragate.registry.intake.bundle import ADAPTER_CONFIG_FILE, BUNDLE_FILES, MANIFEST_FILE, WEIGHTS_FILE, publish_dir
+from loragate.registry.intake.bundle import publish_dir
 from loragate.registry.intake.golden import GoldenSet, load_stored_golden_set
 from loragate.registry.rules.access import Action
 from loragate.registry.rules.fleet import AdapterPointers, Replica, ReplicaRole
@@ -20,6 +20,7 @@ from loragate.registry.rules.lifecycle import Pointer, ValidationStatus
 from loragate.registry.rules.names import AdapterName
 from loragate.registry.service.base import RegistryBase
 from loragate.registry.settings import VLLM_LORA_RANKS
+from loragate.registry.storage.bundle_files import ADAPTER_CONFIG_FILE, BUNDLE_FILES, MANIFEST_FILE, WEIGHTS_FILE
 from loragate.registry.storage.scratch import scratch_dir, sweep
 
 # a switch records what it did to the replicas under whichever of these moved the pointer

@@ -19,23 +19,23 @@ from loragate.registry.digests import canonical_json, digest_of_hex, sha256_byte
 from loragate.registry.errors import ErrorCode, InvalidInput, NotFound
 from loragate.registry.intake.binding import binding_mismatches
 from loragate.registry.intake.bundle import (
-    BUNDLE_FILES,
-    MANIFEST_FILE,
     BundleSnapshot,
     check_adapter_config,
     check_weights_against,
     parse_adapter_config,
     snapshot_bundle,
 )
-from loragate.registry.intake.catalog import BaseModelRecord, inspect_base
+from loragate.registry.intake.catalog import inspect_base
 from loragate.registry.intake.manifest import Manifest, content_address, parse_json_object, parse_manifest
 from loragate.registry.intake.weights import inspect_lora_weights
 from loragate.registry.progress import Progress, quiet
 from loragate.registry.records.adapters import AdapterVersion
+from loragate.registry.records.bases import BaseModelRecord
 from loragate.registry.rules.access import Action
 from loragate.registry.rules.lifecycle import Stage, ValidationStatus
 from loragate.registry.rules.names import AdapterName
 from loragate.registry.service.base import RegistryBase
+from loragate.registry.storage.bundle_files import BUNDLE_FILES, MANIFEST_FILE
 from loragate.registry.storage.s3_store import fetch_s3_bundle
 from loragate.registry.storage.scratch import scratch_dir, sweep
 

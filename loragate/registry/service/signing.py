@@ -12,11 +12,11 @@ from typing import Any
 
 from loragate.registry.digests import digest_of_hex, sha256_file
 from loragate.registry.errors import ErrorCode, IllegalTransition, PermissionDenied, SignatureInvalid
-from loragate.registry.intake.bundle import ADAPTER_CONFIG_FILE, BUNDLE_FILES, MANIFEST_FILE, WEIGHTS_FILE
 from loragate.registry.records.adapters import AdapterVersion, ValidationRun
 from loragate.registry.rules.access import Action, Role, VersionSignature
 from loragate.registry.rules.lifecycle import ValidationStatus
 from loragate.registry.service.base import RegistryBase
+from loragate.registry.storage.bundle_files import ADAPTER_CONFIG_FILE, BUNDLE_FILES, MANIFEST_FILE, WEIGHTS_FILE
 from loragate.registry.storage.signing import (
     SIGNED_REPORT_FILE,
     key_id,

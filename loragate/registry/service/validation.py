@@ -9,7 +9,6 @@ from datetime import datetime
 from pathlib import Path
 
 from loragate.registry.errors import ErrorCode, NotFound
-from loragate.registry.intake.bundle import read_regular_file
 from loragate.registry.intake.golden import GoldenSet, digest_if_parseable, load_stored_golden_set, parse_golden_set
 from loragate.registry.records.adapters import AdapterVersion, GoldenSetRef, ValidationRun
 from loragate.registry.records.reports import ValidationReport, WeightScan
@@ -17,6 +16,7 @@ from loragate.registry.rules.access import Action
 from loragate.registry.rules.lifecycle import ValidationStatus, plan_validation_result
 from loragate.registry.rules.names import AdapterName
 from loragate.registry.service.base import RegistryBase
+from loragate.registry.storage.bundle_files import read_regular_file
 
 
 class ValidationMixin(RegistryBase):

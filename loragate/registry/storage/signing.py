@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from loragate.registry.digests import CHUNK, SHA256_HEX, canonical_json, digest_of_hex, sha256_bytes, sha256_file
 from loragate.registry.errors import ErrorCode, InvalidInput, SignatureInvalid
-from loragate.registry.intake.bundle import BUNDLE_FILES, open_regular
+from loragate.registry.storage.bundle_files import BUNDLE_FILES, open_regular
 from loragate.registry.storage.scratch import scratch_dir
 
 if TYPE_CHECKING:

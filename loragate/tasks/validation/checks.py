@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from loragate.registry.intake.binding import binding_mismatches
-from loragate.registry.intake.catalog import BaseModelRecord
 from loragate.registry.intake.golden import GoldenSet
 from loragate.registry.intake.weights import ValueScan, WeightsSummary
+from loragate.registry.records.bases import BaseModelRecord
 from loragate.registry.records.reports import CaseResult, CheckVerdict, Drift, Regression, WeightScan
 from loragate.tasks.validation.policy import ValidationPolicy
 from loragate.tasks.validation.session import Attachment, Generation

@@ -17,15 +17,15 @@ from typing import Any
 
 from loragate.registry.digests import canonical_json, canonical_sha256
 from loragate.registry.errors import LoragateError
-from loragate.registry.intake.bundle import ADAPTER_CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE
-from loragate.registry.intake.catalog import BaseModelRecord
 from loragate.registry.intake.golden import GoldenSet, match_case
 from loragate.registry.intake.weights import read_lora_structure, scan_lora_values
 from loragate.registry.progress import Progress, quiet
 from loragate.registry.records.adapters import AdapterVersion, ValidationRun, utcnow
+from loragate.registry.records.bases import BaseModelRecord
 from loragate.registry.records.reports import BaseUnderTest, CaseResult, CheckVerdict, Drift, ValidationReport
 from loragate.registry.rules.lifecycle import Pointer
 from loragate.registry.service import Registry
+from loragate.registry.storage.bundle_files import ADAPTER_CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE
 from loragate.registry.storage.scratch import scratch_dir
 from loragate.tasks.validation.checks import AdapterUnderTest, Baseline, Phase, Reference, Trial, run_checks
 from loragate.tasks.validation.policy import ValidationPolicy

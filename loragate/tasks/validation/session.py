@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loragate.registry.intake.catalog import BaseModelRecord, verify_base
+from loragate.registry.intake.catalog import verify_base
 from loragate.registry.intake.golden import GoldenSet
+from loragate.registry.records.bases import BaseModelRecord
 from loragate.tasks.validation.greedy import greedy_completions
 
 
