@@ -74,7 +74,7 @@ FROM adapter_versions v JOIN adapters a ON a.id = v.adapter_id
 WHERE v.version_id = ?
 """
 # a person's sign-offs redeemed for the version and not yet applied by a move: each good for
-# its lifetime counted from its redemption, as the registry applies them (registry/db/approvals)
+# its lifetime counted from its redemption, as the registry applies them (registry/db/sign_offs)
 CODES_QUERY = """
 SELECT c.issued_at, c.used_at, c.expires_at FROM approval_codes c
 WHERE c.version_id = ? AND c.decision = 'approve' AND c.used_at IS NOT NULL AND c.applied_at IS NULL
