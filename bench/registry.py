@@ -16,8 +16,9 @@ the MLflow peer:
      weights file is a new version), then the same bundles again (the idempotent path);
    * resolve latency: ``store.resolve(name, "production")`` and ``Registry.resolve_stage``
      (which adds name and stage parsing) on random adapters;
-   * pointer-move latency: ``Registry.pointer_move(version, "canary")``, each random adapter's
-     canary alternating between its two validated versions.
+   * pointer-move latency: ``Registry.pointer_move(version, "canary", switch=NO_REPLICAS)``
+     (the move with the switch of a registry with no replicas: nothing to switch), each random
+     adapter's canary alternating between its two validated versions.
 
    Latencies are taken at each registry size. To get there quickly, whole adapters are
    bulk-inserted with SQLAlchemy Core into the tables the Alembic migrations created,
@@ -86,6 +87,9 @@ Registry = code_module("service").Registry
 SqlStore = code_module("db.store", "store").SqlStore
 make_engine = code_module("db.database", "store").make_engine
 Settings = code_module("settings").Settings
+# the move's seam for a registry with no replicas; None on a revision from before the move
+# took its switch
+NO_REPLICAS = getattr(code_module("service.lifecycle", "service"), "NO_REPLICAS", None)
 
 BENCH = Path(__file__).resolve().parent
 OUT = BENCH / "out"
@@ -167,11 +171,15 @@ def measure_loragate_at_size(
         return fleet.next_canary(rng)[1], "canary"
 
     def promote(version_id: str, to: str) -> object:
-        """The store's pointer move alone (no fleet here to switch); a revision from before
-        the move became a context manager only has ``Registry.promote``."""
+        """The store's pointer move with no replicas to switch (``NO_REPLICAS``); a revision
+        from before the move took its switch opens it bare, one from before the move became
+        a context manager only has ``Registry.promote``."""
         if not hasattr(registry, "pointer_move"):
             return registry.promote(version_id, to)
-        with registry.pointer_move(version_id, to) as move:
+        if NO_REPLICAS is None:
+            with registry.pointer_move(version_id, to) as move:
+                return move.plan
+        with registry.pointer_move(version_id, to, switch=NO_REPLICAS) as move:
             return move.plan
 
     result = {

@@ -16,6 +16,7 @@ from loragate.registry.db.schema import canary_windows
 from loragate.registry.errors import IllegalTransition, InvalidInput, NotFound
 from loragate.registry.rules.canary import Monitor, Observation, Verdict, WindowStatus
 from loragate.registry.service import Registry
+from loragate.registry.service.lifecycle import NO_REPLICAS
 from tests.support.moves import promote, rollback
 from tests.support.registries import IN_PROCESS, mark_validated, sql_engine
 from tests.test_canary_verdict import side
@@ -126,7 +127,7 @@ def test_a_window_opened_while_a_move_takes_the_canary_away_is_refused(canaried)
     opener = Registry.open(registry.settings, principal=IN_PROCESS)
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            with registry.rollback_move(name, "canary", reason="withdrawn") as move:
+            with registry.rollback_move(name, "canary", switch=NO_REPLICAS, reason="withdrawn") as move:
                 assert not move.plan.empty
                 opening = pool.submit(opener.open_canary_window, v1)
                 with pytest.raises(concurrent.futures.TimeoutError):

@@ -136,9 +136,10 @@ def test_postgres_stopped_mid_promotion_leaves_the_previous_production_serving_a
         switch = FleetSwitch.apply
 
         def switch_then_lose_the_database(self, plan):
-            switch(self, plan)  # every production replica now serves v2 ...
+            report = switch(self, plan)  # every production replica now serves v2 ...
             assert production_serves(replicas, fleet) == {v2_path}
             private_postgres.stop()  # ... and the database dies before the pointer move commits
+            return report
 
         monkeypatch.setattr(FleetSwitch, "apply", switch_then_lose_the_database)
         with pytest.raises(Unavailable):

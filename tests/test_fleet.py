@@ -222,9 +222,8 @@ def test_a_production_move_fetches_nothing_under_the_adapters_lock(fleet, output
     fetch_to = store.fetch_to
     monkeypatch.setattr(store, "fetch_to", lambda digest, dest: (fetched.append(digest), fetch_to(digest, dest))[1])
     switch = FleetSwitch(fleet.registry, fleet.name, copies)
-    with fleet.registry.pointer_move(fleet.v1, "production", copies=copies.signed_copies()) as move:
-        switch.apply(move.plan)
-        move.audit(switch.report())
+    with fleet.registry.pointer_move(fleet.v1, "production", switch=switch, copies=copies.signed_copies()):
+        pass  # entering switched the replicas under the adapter's lock
     assert copies.made_ready == 1, "under the lock the copy was only stat-ed, not fetched or checked again"
     assert fetched == [], "the signature was verified on the checked copy, not on blobs fetched under the lock"
     assert all(served(r)[fleet.name] == fleet.path(fleet.v1) for r in prod)
@@ -239,8 +238,8 @@ def test_a_copy_changed_after_it_was_made_ready_is_checked_again_under_the_lock_
     with open(Path(fleet.path(fleet.v1)) / "adapter_model.safetensors", "ab") as weights:
         weights.write(b"\0")  # between the check and the lock
     switch = FleetSwitch(fleet.registry, fleet.name, copies)
-    with pytest.raises(AlreadyExists), fleet.registry.pointer_move(fleet.v1, "canary") as move:
-        switch.apply(move.plan)
+    with pytest.raises(AlreadyExists), fleet.registry.pointer_move(fleet.v1, "canary", switch=switch):
+        pass  # the switch, on entering, meets the changed copy
     assert fleet.registry.get_adapter(fleet.name).canary is None, "nothing moved"
     assert all(fleet.name not in served(r) for r in [*prod, fleet.replicas["canary"]]), "no replica was touched"
 

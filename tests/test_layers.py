@@ -102,16 +102,74 @@ def test_above_the_registry_only_the_registry_api_reaches_the_store(layer):
     assert offenders == {}
 
 
+MOVES = {"pointer_move", "rollback_move"}
+# the switch of a registry with no replicas (loragate/registry/service/lifecycle.py)
+SEAM = "NO_REPLICAS"
+# what a move opened outside the product switches: the fleet's switch (the tests on real
+# replicas), the named seam, or the recording switch of the tests of the move's one undo
+# (tests/support/switches.py)
+SWITCHES_OUTSIDE_THE_PRODUCT = {"FleetSwitch", SEAM, "RecordingSwitch"}
+
+
+def names_used(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+        a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names
+    }
+
+
+def switches_of_moves(path: Path) -> list[str]:
+    """What each move opened in ``path`` is given as ``switch=``: the seam by name, else the
+    class the switch is made from (in the call, or where the file assigns the name it passes),
+    else the expression. A move given no switch, or None, is left out: the registry refuses
+    it at once (TypeError; tests/test_pointer_move.py)."""
+    tree = ast.parse(path.read_text())
+    made_from: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    made_from.setdefault(target.id, set()).add(node.value.func.id)
+    kinds = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MOVES):
+            continue
+        for value in (k.value for k in node.keywords if k.arg == "switch"):
+            if isinstance(value, ast.Constant) and value.value is None:
+                continue
+            if isinstance(value, ast.Name) and value.id != SEAM and value.id in made_from:
+                kinds.extend(sorted(made_from[value.id]))
+            elif isinstance(value, ast.Name):
+                kinds.append(value.id)
+            elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+                kinds.append(value.func.id)
+            else:
+                kinds.append(ast.unparse(value))
+    return kinds
+
+
 def test_only_the_fleet_switch_opens_a_pointer_move():
-    """Replicas move with the pointer by construction: in the product, only the fleet switch
-    (``loragate/tasks/fleet.py``) opens ``pointer_move`` or ``rollback_move``, inside its ``with``."""
-    openers = sorted(
-        str(p.relative_to(ROOT))
-        for layer in (*PRODUCT, "kit")
-        for p in sources(layer)
-        if {"pointer_move", "rollback_move"} & touched_attributes(p)
-    )
+    """Replicas move with the pointer by construction: the registry's move takes the switch
+    of its replicas and runs it, and in the product (``loragate/`` and ``kit/``) only the
+    fleet switch (``loragate/tasks/fleet.py``) opens ``pointer_move`` or ``rollback_move``;
+    nothing there names the no-replicas seam but its definition."""
+    product = [p for layer in (*PRODUCT, "kit") for p in sources(layer)]
+    openers = sorted(str(p.relative_to(ROOT)) for p in product if MOVES & touched_attributes(p))
     assert openers == ["loragate/tasks/fleet.py"]
+    seam_users = sorted(str(p.relative_to(ROOT)) for p in product if SEAM in names_used(p))
+    assert seam_users == ["loragate/registry/service/lifecycle.py"]
+
+
+def test_outside_the_product_a_move_switches_the_fleet_the_named_seam_or_a_recording_switch():
+    """A benchmark or test opening a move without the fleet's switch says so: it passes
+    ``NO_REPLICAS`` (or, testing the move's undo, ``RecordingSwitch``), never a switch of its
+    own making that quietly does nothing."""
+    others = {
+        str(p.relative_to(ROOT)): sorted(set(switches_of_moves(p)) - SWITCHES_OUTSIDE_THE_PRODUCT)
+        for layer in ("bench", "tests")
+        for p in sources(layer)
+    }
+    assert {k: v for k, v in others.items() if v} == {}
 
 
 def test_only_the_prefect_wrappers_of_validation_import_prefect():
@@ -129,6 +187,15 @@ def test_the_rule_checker_sees_imports_and_attributes(tmp_path):
     offender.write_text("from loragate.registry.db.store import SqlStore\nregistry.store.resolve('a', 'b')\n")
     assert "loragate.registry.db.store" in imported_modules(offender)
     assert {"store", "resolve"} <= touched_attributes(offender)
+    quiet = tmp_path / "quiet_switch.py"
+    quiet.write_text(
+        "switch = Quiet()\n"
+        "with registry.pointer_move(v, 'canary', switch=switch): pass\n"
+        "with registry.rollback_move(n, switch=NO_REPLICAS): pass\n"
+        "with registry.rollback_move(n, switch=lambda: None): pass\n"
+    )
+    assert switches_of_moves(quiet) == ["Quiet", "NO_REPLICAS", "lambda: None"]
+    assert SEAM in names_used(quiet)
 
 
 MAX_MODULE_LINES = 400

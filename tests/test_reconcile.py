@@ -98,12 +98,10 @@ def test_a_reconcile_during_a_switch_in_flight_waits_for_the_move_and_undoes_not
 
     switch = FleetSwitch(registry, fleet.name, ReadyCopies(registry))
     reconciler = threading.Thread(target=scheduled_reconcile)
-    with registry.pointer_move(fleet.v1, "canary") as move:
-        switch.apply(move.plan)
+    with registry.pointer_move(fleet.v1, "canary", switch=switch):
         assert served(canary)[fleet.name] == fleet.path(fleet.v1)  # switched, not committed
         reconciler.start()
         assert not done.wait(10), "the reconcile acted while the move held the adapter"
-        move.audit(switch.report())
     reconciler.join(timeout=180)
     assert done.is_set()
     assert registry.get_adapter(fleet.name).canary == fleet.v1

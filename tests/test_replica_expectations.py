@@ -265,7 +265,7 @@ def test_a_persons_own_promotion_is_servable_on_a_strict_production_replica_whil
     monkeypatch.setattr(
         loragate.tasks.fleet.FleetSwitch,
         "apply",
-        lambda switch, plan: seen_by_the_replica.append(_lookup(adapters, "production", secrets)),
+        lambda switch, plan: seen_by_the_replica.append(_lookup(adapters, "production", secrets)) or [],
     )
 
     promote(signoff.as_["alice"], signoff.v1, "production")

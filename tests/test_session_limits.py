@@ -3,7 +3,8 @@ and a transaction left idle each have a limit (``LORAGATE_DATABASE_LOCK_TIMEOUT_
 ``_STATEMENT_TIMEOUT_S``, ``_IDLE_IN_TRANSACTION_TIMEOUT_S``). A ``loragate rollback``
 behind a move that holds the adapter (a stuck promotion) gives up after the lock limit with
 ``database_busy`` and changes nothing; a move whose block stalls past the idle limit loses
-its session -- its lock goes with it and nothing it wrote stays. The limits are small here so
+its session -- its lock goes with it, nothing it wrote stays, and its commit's failure
+reverts its switch. The limits are small here so
 the test is quick; what the defaults bound is measured in
 docs/benchmarks/scale.md#a-stuck-promotion."""
 
@@ -20,6 +21,7 @@ from loragate.registry.service import Registry
 from loragate.registry.settings import Settings
 from tests.support.moves import promote, rollback
 from tests.support.registries import IN_PROCESS, mark_validated
+from tests.support.switches import RecordingSwitch
 
 pytestmark = pytest.mark.postgres
 
@@ -88,16 +90,18 @@ def test_a_statement_past_the_statement_limit_is_cancelled_as_busy(limited):
     assert (busy.value.code, busy.value.field) == (ErrorCode.DATABASE_BUSY, "LORAGATE_DATABASE_STATEMENT_TIMEOUT_S")
 
 
-def test_a_move_stalled_past_the_idle_limit_loses_its_session_its_lock_and_its_writes(limited):
+def test_a_move_stalled_past_the_idle_limit_loses_its_session_its_lock_and_its_writes_and_reverts_its_switch(limited):
     registry, v1, v2 = limited
     before = registry.history(NAME)
-    with pytest.raises(Unavailable) as lost, registry.rollback_move(NAME, "production", reason="stalls"):
+    switch = RecordingSwitch()
+    with pytest.raises(Unavailable) as lost, registry.rollback_move(NAME, "production", switch=switch, reason="stalls"):
         time.sleep(LIMIT_S * 3)  # a replica that never answers, under the lock
     assert (lost.value.code, lost.value.field) == (
         ErrorCode.DATABASE_UNAVAILABLE,
         "LORAGATE_DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_S",
     )
     assert registry.get_adapter(NAME).production == v2 and registry.history(NAME) == before
+    assert switch.reverted == 1  # the failed commit's undo, the move's one
     # the lock went with the session: were it still held, this would fail as database_busy
     rollback(registry, NAME, "production", reason="incident")
     assert registry.get_adapter(NAME).production == v1

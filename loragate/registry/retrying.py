@@ -7,7 +7,7 @@ code (never by message text), and each kind has its policy, named after what it 
 
 - a **concurrent update** (``ConcurrentUpdate``: another writer moved the same rows first):
   read again and try again, ``tolerating_concurrent_updates`` -- the SQL store's
-  compare-and-set writes and the fleet's pointer moves;
+  compare-and-set writes and the pointer move's planning, before its replicas are switched;
 - an **unavailable replica** (``replica_unavailable``: unreachable or answering 5xx): it may
   be up again at the next try, ``tolerating_unavailable_replicas`` -- the replica client's
   idempotent requests and the fleet switch's per-replica switch;

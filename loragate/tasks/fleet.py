@@ -15,11 +15,17 @@ and leaving the name ~30 % slower afterwards (vLLM #33791); a fresh load is not.
 Then each replica is verified: ``/v1/models`` must show the name with ``root`` = the
 version's path and ``parent`` = the replica's base, and its greedy completions of the golden
 prompts must equal what shadow validation recorded. If any replica fails, every replica is
-put back on exactly what it served before and the index is restored; the error names the
-replica and the cause. A production replica that already serves the target warm as
-``name@version`` (the previous production, kept after a promotion) is not reloaded: the move
-sends its users there, confirmed per replica once the pointer has moved (``tasks/routes.py``);
-production then goes back under its plain name, strays are unloaded (``tasks/warm_copies.py``).
+put back on exactly what it served before and the index is restored, still under the
+adapter's lock (``apply`` is all or nothing); the error names the replica and the cause. A
+production replica that already serves the target warm as ``name@version`` (the previous
+production, kept after a promotion) is not reloaded: the move sends its users there,
+confirmed per replica once the pointer has moved (``tasks/routes.py``); production then goes
+back under its plain name, strays are unloaded (``tasks/warm_copies.py``).
+
+The one undo: whenever the move does not commit -- a failed replica, a refusal, a failed
+commit -- the registry's move calls ``FleetSwitch.revert`` once, after its transaction
+(``registry/service/lifecycle.py``): it puts back whatever the switch left changed (all of
+a completed switch; nothing of a failed one, already put back).
 """
 
 from __future__ import annotations
@@ -38,11 +44,7 @@ from loragate.registry.errors import (
 )
 from loragate.registry.fan_out import fan_out
 from loragate.registry.progress import Progress, quiet
-from loragate.registry.retrying import (
-    is_replica_unavailable,
-    tolerating_concurrent_updates,
-    tolerating_unavailable_replicas,
-)
+from loragate.registry.retrying import is_replica_unavailable, tolerating_unavailable_replicas
 from loragate.registry.rules.fleet import AdapterPointers, Placement, Replica, ReplicaRole, desired_placements
 from loragate.registry.rules.lifecycle import Plan, Pointer
 from loragate.registry.rules.names import AdapterName
@@ -101,10 +103,9 @@ def _after(pointers: AdapterPointers, plan: Plan) -> AdapterPointers:
 @dataclass
 class FleetSwitch:
     """Moves the replicas that serve one adapter from what they serve to what a pointer move
-    wants, all or nothing; applied inside ``Registry.pointer_move`` (under the adapter's
-    lock, before the move commits). As a context manager around that move, it puts every
-    replica back when the block does not complete -- a refusal, a failed replica, a failed
-    commit alike."""
+    wants, all or nothing: the ``ReplicaSwitch`` the registry's move runs itself
+    (``apply`` under the adapter's lock, before the move commits; ``revert``, once, when the
+    move does not commit -- a refusal, a failed replica, a failed commit alike)."""
 
     registry: Registry
     name: str
@@ -113,19 +114,21 @@ class FleetSwitch:
     moves: list[ReplicaMove] = field(default_factory=list)
     _entries_before: dict[str, Entries] = field(default_factory=dict)
 
-    def apply(self, plan: Plan) -> None:
-        """Raises:
-        InvalidInput: RANK_LIMIT, the version's rank is above a target replica's limit
-            (no replica is touched).
-        DeployFailed: a replica could not be switched or verified; every replica is back
-            on what it served before.
+    def apply(self, plan: Plan) -> list[dict[str, Any]]:
+        """The replicas switched and verified; returns their report for the move's audit.
+
+        Raises:
+            InvalidInput: RANK_LIMIT, the version's rank is above a target replica's limit
+                (no replica is touched).
+            DeployFailed: a replica could not be switched or verified; every replica is back
+                on what it served before.
         """
         if not plan.pointer_changes:
-            return
+            return self.report()
         base = AdapterName.parse(self.name).base
         replicas = self.registry.list_replicas(base)
         if not replicas:
-            return
+            return self.report()
         current = next(
             (a for a in self.registry.adapter_pointers(base) if a.name == self.name),
             AdapterPointers(self.name, base, None, None),
@@ -138,7 +141,7 @@ class FleetSwitch:
             if before != after:
                 moves.append(ReplicaMove(replica, before, after))
         if not moves:
-            return
+            return self.report()
         self._check_ranks(moves)
         for move, warm in fan_out(moves, self._warm):
             move.routed = warm is True
@@ -153,13 +156,14 @@ class FleetSwitch:
         failures = _in_parallel(moves, lambda m: self._move(m, expected))
         if failures:
             replica, error = failures[0]
-            self.revert()
+            self._put_back()  # under the lock still: no other move switches these replicas meanwhile
             cause = error.one_line() if isinstance(error, LoragateError) else f"{type(error).__name__}: {error}"
             raise DeployFailed(
                 f"{self.name}: replica {replica.url} failed: {cause}; "
                 f"all {len(moves)} replica(s) were put back on what they served before",
                 field="url",
             ) from error
+        return self.report()
 
     def _check_ranks(self, moves: list[ReplicaMove]) -> None:
         for move in moves:
@@ -236,8 +240,11 @@ class FleetSwitch:
         self.progress(f"{move.replica.url}: {self.name} -> {after.version_id} verified")
 
     def revert(self) -> None:
-        """Put every touched replica and index back as they were (best effort: reconcile
-        repairs a replica that cannot be reached now)."""
+        """The move did not commit: every replica and index ``apply`` touched back as it was
+        (best effort: reconcile repairs a replica that cannot be reached now)."""
+        self._put_back()
+
+    def _put_back(self) -> None:
         for adapter_dir, entries in self._entries_before.items():
             replace_entries(adapter_dir, self.name, entries)
         self._entries_before = {}
@@ -256,13 +263,6 @@ class FleetSwitch:
 
     def report(self) -> list[dict[str, Any]]:
         return [m.as_dict() for m in self.moves]
-
-    def __enter__(self) -> FleetSwitch:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: Any) -> None:
-        if kind is not None:
-            self.revert()
 
 
 def _in_parallel(moves: list[ReplicaMove], work: Callable[[ReplicaMove], None]) -> list[tuple[Replica, BaseException]]:
@@ -291,22 +291,16 @@ def promote_and_switch(
     name = registry.get_version(version_id).name
     copies = ReadyCopies(registry)
     copies.prepare_promotion(name, version_id, to)  # before the lock: downloads, placed copies
-    # the move and its switch, whole, again after a lost compare-and-set, as the store
-    # retries its own writes
-    for attempt in tolerating_concurrent_updates():
-        with (
-            attempt,
-            FleetSwitch(registry, name, copies, progress) as switch,
-            registry.pointer_move(
-                version_id,
-                to,
-                reason=reason,
-                acknowledge_scan_review=acknowledge_scan_review,
-                copies=copies.signed_copies(),
-            ) as move,
-        ):
-            switch.apply(move.plan)
-            move.audit(switch.report())
+    switch = FleetSwitch(registry, name, copies, progress)
+    with registry.pointer_move(
+        version_id,
+        to,
+        switch=switch,
+        reason=reason,
+        acknowledge_scan_review=acknowledge_scan_review,
+        copies=copies.signed_copies(),
+    ) as move:
+        pass  # entering switched the replicas under the adapter's lock; leaving commits
     switch.after_commit()
     return move.plan, switch.report()
 
@@ -331,17 +325,15 @@ def rollback_and_switch(
     """
     copies = ReadyCopies(registry)
     copies.prepare_rollback(name, stage)  # before the lock: downloads, placed copies
-    # the move and its switch, whole, again after a lost compare-and-set, as the store
-    # retries its own writes
-    for attempt in tolerating_concurrent_updates():
-        with (
-            attempt,
-            FleetSwitch(registry, name, copies, progress) as switch,
-            registry.rollback_move(
-                name, stage, reason=reason, expected_version=expected_version, copies=copies.signed_copies()
-            ) as move,
-        ):
-            switch.apply(move.plan)
-            move.audit(switch.report())
+    switch = FleetSwitch(registry, name, copies, progress)
+    with registry.rollback_move(
+        name,
+        stage,
+        switch=switch,
+        reason=reason,
+        expected_version=expected_version,
+        copies=copies.signed_copies(),
+    ) as move:
+        pass  # entering switched the replicas under the adapter's lock; leaving commits
     switch.after_commit()
     return move.plan, switch.report()

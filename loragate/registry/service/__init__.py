@@ -3,7 +3,7 @@
 - ``base``        the stores, the settings, who is calling (authentication, authorization)
 - ``reading``     versions, adapters, pointers, the audit log
 - ``intake``      pinning bases, registering bundles
-- ``lifecycle``   the pointer move (a context manager), promote, rollback
+- ``lifecycle``   the pointer move (a context manager running its replicas' switch), promote, rollback
 - ``signing``     signing a validated version, verifying the signature production relies on
 - ``validation``  golden sets, validation runs, the weight scan's review
 - ``access``      tokens and signing keys
