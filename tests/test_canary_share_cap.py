@@ -21,12 +21,13 @@ import pytest
 from sqlalchemy import select, update
 
 from loragate.registry.db.schema import approval_codes, audit_events, canary_windows, registry_limits
-from loragate.registry.errors import ErrorCode, IllegalTransition, PermissionDenied
+from loragate.registry.errors import DeployFailed, ErrorCode, IllegalTransition, PermissionDenied
 from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.service import Registry
 from loragate.registry.settings import Settings
 from loragate.registry.storage.signing import generate_key_pair, key_id
 from loragate.tasks.canary_moves import deploy_canary, promote_canary
+from loragate.tasks.fleet import FleetSwitch
 from tests.support.moves import promote
 from tests.support.registries import mark_ready, mark_validated, registry_snapshot, sql_engine
 
@@ -182,6 +183,34 @@ def test_a_promotion_with_no_sign_off_pending_skips_the_every_user_step_and_stil
     assert closed.status == WindowStatus.PROMOTED and closed.share == OPENED_AT
     assert all_user_steps(canaried) == []
     assert canaried.owner.get_adapter(NAME).production == canaried.v1
+
+
+def test_a_promotion_that_does_not_commit_puts_the_split_back_in_the_switchs_one_undo(canaried, monkeypatch):
+    """Every user went to the canary ahead of the move and a replica could not be switched:
+    the move reverts its switch, once, and that revert puts the split back as it was."""
+    canaried.sign_off()
+    revert = FleetSwitch.revert
+    reverts: list[FleetSwitch] = []
+
+    def no_replica_switches(switch: FleetSwitch, plan: object) -> list:
+        raise DeployFailed(f"{NAME}: replica http://replica:1 failed", field="url")
+
+    def counted(switch: FleetSwitch) -> None:
+        reverts.append(switch)
+        revert(switch)
+
+    monkeypatch.setattr(FleetSwitch, "apply", no_replica_switches)
+    monkeypatch.setattr(FleetSwitch, "revert", counted)
+    with pytest.raises(DeployFailed):
+        promote_canary(canaried.as_["release"], canaried.v1, "signed off")
+    shares = [(e.to_value, e.reason) for e in canaried.owner.history(NAME) if e.action == "canary_share"]
+    assert shares[-2:] == [
+        ("1.0", "promotion: all live traffic to the canary"),
+        (repr(OPENED_AT), "promotion failed: the split as it was"),
+    ]
+    assert canaried.stored_share() == OPENED_AT and len(reverts) == 1
+    assert canaried.owner.get_adapter(NAME).production is None
+    assert canaried.owner.canary_window(canaried.window_id).status == WindowStatus.READY
 
 
 # -- opening a window ----------------------------------------------------------------------

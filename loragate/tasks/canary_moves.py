@@ -11,8 +11,9 @@ never reach a version that was not loaded and checked where they are served.
 A withdrawal sends 0 % to the canary first (pushed to every replica), then moves the pointer
 back, unloads its warm copy and closes its window; a promotion sends 100 % to the warm canary
 first, then moves production, then keeps the replaced version warm as ``name@version`` so a
-rollback only moves traffic. Each move unloads the warm copies it leaves behind once it
-commits (``tasks/warm_copies.py``).
+rollback only moves traffic. A promotion that does not commit has the split put back (and
+pushed) by the fleet switch's one undo, after its replicas (``tasks/fleet.py``). Each move
+unloads the warm copies it leaves behind once it commits (``tasks/warm_copies.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from loragate.registry.rules.lifecycle import Plan
 from loragate.registry.rules.names import AdapterName
 from loragate.registry.rules.power import Coverage, ramped_share
 from loragate.registry.service import Registry
-from loragate.tasks.fleet import promote_and_switch, rollback_and_switch
+from loragate.tasks.fleet import AheadOfTheMove, promote_and_switch, rollback_and_switch
 from loragate.tasks.routes import push_routes, stage_replicas
 from loragate.tasks.traffic import cool_version, warm_version
 
@@ -259,26 +260,32 @@ def promote_canary(
     if window.promoted_already(previous):
         return window, registry.get_adapter(name).previous, []  # a re-run
     share_before = window.share
-    # every user to the warm canary first, so the switch below moves no user's traffic -- only
-    # on a person's sign-off pending (or as the owner): without one the switch moves them
-    all_users_first = 0 < share_before < 1 and registry.canary_share_allowed(window, 1.0)
-    if all_users_first:
-        registry.set_canary_share(name, 1.0, reason="promotion: all live traffic to the canary")
+
+    def send(share: float, why: str) -> None:
+        registry.set_canary_share(name, share, reason=why)
         push_routes(registry, name, progress)
-    try:
-        _, report = promote_and_switch(
-            registry,
-            version_id,
-            "production",
-            reason=reason,
-            progress=progress,
-            acknowledge_scan_review=acknowledge_scan_review,
+
+    # every user to the warm canary just before the move (its copies made ready), so the
+    # switch moves no user's traffic -- only on a person's sign-off pending (or as the owner):
+    # without one the switch moves them. Undone by the switch's revert, after the replicas,
+    # should the move not commit.
+    all_users_first = (
+        AheadOfTheMove(
+            make=lambda: send(1.0, "promotion: all live traffic to the canary"),
+            undo=lambda: send(share_before, "promotion failed: the split as it was"),
         )
-    except BaseException:
-        if all_users_first:
-            registry.set_canary_share(name, share_before, reason="promotion failed: the split as it was")
-            push_routes(registry, name, progress)
-        raise
+        if 0 < share_before < 1 and registry.canary_share_allowed(window, 1.0)
+        else None
+    )
+    _, report = promote_and_switch(
+        registry,
+        version_id,
+        "production",
+        reason=reason,
+        progress=progress,
+        acknowledge_scan_review=acknowledge_scan_review,
+        ahead=all_users_first,
+    )
     closed = registry.canary_window(window.id)  # the move ended it: promoted
     push_routes(registry, name, progress)
     keep_previous_warm(registry, name, previous, progress)

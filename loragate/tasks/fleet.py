@@ -25,7 +25,9 @@ back under its plain name, strays are unloaded (``tasks/warm_copies.py``).
 The one undo: whenever the move does not commit -- a failed replica, a refusal, a failed
 commit -- the registry's move calls ``FleetSwitch.revert`` once, after its transaction
 (``registry/service/lifecycle.py``): it puts back whatever the switch left changed (all of
-a completed switch; nothing of a failed one, already put back).
+a completed switch; nothing of a failed one, already put back), then undoes the caller's
+change made ahead of the move (``AheadOfTheMove``: a promotion's every user sent to the
+canary).
 """
 
 from __future__ import annotations
@@ -100,6 +102,16 @@ def _after(pointers: AdapterPointers, plan: Plan) -> AdapterPointers:
     )
 
 
+@dataclass(frozen=True)
+class AheadOfTheMove:
+    """A change a move needs made before it takes the adapter's lock (every user sent to the
+    warm canary ahead of a promotion), and the change's undo, which the fleet switch's
+    ``revert`` runs after the replicas are back should the move not commit."""
+
+    make: Callable[[], None]
+    undo: Callable[[], None]
+
+
 @dataclass
 class FleetSwitch:
     """Moves the replicas that serve one adapter from what they serve to what a pointer move
@@ -111,6 +123,8 @@ class FleetSwitch:
     name: str
     copies: ReadyCopies
     progress: Progress = quiet
+    # the caller's change made ahead of the move (``AheadOfTheMove.undo``), put back by ``revert``
+    undo_ahead: Callable[[], None] | None = None
     moves: list[ReplicaMove] = field(default_factory=list)
     _entries_before: dict[str, Entries] = field(default_factory=dict)
 
@@ -241,8 +255,15 @@ class FleetSwitch:
 
     def revert(self) -> None:
         """The move did not commit: every replica and index ``apply`` touched back as it was
-        (best effort: reconcile repairs a replica that cannot be reached now)."""
-        self._put_back()
+        (best effort: reconcile repairs a replica that cannot be reached now), then the
+        caller's change made ahead of the move undone (``undo_ahead``), even when putting the
+        replicas back raised."""
+        undo_ahead, self.undo_ahead = self.undo_ahead, None
+        try:
+            self._put_back()
+        finally:
+            if undo_ahead is not None:
+                undo_ahead()
 
     def _put_back(self) -> None:
         for adapter_dir, entries in self._entries_before.items():
@@ -279,9 +300,12 @@ def promote_and_switch(
     reason: str | None = None,
     progress: Progress = quiet,
     acknowledge_scan_review: bool = False,
+    ahead: AheadOfTheMove | None = None,
 ) -> tuple[Plan, list[dict[str, Any]]]:
     """Promote a version and switch the stage's replicas to it, together (production for a
-    version under weight-scan review only with ``acknowledge_scan_review``).
+    version under weight-scan review only with ``acknowledge_scan_review``). ``ahead``: a
+    change made once the copies are ready, just before the move, and undone with the
+    replicas should the move not commit.
 
     Raises:
         NotFound: no such version.
@@ -292,6 +316,9 @@ def promote_and_switch(
     copies = ReadyCopies(registry)
     copies.prepare_promotion(name, version_id, to)  # before the lock: downloads, placed copies
     switch = FleetSwitch(registry, name, copies, progress)
+    if ahead is not None:
+        ahead.make()
+        switch.undo_ahead = ahead.undo
     with registry.pointer_move(
         version_id,
         to,
