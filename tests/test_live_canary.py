@@ -232,8 +232,9 @@ def test_a_window_over_with_too_few_live_requests_is_undecided_and_withdrawn_lea
 def few_users(tmp_path, replicas, replica_adapters, validated_adapters):
     """v1 in production; v2 deployed as the canary at 1 %, its window of 10 minutes sized to
     catch errors 2x production's (thousands of requests), the split allowed to ramp to 10 %.
-    The test ends the window by moving the evaluation's clock past it, not by waiting: a
-    short window on a busy host could be over before its first evaluation."""
+    The test moves the evaluation's clock -- a minute in, then past the end -- instead of
+    waiting: a short window on a busy host could be over before its first evaluation, and
+    one evaluated too soon has no pace to project."""
     fleet = make_fleet(
         tmp_path,
         replicas,
@@ -258,6 +259,11 @@ def test_a_tenant_of_twenty_users_ramps_within_the_cap_then_ends_undecided_with_
     fleet, deployment = few_users
     a, b = productions(fleet)
     answered_by = [ask(a, fleet.name, user).headers["x-loragate-version"] for user in USERS[:20]]
+    # the evaluation's clock a minute into the window: past the 2 % a projection needs, however
+    # fast this host got here (the ramp reads its own module's clock)
+    minute_in = deployment.window.opened_at + timedelta(seconds=60)
+    for module in ("loragate.tasks.canary", "loragate.tasks.canary_moves"):
+        monkeypatch.setattr(f"{module}.utcnow", lambda: minute_in)
     observation, _ = observe_window(fleet.registry, deployment.window)
     assert observation.verdict == Verdict.CONTINUE, observation.reasons
     ramped = fleet.registry.canary_window(deployment.window.id)
@@ -268,7 +274,8 @@ def test_a_tenant_of_twenty_users_ramps_within_the_cap_then_ends_undecided_with_
     assert "auto-ramp 1.00% -> 10.00% (cap 10.00%)" in (step.reason or "")
     answered_by += [ask(r, fleet.name, u).headers["x-loragate-version"] for u in USERS[:20] for r in (a, b)]
     over = ramped.ends_at + timedelta(seconds=1)
-    monkeypatch.setattr("loragate.tasks.canary.utcnow", lambda: over)  # the window's length is over
+    for module in ("loragate.tasks.canary", "loragate.tasks.canary_moves"):
+        monkeypatch.setattr(f"{module}.utcnow", lambda: over)  # the window's length is over
 
     observation, _ = observe_window(fleet.registry, ramped)
     assert observation.verdict == Verdict.UNDECIDED, observation.reasons
