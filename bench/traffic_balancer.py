@@ -2,15 +2,18 @@
 operator's Kubernetes Service or a router that knows nothing of loragate does. Each request
 goes to the next upstream in turn, whoever the user; the body and headers pass unchanged
 and the answer says which upstream gave it (``x-bench-upstream``), so a user's stickiness
-is checked across replicas, not only on one.
+is checked across replicas, not only on one. ``start_at`` sets whose turn is next: a pass
+of users asking again starts one upstream over, so their answers come from the other
+replica (a pass of an even number of requests would otherwise send each user back where
+it went before).
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -23,19 +26,34 @@ _HOP = frozenset(
 _TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=10.0, pool=10.0)
 
 
+@dataclass
+class Balancer:
+    url: str
+    upstreams: int
+    _next: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def turn(self) -> int:
+        with self._lock:
+            index, self._next = self._next, (self._next + 1) % self.upstreams
+            return index
+
+    def start_at(self, index: int) -> None:
+        with self._lock:
+            self._next = index % self.upstreams
+
+
 @contextmanager
-def round_robin(upstreams: list[str]) -> Iterator[str]:
-    """A balancer on a free local port, alternating between ``upstreams``; yields its URL."""
-    turns = itertools.cycle(range(len(upstreams)))
-    turn_lock = threading.Lock()
+def round_robin(upstreams: list[str]) -> Iterator[Balancer]:
+    """A balancer on a free local port, alternating between ``upstreams``."""
+    balancer = Balancer("", len(upstreams))
     local = threading.local()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive to the clients, as a real balancer
 
         def _forward(self) -> None:
-            with turn_lock:
-                index = next(turns)
+            index = balancer.turn()
             length = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(length) if length else None
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP and k.lower() != "host"}
@@ -67,7 +85,8 @@ def round_robin(upstreams: list[str]) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        balancer.url = f"http://127.0.0.1:{server.server_address[1]}"
+        yield balancer
     finally:
         server.shutdown()
         server.server_close()

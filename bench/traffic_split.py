@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from bench.traffic_balancer import Balancer
 from bench.traffic_clients import Answer, ask, new_client
 
 Z_99 = 2.5758293035489004  # the standard normal's 99.5th percentile: a two-sided 99 % interval
@@ -150,7 +151,7 @@ def ask_users(
 
 
 def bench_split(
-    balancer: str,
+    balancer: Balancer,
     model: str,
     prompt: str,
     canary: str,
@@ -174,10 +175,12 @@ def bench_split(
         run = uuid.uuid4().hex[:8]
         names = [f"user-{run}-{i}" for i in range(users)]
         started = time.perf_counter()
-        by_user = ask_users(balancer, model, prompt, names, workers, deadline_s)
+        balancer.start_at(0)
+        by_user = ask_users(balancer.url, model, prompt, names, workers, deadline_s)
         first = [answers[0] for answers in by_user.values() if answers]
-        for _ in range(repeats):
-            again = ask_users(balancer, model, prompt, names[:sticky_users], workers, deadline_s)
+        for repeat in range(1, repeats + 1):
+            balancer.start_at(repeat)
+            again = ask_users(balancer.url, model, prompt, names[:sticky_users], workers, deadline_s)
             for user, answers in again.items():
                 by_user[user] += answers
         took = time.perf_counter() - started

@@ -52,3 +52,44 @@ def test_a_directory_that_keeps_coming_back_fails_the_run_after_the_deadline(mon
     with pytest.raises(OSError), harness.work_directory("loragate-test-", deadline_s=0.0) as work:
         pass
     work.rmdir()
+
+
+def test_users_asking_again_through_the_balancer_are_answered_by_the_other_replica():
+    # an even pass sent every user back to the upstream it had (the smoke's 100 + 30
+    # requests per share): across-replica stickiness went unmeasured
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from bench.traffic_balancer import round_robin
+
+    class Upstream(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Upstream) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
+        with round_robin(urls) as balancer, httpx.Client() as http:
+
+            def upstreams_of(n):
+                return [http.get(f"{balancer.url}/v1/models").headers["x-bench-upstream"] for _ in range(n)]
+
+            balancer.start_at(0)
+            first = upstreams_of(4)
+            balancer.start_at(1)
+            again = upstreams_of(4)
+        assert first == ["0", "1", "0", "1"]
+        assert again == ["1", "0", "1", "0"]
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
