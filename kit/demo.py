@@ -34,6 +34,7 @@ from kit.demo_gates import (
     EVALUATE_EVERY_S,
     PEOPLE,
     POOL_TOKENS,
+    WATCH_EVERY_S,
     WINDOW_S,
     flow_runs,
     rejected_at_register,
@@ -87,7 +88,7 @@ def summary(pipeline) -> None:
         for e in decisions:
             print(f"sign-off: {e.version_id} {e.to_value} by {e.details['reviewer']} (token {e.details['token_id']})")
     print("\nflow runs:")
-    for name in ("register", "shadow-validate", "canary", "canary-evaluate", "promote", "rollback"):
+    for name in ("register", "shadow-validate", "canary", "canary-evaluate", "promote", "rollback", "traffic-watch"):
         runs = flow_runs(pipeline, name)
         states: dict[str, int] = {}
         for r in runs:
@@ -193,11 +194,17 @@ def main() -> None:
         settings_env["LORAGATE_UI_URL"] = ui
         secrets = PipelineSecrets(tokens, (keys / "signing.key").read_bytes())
         pipeline = start_pipeline(
-            HOME / "prefect", settings_env, secrets, evaluate_every_s=EVALUATE_EVERY_S, server=server
+            HOME / "prefect",
+            settings_env,
+            secrets,
+            evaluate_every_s=EVALUATE_EVERY_S,
+            watch_every_s=WATCH_EVERY_S,
+            server=server,
         )
         pipeline.owns_server = True
         hand_admin_key(pipeline.secret_dirs, admin_key)  # canary, release and fleet pools only
-        say(f"Prefect UI: {ui}  (deployments: register, shadow-validate, canary, canary-evaluate, promote, rollback)")
+        deployments = "register, shadow-validate, canary, canary-evaluate, promote, rollback, traffic-watch"
+        say(f"Prefect UI: {ui}  (deployments: {deployments})")
         say(f"the server has API authentication on: log in with the credential in {server.home}/api-auth")
         for r in replicas:
             loragate(

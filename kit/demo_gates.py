@@ -20,6 +20,8 @@ WINDOW_S = 30
 # evaluations every few seconds are each a flow run, most cancelled while the last one runs:
 # on two cores they crowd out the gates the demo follows
 EVALUATE_EVERY_S = 10
+# the always-on traffic watch (prefect.yaml: every minute)
+WATCH_EVERY_S = 60
 # activation tokens of the people who sign off
 PEOPLE: dict[str, str] = {}
 POOL_TOKENS: dict[str, str] = {}  # what each work pool's worker holds, by role

@@ -210,6 +210,48 @@ def test_an_alert_older_than_15_minutes_is_recorded_again(canaried):
     assert alert(registry) is False
 
 
+def trip(registry: Registry, occurrence: str, replica: str = REPLICA) -> bool:
+    detail = {"version_id": "v1", "replica": replica, "detail": "5 errors", "occurrence": occurrence}
+    return registry.record_traffic_alert(NAME, "breaker_open", detail)
+
+
+def test_a_breaker_trip_is_recorded_once_ever_by_its_id_and_a_new_trip_at_once(canaried):
+    """The replica keeps its last trips for days: each watch and evaluation sees the same old
+    trip, which the 15-minute dedupe announced again every quarter of an hour."""
+    registry, _ = canaried
+    assert trip(registry, "boot1-1") is True
+    assert trip(registry, "boot1-1") is False
+    assert trip(registry, "boot1-2") is True  # the same version tripping again: news
+    assert trip(registry, "boot1-1", replica="http://127.0.0.1:8102") is True  # another replica's own
+    engine = sql_engine(registry)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(audit_events).values(
+                    at=datetime.now(UTC) - timedelta(days=3),
+                    actor="tester",
+                    action="traffic_alert",
+                    adapter_name=NAME,
+                    version_id="v1",
+                    to_value="breaker_open",
+                    details={"replica": REPLICA, "occurrence": "boot0-7"},
+                )
+            )
+    finally:
+        engine.dispose()
+    assert trip(registry, "boot0-7") is False  # announced three days ago: not again
+
+
+@pytest.mark.parametrize("occurrence", ["a\nb", "x" * 129])
+def test_an_occurrence_that_is_not_one_short_line_is_refused_and_nothing_recorded(canaried, occurrence):
+    registry, _ = canaried
+    since = datetime.now(UTC) - timedelta(seconds=1)
+    with pytest.raises(InvalidInput) as refused:
+        trip(registry, occurrence)
+    assert refused.value.field == "occurrence"
+    assert registry.traffic_alerts(since) == []
+
+
 def test_two_recorders_of_one_alert_racing_record_it_once(canaried):
     registry, _ = canaried
     for round_ in range(3):

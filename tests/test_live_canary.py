@@ -30,8 +30,9 @@ from loragate.registry.rules.live import LiveStats
 from loragate.tasks.canary import observe_window
 from loragate.tasks.canary_moves import deploy_canary, promote_canary, withdraw_canary
 from loragate.tasks.fleet import rollback_and_switch
+from loragate.tasks.live_figures import read_live_figures
 from loragate.tasks.reconcile import fleet_status
-from loragate.tasks.traffic import check_feedback, read_traffic, send_feedback
+from loragate.tasks.traffic import check_feedback, send_feedback
 from tests.support.fleet import SUPPORT_PROMPT, admin_client, make_fleet
 
 pytestmark = pytest.mark.slow
@@ -202,7 +203,8 @@ def test_bodies_trickled_into_the_canarys_bucket_trip_no_breaker_and_are_in_no_v
     for user in canary_users:
         assert trickled(a, fleet.name, user, seconds=3.0).headers["x-loragate-version"] == fleet.v2
 
-    documents, unreadable = read_traffic(fleet.registry, fleet.name)
+    read = read_live_figures(fleet.registry, [fleet.name]).of(fleet.name)
+    documents, unreadable = read.documents, read.unreadable
     assert not unreadable
     figures = LiveStats.from_replicas(documents, fleet.name, deployment.window.id, fleet.v2, fleet.v1)
     assert figures.canary_trips == 0 and not figures.canary.breaker_open

@@ -1,4 +1,6 @@
-"""``loragate fleet``: the serving fleet -- add, remove, list, status (drift), reconcile."""
+"""``loragate fleet``: the serving fleet -- add, remove, list, status (drift), reconcile, and
+watch (the live-traffic alerts of every adapter in production, read once from each
+production replica: what the scheduled ``traffic-watch`` flow does every minute)."""
 
 from __future__ import annotations
 
@@ -72,6 +74,21 @@ def cmd_fleet_reconcile(args: argparse.Namespace) -> int:
     return EXIT_OK if all(s.reachable and not s.error for s in states) else EXIT_FAILED
 
 
+def cmd_fleet_watch(args: argparse.Namespace) -> int:
+    from loragate.tasks.traffic_watch import watch_traffic
+
+    with open_registry(args) as reg:
+        raised, unreadable = watch_traffic(reg, progress=progress_printer(args))
+    lines = [f"ALERT {a.kind} {a.name} on {a.replica}: {a.detail}" for a in raised]
+    lines += [f"unreadable: {line}" for line in unreadable]
+    emit(
+        args,
+        {"alerts": [a.as_dict() for a in raised], "unreadable": unreadable},
+        lambda: "\n".join(lines) or "no new traffic alert",
+    )
+    return EXIT_FAILED if unreadable else EXIT_OK
+
+
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     fleet = sub.add_parser("fleet", help="the serving fleet").add_subparsers(dest="fleet_command", required=True)
     p = fleet.add_parser("add", parents=[common], help="add a vLLM replica of a pinned base")
@@ -94,3 +111,7 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.set_defaults(func=cmd_fleet_status)
     p = fleet.add_parser("reconcile", parents=[common], help="make every replica serve what the pointers say")
     p.set_defaults(func=cmd_fleet_reconcile)
+    p = fleet.add_parser(
+        "watch", parents=[common], help="raise the live-traffic alerts of every adapter in production, once"
+    )
+    p.set_defaults(func=cmd_fleet_watch)

@@ -9,8 +9,10 @@ out of band rolls the canary back automatically (replicas withdrawn, version
 withdraws it the same way with its window ``undecided`` (what was missing, on Slack and in
 the verdict artifact); in band for the whole window announces
 ``loragate.canary.ready``, which starts the promotion that waits for a sign-off. Each
-window's observations are a Prefect table artifact, its verdict a markdown one. A live-traffic
-alert the replicas raise (a tripped breaker, too many fallbacks) goes to Slack once.
+window's observations are a Prefect table artifact, its verdict a markdown one. The
+production replicas' live figures are read once per evaluation for every window's adapter
+(``read_canary_figures``), and each window judged on its part. A live-traffic alert the
+replicas raise (a tripped breaker, too many fallbacks) goes to Slack once.
 """
 
 from __future__ import annotations
@@ -21,19 +23,28 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.logging import get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.annotations import quote
 
 from loragate.flows import events
+from loragate.flows.traffic_watch import announce_alerts
 from loragate.registry.render.canary import canary_evidence_markdown, observation_row
 from loragate.registry.rules.canary import Verdict
 from loragate.tasks import notify
 from loragate.tasks.gates import deploy_canary, observe_canary, open_canary_windows, withdraw_canary
+from loragate.tasks.live_figures import LiveFigures
 from loragate.tasks.naming import artifact_key
 from loragate.tasks.notify_task import notify_task
+from loragate.tasks.watch_tasks import read_canary_figures
 
 # windows observed at once: a replica batches concurrent requests, so 50 windows fit in one
 # evaluation interval; both sides see the same concurrency, so their latencies stay comparable
 OBSERVED_AT_ONCE = 4
 OBSERVING: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=OBSERVED_AT_ONCE)
+
+
+def _part_of(figures: LiveFigures | None, name: str) -> Any:
+    """The adapter's part of the figures, quoted (Prefect passes it unwalked and unwraps it)."""
+    return None if figures is None else quote(figures.of(name))
 
 
 @flow(name="canary", log_prints=True)
@@ -57,20 +68,18 @@ def canary_evaluate_flow() -> dict[str, str]:
     if not windows:
         logger.info("no open canary window")
     verdicts: dict[str, str] = {}
-    # observed a few at a time, acted on one by one in window order
-    observing = [(window, observe_canary.submit(window.id)) for window in windows]
+    figures = read_canary_figures(sorted({w.adapter_name for w in windows})) if windows else None
+    # observed a few at a time, acted on one by one in window order; each window gets its
+    # adapter's part of the figures, quoted: Prefect need not walk the samples in it
+    observing = [
+        (window, observe_canary.submit(window.id, _part_of(figures, window.adapter_name))) for window in windows
+    ]
     for window, future in observing:
         observed = future.result()
         if observed is None:
             continue
         observation, observations, alerts = observed
-        for alert in alerts:
-            logger.warning("live traffic alert: %s", alert)
-            notify_task(
-                notify.traffic_alert(
-                    alert["name"], alert["version_id"], alert["kind"], alert["replica"], alert["detail"]
-                )
-            )
+        announce_alerts(alerts)
         verdicts[window.version_id] = observation.verdict.value
         key = artifact_key("canary", window.adapter_name)
         create_table_artifact(

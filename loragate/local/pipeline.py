@@ -213,14 +213,16 @@ def deploy(
     evaluate_every_s: float | None,
     reconcile_every_s: float | None,
     advance_every_s: float | None,
+    watch_every_s: float | None = None,
 ) -> None:
-    """Create the work pools, ``prefect deploy --all``, then set the three schedules."""
+    """Create the work pools, ``prefect deploy --all``, then set the four schedules."""
     for pool in POOLS:
         _prefect(server, env, "work-pool", "create", pool.name, "--type", "process", "--overwrite")
     _prefect(server, env, "deploy", "--all")
     set_interval(server, "canary-evaluate/canary-evaluate", evaluate_every_s)
     set_interval(server, "reconcile/reconcile", reconcile_every_s)
     set_interval(server, "advance/advance", advance_every_s)
+    set_interval(server, "traffic-watch/traffic-watch", watch_every_s)
 
 
 def set_interval(server: PrefectServer, deployment: str, seconds: float | None) -> None:
@@ -246,6 +248,7 @@ def start_pipeline(
     evaluate_every_s: float | None = 5.0,
     reconcile_every_s: float | None = SWEEPS_EVERY_S,
     advance_every_s: float | None = SWEEPS_EVERY_S,
+    watch_every_s: float | None = None,
     server: PrefectServer | None = None,
     warm_workers: bool = True,
 ) -> LocalPipeline:
@@ -265,6 +268,7 @@ def start_pipeline(
             evaluate_every_s=evaluate_every_s,
             reconcile_every_s=reconcile_every_s,
             advance_every_s=advance_every_s,
+            watch_every_s=watch_every_s,
         )
         pipeline.secret_dirs = write_secrets(
             server.home / "secrets", secrets, loragate_env.get("LORAGATE_DATABASE_URL")

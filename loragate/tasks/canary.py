@@ -34,9 +34,9 @@ from loragate.registry.rules.live import LiveJudgement, LiveStats, judge_live
 from loragate.registry.rules.verdict import judge, probe_error_evidence, probe_latency_evidence
 from loragate.registry.service import Registry
 from loragate.tasks.canary_moves import ramp_canary
+from loragate.tasks.live_figures import AdapterFigures, read_live_figures
 from loragate.tasks.replicas import Completion, ReplicaClient, replica_client
 from loragate.tasks.routes import stage_replicas
-from loragate.tasks.traffic import read_traffic
 from loragate.tasks.traffic_watch import TrafficAlert, alerts_in, record_alerts
 
 
@@ -125,10 +125,12 @@ def _drifted(client: ReplicaClient, model: str, probe: Probe, first: Completion 
 
 
 def observe_window(
-    registry: Registry, window: CanaryWindow, progress: Progress = quiet
+    registry: Registry, window: CanaryWindow, progress: Progress = quiet, figures: AdapterFigures | None = None
 ) -> tuple[Observation, list[TrafficAlert]]:
     """One evaluation of an open window: probe both sides, read the live figures, judge,
     record; returns the observation and the traffic alerts recorded now (to announce).
+    ``figures``: the adapter's part of the replicas' figures the evaluation read once for
+    every window (None: read them now).
 
     Raises:
         InvalidInput: the probe set setting is unreadable.
@@ -186,7 +188,9 @@ def observe_window(
     drift = len(drifted) / golden if golden else 0.0
     earlier = registry.canary_observations(window.id)
     look = 1 + sum(1 for o in earlier if o.live is not None)
-    live, alerts = _live_judgement(registry, window, production_version, _error_evidence(earlier), look)
+    if figures is None:
+        figures = read_live_figures(registry, [name]).of(name)
+    live, alerts = _live_judgement(registry, window, production_version, _error_evidence(earlier), look, figures)
     now = utcnow()
     paired = tuple((round(c, 3), round(p, 3)) for c, p in pairs)
     probe_errors = probe_error_evidence(window.thresholds, canary.stats(), production.stats(), earlier)
@@ -244,12 +248,13 @@ def _live_judgement(
     production_version: str | None,
     previous: dict[str, Any] | None,
     look: int,
+    figures: AdapterFigures,
 ) -> tuple[LiveJudgement | None, list[TrafficAlert]]:
     """The live figures of both versions in this window, summed over the production
     replicas, judged (None while the window's share is 0: a dark canary, probes only), and
     the traffic alerts they raise that were recorded now. Where the canary's golden set
     declares output schemas, the sampled live answers are checked against them."""
-    documents, unreachable = read_traffic(registry, window.adapter_name)
+    documents, unreachable = figures.documents, figures.unreadable
     raised = alerts_in(documents, window.adapter_name, registry.settings.fallback_alert_rate)
     alerts = record_alerts(registry, raised)
     if window.share <= 0:

@@ -31,6 +31,7 @@ from loragate.registry.rules.names import AdapterName
 from loragate.registry.settings import Settings
 from loragate.tasks import canary, canary_moves, fleet, notify, reconcile
 from loragate.tasks.credentials import registry_as, signing_key
+from loragate.tasks.live_figures import AdapterFigures
 
 RETRY_DELAYS_S: list[float] = [2, 10, 30]
 
@@ -135,17 +136,20 @@ def open_canary_windows() -> list[CanaryWindow]:
 
 
 @task(cache_policy=NO_CACHE, name="observe-canary")
-def observe_canary(window_id: int) -> tuple[Observation, list[Observation], list[dict[str, Any]]] | None:
+def observe_canary(
+    window_id: int, figures: AdapterFigures | None = None
+) -> tuple[Observation, list[Observation], list[dict[str, Any]]] | None:
     """One observation (recorded: not retried), the window's observations so far and the
     live-traffic alerts recorded now; None when the version is no longer the canary (moved
-    by hand): its window is superseded."""
+    by hand): its window is superseded. ``figures``: the adapter's part of the live figures
+    the evaluation read once for every window (``watch_tasks.read_canary_figures``)."""
     with registry_as(Role.ACTIVATION) as registry:
         window = registry.canary_window(window_id)
         if registry.get_adapter(window.adapter_name).canary != window.version_id:
             registry.close_canary_window(window_id, WindowStatus.SUPERSEDED, "no longer the canary")
             _log(f"{window.version_id} is no longer the canary of {window.adapter_name}: window closed")
             return None
-        observation, alerts = canary.observe_window(registry, window, progress=_progress())
+        observation, alerts = canary.observe_window(registry, window, progress=_progress(), figures=figures)
         return observation, registry.canary_observations(window_id), [a.as_dict() for a in alerts]
 
 

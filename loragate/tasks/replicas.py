@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 import httpx
 
@@ -290,10 +291,13 @@ class ReplicaClient:
 
     # -- the traffic split (loragate's plugin) --------------------------------
 
-    def traffic(self) -> dict[str, Any]:
+    def traffic(self, adapters: list[str] | None = None, *, alerts_only: bool = False) -> dict[str, Any]:
         """The replica's live figures per adapter version and window, its breaker trips and
-        its recent fallback rate (``GET /loragate/traffic``, the fleet's key)."""
-        data = self._send("GET", "/loragate/traffic", idempotent=True, admin=True).json()
+        its recent fallback rates (``GET /loragate/traffic``, the fleet's key): only
+        ``adapters``' when given, and no per-version figures when ``alerts_only``."""
+        query = [("adapter", name) for name in adapters or []] + ([("view", "alerts")] if alerts_only else [])
+        path = "/loragate/traffic" + (f"?{urlencode(query)}" if query else "")
+        data = self._send("GET", path, idempotent=True, admin=True).json()
         return data if isinstance(data, dict) else {}
 
     def refresh_routes(self) -> dict[str, Any]:

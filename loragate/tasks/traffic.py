@@ -12,7 +12,8 @@ registry and sends each user to one version, sticky per user. What loragate does
   the replicas' own refresh (a second), so a withdrawn canary or a rollback gets 0 % at once;
 - **confirm** per replica, by the ``x-loragate-version`` header of a one-token request,
   which version users get now;
-- **read** the live figures of every production replica for the canary's evaluation.
+- **read** the live figures of every production replica for the canary's evaluation
+  (``tasks/live_figures.py``).
 """
 
 from __future__ import annotations
@@ -135,18 +136,6 @@ def set_share(
     window = registry.set_canary_share(name, share, reason=reason)
     push_routes(registry, name, progress)
     return window
-
-
-def read_traffic(registry: Registry, name: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """The live figures of every production replica (one document each) and the replicas
-    that could not be read (named with the cause)."""
-
-    def read(replica: Replica) -> dict[str, Any]:
-        with replica_client(registry, replica.url, retries=1) as client:
-            return {**client.traffic(), "replica": replica.url}
-
-    results = on_each(production_replicas(registry, name), read)
-    return [r for r in results.values() if isinstance(r, dict)], failures(results)
 
 
 # -- feedback ------------------------------------------------------------------------------

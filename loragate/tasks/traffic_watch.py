@@ -1,13 +1,17 @@
-"""Alerts from live traffic: a tripped breaker, or a replica falling back too often.
+"""Alerts from live traffic: a tripped breaker, or an adapter falling back too often.
 
-Every production replica's split keeps its breaker trips and its fallback rate over the
-last 15 minutes (``GET /loragate/traffic``). Each canary evaluation reads them and turns
-them into alerts: a trip of any version's breaker, and a fallback rate above
-``LORAGATE_FALLBACK_ALERT_RATE`` (5 %) once a replica has answered enough requests for the
-rate to mean something. An alert is recorded in the registry's audit log (``traffic_alert``,
-listed by ``loragate status``) once per adapter, kind, version and replica in 15 minutes;
-only an alert recorded now is sent to Slack, so a trip seen by two evaluations is one
-message.
+Every production replica's split keeps its breaker trips (each with an id of its own) and
+each adapter's fallback rate over the last 15 minutes (``GET /loragate/traffic``). The
+always-on watch (``watch_traffic``: the scheduled ``traffic-watch`` flow and ``loragate fleet
+watch``) reads them for every adapter in production, whether or not a canary window is open,
+and each canary evaluation for the adapters it judges; both turn them into alerts: a trip
+of any version's breaker, and an adapter's fallback rate above
+``LORAGATE_FALLBACK_ALERT_RATE`` (5 %) on a replica once it has answered enough of that
+adapter's requests for the rate to mean something. An alert is recorded in the registry's
+audit log (``traffic_alert``, listed by ``loragate status``): a trip once, ever (by its id:
+an old trip still in a replica's list is not news); a fallback rate once per adapter and
+replica in 15 minutes while it lasts. Only an alert recorded now is sent to Slack, so a trip
+seen by the watch and an evaluation is one message.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from loragate.registry.progress import Progress, quiet
 from loragate.registry.service import Registry
+from loragate.tasks.live_figures import read_live_figures
 
 # a fallback rate over fewer requests than this is noise, not an alert
 MIN_REQUESTS_FOR_RATE = 20
@@ -28,6 +34,7 @@ class TrafficAlert:
     version_id: str | None
     replica: str
     detail: str
+    occurrence: str | None = None  # a trip's id on its replica: announced once, ever
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -36,21 +43,30 @@ class TrafficAlert:
             "version_id": self.version_id,
             "replica": self.replica,
             "detail": self.detail,
+            "occurrence": self.occurrence,
         }
 
 
 def alerts_in(documents: list[dict[str, Any]], name: str, fallback_alert_rate: float) -> list[TrafficAlert]:
     """The alerts the replicas' figures (one ``/loragate/traffic`` document each) raise for
-    adapter ``name``."""
+    adapter ``name``: its versions' breaker trips and its own fallback rate."""
     found = []
     for document in documents:
         replica = str(document.get("replica", "?"))
         for trip in document.get("alerts", []):
             if trip.get("adapter") == name and trip.get("kind") == "breaker_open":
+                occurrence = trip.get("id")
                 found.append(
-                    TrafficAlert(name, "breaker_open", trip.get("version"), replica, str(trip.get("reason", "")))
+                    TrafficAlert(
+                        name,
+                        "breaker_open",
+                        trip.get("version"),
+                        replica,
+                        f"{trip.get('reason', '')} (at {trip.get('at', '?')})",
+                        None if occurrence is None else str(occurrence)[:128],
+                    )
                 )
-        recent = document.get("fallback_15m", {})
+        recent = document.get("fallback_15m_by_adapter", {}).get(name, {})
         requests, fallbacks = int(recent.get("requests", 0)), int(recent.get("fallbacks", 0))
         if requests >= MIN_REQUESTS_FOR_RATE and fallbacks / requests > fallback_alert_rate:
             found.append(
@@ -59,7 +75,7 @@ def alerts_in(documents: list[dict[str, Any]], name: str, fallback_alert_rate: f
                     "fallback_rate",
                     None,
                     replica,
-                    f"{fallbacks} of {requests} requests fell back in 15 minutes "
+                    f"{fallbacks} of {requests} requests for {name} fell back in 15 minutes "
                     f"({fallbacks / requests:.1%} > {fallback_alert_rate:.0%})",
                 )
             )
@@ -73,6 +89,28 @@ def record_alerts(registry: Registry, alerts: list[TrafficAlert]) -> list[Traffi
         a
         for a in alerts
         if registry.record_traffic_alert(
-            a.name, a.kind, {"version_id": a.version_id, "replica": a.replica, "detail": a.detail}
+            a.name,
+            a.kind,
+            {"version_id": a.version_id, "replica": a.replica, "detail": a.detail}
+            | ({"occurrence": a.occurrence} if a.occurrence else {}),
         )
     ]
+
+
+def watch_traffic(registry: Registry, progress: Progress = quiet) -> tuple[list[TrafficAlert], list[str]]:
+    """The traffic alerts of every adapter in production, canary window or not, from one
+    read of each production replica (trips and fallback rates only); returns the alerts
+    recorded now (to announce) and the replicas that could not be read."""
+    names = [p.name for p in registry.adapter_pointers() if p.production]
+    figures = read_live_figures(registry, names, alerts_only=True)
+    raised = []
+    for name in names:
+        raised += record_alerts(
+            registry, alerts_in(figures.of(name).documents, name, registry.settings.fallback_alert_rate)
+        )
+    for alert in raised:
+        progress(f"ALERT {alert.kind} {alert.name} on {alert.replica}: {alert.detail}")
+    unreadable = sorted(figures.unreadable.values())
+    for line in unreadable:
+        progress(f"live figures unreadable: {line}")
+    return raised, unreadable

@@ -2,10 +2,11 @@
 references garbage collection must keep (every blob a version or a golden set names), and
 traffic alerts kept as audit records.
 
-A traffic alert (a tripped breaker, a replica falling back too often) is recorded at most
-once per adapter, kind, version and replica in ``ALERT_DEDUPE``: every canary evaluation sees
-the same trip until it ages out of the replica's figures, and only a new record is told to
-Slack. Whether one is new is decided under a lock, not by a read racing a write: SQLite's
+A traffic alert (a tripped breaker, an adapter falling back too often) is recorded at most
+once per adapter, kind, version and replica in ``ALERT_DEDUPE``; one that names its
+``occurrence`` (a breaker trip's id on its replica) once, ever: every watch and evaluation
+sees the same trip until it ages out of the replica's figures, and only a new record is
+told to Slack. Whether one is new is decided under a lock, not by a read racing a write: SQLite's
 writers are serialized (``BEGIN IMMEDIATE``), and on Postgres the check and the insert run
 under a transaction-level advisory lock on the alert's key, so the second of two recorders
 reads the first's committed row.
@@ -75,25 +76,27 @@ class AuditRepository:
         self, actor: str, name: str, kind: str, version_id: str | None, replica: str | None, details: dict[str, Any]
     ) -> bool:
         """Record a traffic alert unless the same one (adapter, kind, version, replica) was
-        recorded in the last ``ALERT_DEDUPE``; True when this call recorded it."""
+        recorded in the last ``ALERT_DEDUPE`` -- or, when ``details`` names its
+        ``occurrence``, that occurrence ever; True when this call recorded it."""
         now = utcnow()
+        occurrence = details.get("occurrence")
+        same = [
+            audit_events.c.adapter_name == name,
+            audit_events.c.action == TRAFFIC_ALERT,
+            audit_events.c.to_value == kind,
+            audit_events.c.version_id.is_not_distinct_from(version_id),
+            audit_events.c.details["replica"].as_string().is_not_distinct_from(replica),
+        ]
+        if occurrence is None:
+            same.append(audit_events.c.at > now - ALERT_DEDUPE)
+        else:
+            same.append(audit_events.c.details["occurrence"].as_string() == str(occurrence))
         with self.db.write() as conn:
             if not self.db.is_sqlite:
                 conn.execute(
                     text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key(name, kind, version_id, replica)}
                 )
-            recent = conn.execute(
-                select(audit_events.c.id)
-                .where(
-                    audit_events.c.adapter_name == name,
-                    audit_events.c.action == TRAFFIC_ALERT,
-                    audit_events.c.to_value == kind,
-                    audit_events.c.version_id.is_not_distinct_from(version_id),
-                    audit_events.c.details["replica"].as_string().is_not_distinct_from(replica),
-                    audit_events.c.at > now - ALERT_DEDUPE,
-                )
-                .limit(1)
-            ).first()
+            recent = conn.execute(select(audit_events.c.id).where(*same).limit(1)).first()
             if recent is not None:
                 return False
             self.db.audit(

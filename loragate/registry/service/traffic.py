@@ -1,6 +1,6 @@
 """Alerts from live traffic as the registry keeps them: audit records (``traffic_alert``),
-each recorded once per adapter, kind, version and replica in 15 minutes
-(``db/audit.py``), listed by ``loragate status``."""
+each recorded once per adapter, kind, version and replica in 15 minutes, a breaker trip once,
+ever (``db/audit.py``), listed by ``loragate status``."""
 
 from __future__ import annotations
 
@@ -19,12 +19,16 @@ class TrafficMixin(RegistryBase):
         ``name``; ``detail`` may name the ``version_id`` (or ``version``) and the
         ``replica`` it is about, which with the name and kind make the alert's identity.
         True when recorded now: the same alert in the last 15 minutes is not recorded again
-        (the caller tells Slack only about a True).
+        (the caller tells Slack only about a True); one whose ``detail`` names its
+        ``occurrence`` (a breaker trip's id) is recorded once for that occurrence, ever.
 
         Raises:
-            InvalidInput: INVALID_TEXT, a kind that is not one short line of text.
+            InvalidInput: INVALID_TEXT, a kind or an occurrence that is not one short line
+                of text.
         """
         check_text(kind, field="kind", limit=64)
+        if detail.get("occurrence") is not None:
+            check_text(str(detail["occurrence"]), field="occurrence", limit=128)
         if not kind:
             raise InvalidInput("kind must name the alert", code=ErrorCode.INVALID_TEXT, field="kind")
         actor = self._authorize_any((Action.WATCH_CANARY, Action.MANAGE_FLEET), name)
