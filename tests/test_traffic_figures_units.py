@@ -243,14 +243,15 @@ def test_the_document_is_written_off_the_event_loop_while_other_requests_keep_ru
         stats = split.stats.of(NAME, f"v{window_id}", window_id)
         for reservoir in (stats.latency_ms, stats.ttft_ms, stats.ms_per_token):
             reservoir.values = array("d", range(SAMPLES))
-    rendered_on: list[int] = []
-    render = figures.render
+    dumped: list[tuple[int, object]] = []  # (thread, what one json.dumps call wrote)
 
-    def recorded(taken):
-        rendered_on.append(threading.get_ident())
-        return render(taken)
+    class RecordedJson:
+        @staticmethod
+        def dumps(payload):
+            dumped.append((threading.get_ident(), payload))
+            return json.dumps(payload)
 
-    monkeypatch.setattr(figures, "render", recorded)
+    monkeypatch.setattr(figures, "json", RecordedJson)
 
     async def serve_while_streaming():
         ticks, done = 0, False
@@ -270,5 +271,7 @@ def test_the_document_is_written_off_the_event_loop_while_other_requests_keep_ru
 
     status, body, ticks, loop_thread = asyncio.run(serve_while_streaming())
     assert status == 200 and len(json.loads(body)["versions"]) == entries
-    assert rendered_on and rendered_on[0] != loop_thread
+    assert dumped and loop_thread not in {thread for thread, _ in dumped}
+    # json.dumps holds the GIL until it returns: no call writes more than one entry's samples
+    assert all("versions" not in payload for _, payload in dumped) and len(dumped) == entries + 1
     assert ticks >= entries // figures.YIELD_EVERY  # scheduled while the entries were copied, and after

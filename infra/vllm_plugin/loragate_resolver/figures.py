@@ -12,8 +12,8 @@ state and trips), ``alerts``, ``fallback_15m`` (the replica's, every adapter's),
 
 Serving it must not stall the tokens the same event loop streams to clients: the loop only
 copies the entries asked for (arrays and dicts, at C speed), letting other tasks run every
-``YIELD_EVERY`` entries; rounding and ``json.dumps`` -- a second at 200 adapters' samples --
-run in a worker thread (``serve``). ``document`` does the same synchronously, for tests.
+``YIELD_EVERY`` entries; rounding and ``json.dumps`` -- seconds at 200 adapters' samples --
+run in a worker thread, an entry at a time (``render``: the GIL). ``document`` does the same synchronously, for tests.
 """
 
 from __future__ import annotations
@@ -125,14 +125,23 @@ def snapshot_now(split: Any, query: Query, scope: dict | None = None) -> Snapsho
     return Snapshot(_head(split, query, scope), list(_entries(split, query)))
 
 
+def _version(stats: VersionStats, state: str, trips: int) -> dict[str, Any]:
+    return {**stats.as_dict(), "breaker": state, "trips": trips}
+
+
 def plain(taken: Snapshot) -> dict[str, Any]:
     """The document of a snapshot: rounding every sample, the costly part."""
-    versions = [{**stats.as_dict(), "breaker": state, "trips": trips} for stats, state, trips in taken.versions]
-    return {**taken.head, "versions": versions}
+    return {**taken.head, "versions": [_version(*entry) for entry in taken.versions]}
 
 
 def render(taken: Snapshot) -> bytes:
-    return json.dumps(plain(taken)).encode()
+    """The document as JSON, one entry at a time: ``json.dumps`` runs in C and keeps the GIL
+    until it returns, so one call over every entry would stall the event loop's thread as
+    long (seconds at 200 adapters) even from a worker thread; between two entries the loop
+    gets its turn."""
+    versions = ", ".join(json.dumps(_version(*entry)) for entry in taken.versions)
+    head = json.dumps(taken.head)
+    return f'{head[:-1]}, "versions": [{versions}]}}'.encode()
 
 
 async def serve(split: Any, scope: dict) -> tuple[int, bytes]:
