@@ -92,9 +92,10 @@ def _split(app, route: routing.Route | None) -> FaultInjectingSplit:
     return split
 
 
-def call(split, path="/v1/completions", body=None, headers=(), method="POST", trickle_s: float = 0.0):
+def call(split, path="/v1/completions", body=None, headers=(), method="POST", trickle_s: float = 0.0, query=b""):
     """(status, headers, body) of one request through ``split``; ``trickle_s``: its body's
-    last part comes that long after its first byte, as a slow client sends it."""
+    last part comes that long after its first byte, as a slow client sends it; ``query``: its
+    query string, as the server hands it over (bytes, not decoded)."""
     raw = json.dumps(body).encode() if body is not None else b""
     sent: list[dict] = []
     parts = [raw[:1], raw[1:]] if trickle_s and len(raw) > 1 else [raw]
@@ -108,7 +109,14 @@ def call(split, path="/v1/completions", body=None, headers=(), method="POST", tr
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": method, "path": path, "headers": list(headers), "server": ("h", 1)}
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "query_string": query,
+        "headers": list(headers),
+        "server": ("h", 1),
+    }
     asyncio.run(split(scope, receive, send))
     start = sent[0]
     return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])

@@ -2,46 +2,66 @@
 
 Counters (requests, errors, fallbacks, accepted, retried) and a uniform sample of at most
 ``SAMPLES`` of the window's latencies, times to first token and milliseconds per token (a
-``Reservoir``: both versions' samples span the whole window, production's thousands a
-minute and the canary's few alike, in bounded memory), and the texts of the
+``Reservoir`` of C doubles: both versions' samples span the whole window, production's
+thousands a minute and the canary's few alike, in bounded memory; ``OUTSIDE_SAMPLES`` for an
+entry outside a window, which only the breaker's production p99 reads), and the texts of the
 last ``ANSWER_SAMPLES`` good non-streaming answers (every ``ANSWER_SAMPLE_EVERY``-th, each cut
 to ``ANSWER_SAMPLE_CHARS``) for the format check against the golden set's schemas; streamed
 answers are never sampled (the split does not keep their bodies). loragate reads them from
-every replica (``GET /loragate/traffic``) and aggregates them when it judges a window; a
-restarted replica starts from zero, which the reader sees as a smaller count, never as a
-wrong one. Feedback is kept by its request id's nonce (``feedback``: nonce -> ``a``ccepted or
-``r``etried, at most ``FEEDBACK_IDS`` per entry): an id is counted once here, and the reader
+every replica (``GET /loragate/traffic``: ``figures``) and aggregates them when it judges a
+window; a restarted replica starts from zero, which the reader sees as a smaller count, never
+as a wrong one. Feedback is kept by its request id's nonce (``feedback``: nonce -> ``a``ccepted
+or ``r``etried, at most ``FEEDBACK_IDS`` per entry): an id is counted once here, and the reader
 counts each nonce once across every replica, however many it was sent to. ``units``: per
 window entry, a sample of its users -- a user's keyed hash -> (requests, errors), kept where
 the hash has ``level`` leading zero bits, the level raised whenever more than ``UNITS`` are
 kept -- the same users on every replica, so the reader merges them exactly and judges the
-window by the unit the split randomises (loragate's ``rules/units.py``). Also: the
-breaker trips (alerts) and a 15-minute ring of (time, adapter, fell back) for the replica's
-fallback rate.
+window by the unit the split randomises (loragate's ``rules/units.py``).
+
+What is kept, and for how long (``prune``, on each read of the routing table): the entries of
+every route's active window and of every routed (adapter, version) outside a window; an entry
+of an ended window, or of a version no route names any more, until it has had no request for
+``ENDED_WINDOW_KEEP_S`` (the evaluation that ends a window reads it just before) -- and never
+more than ``ENDED_WINDOWS_KEPT`` ended-window entries, the longest idle dropped first. Also:
+the breaker trips (``alerts``, the newest ``ALERTS_KEPT``, each with an ``id`` unique across
+the process's restarts: a boot nonce and a sequence number) and, per adapter, its requests and
+fallbacks in one-minute buckets over the last ``FALLBACK_WINDOW_S`` (``fallbacks``).
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import os
 import random
+import secrets
 import time
+from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from loragate_resolver.fallbacks import FALLBACK_WINDOW_S, FallbackMinutes
+
+__all__ = ["FALLBACK_WINDOW_S", "LiveStats", "Reservoir", "UnitSample", "VersionStats"]
+
 SAMPLES = 4096
-FALLBACK_WINDOW_S = 15 * 60
+# outside a window only the slow breaker's production p99 reads them: a few hundred do
+OUTSIDE_SAMPLES = 512
+# an ended window's entries outlive their last request this long: the evaluation that ends
+# a window reads it just before, and a late one still finds it
+ENDED_WINDOW_KEEP_S = 15 * 60
+ENDED_WINDOWS_KEPT = 64  # ended-window entries, however recent: the table stays bounded
 # production needs this many per-token samples before "3x its p99" means anything
 MIN_PRODUCTION_SAMPLES = 20
 # answer texts kept per entry: enough for a format-compliance rate, bounded in memory
 ANSWER_SAMPLES = 32
 ANSWER_SAMPLE_CHARS = 2000
 ANSWER_SAMPLE_EVERY = max(1, int(os.environ.get("LORAGATE_ANSWER_SAMPLE_EVERY", "1") or 1))
-_RING_MAX = 1 << 20
 FEEDBACK_IDS = 1 << 16  # per entry: beyond it, feedback is not counted (and says so)
-_ALERTS_MAX = 1000
+ALERTS_KEPT = 1000
 UNITS = 1024  # users kept per window entry: enough to estimate how their failures cluster
 _HASH_BITS = 64
 
@@ -54,7 +74,7 @@ class Reservoir:
 
     def __init__(self, size: int = SAMPLES, rng: random.Random | None = None) -> None:
         self.size, self.seen = size, 0
-        self.values: list[float] = []
+        self.values = array("d")  # C doubles: 8 bytes a value, copied at C speed
         self._rng = rng or random.Random()
 
     def append(self, value: float) -> None:
@@ -74,6 +94,12 @@ class Reservoir:
 
     def __getitem__(self, index: int) -> float:
         return self.values[index]
+
+    def copy(self) -> Reservoir:
+        """The values so far, for a reader (no sampling state: nothing is appended to it)."""
+        taken = Reservoir.__new__(Reservoir)
+        taken.size, taken.seen, taken.values = self.size, self.seen, self.values[:]
+        return taken
 
 
 class UnitSample:
@@ -98,6 +124,11 @@ class UnitSample:
             self.level += 1
             self.counts = {k: v for k, v in self.counts.items() if self._kept(k)}
 
+    def copy(self) -> UnitSample:
+        taken = UnitSample()
+        taken.level, taken.counts = self.level, {k: list(v) for k, v in self.counts.items()}
+        return taken
+
     def as_dict(self) -> dict[str, Any]:
         return {"level": self.level, "counts": {f"{k:016x}": list(v) for k, v in self.counts.items()}}
 
@@ -112,13 +143,18 @@ class VersionStats:
     fallbacks: int = 0
     accepted: int = 0
     retried: int = 0
-    latency_ms: Reservoir = field(default_factory=Reservoir)
-    ttft_ms: Reservoir = field(default_factory=Reservoir)
-    ms_per_token: Reservoir = field(default_factory=Reservoir)
+    latency_ms: Reservoir = field(init=False)
+    ttft_ms: Reservoir = field(init=False)
+    ms_per_token: Reservoir = field(init=False)
     answers: deque = field(default_factory=lambda: deque(maxlen=ANSWER_SAMPLES))
     texts_seen: int = 0
     feedback: dict[str, str] = field(default_factory=dict)  # nonce -> "a" or "r"
     units: UnitSample = field(default_factory=UnitSample)
+    last_at: float = 0.0  # monotonic: the entry's last request, which ``prune`` goes by
+
+    def __post_init__(self) -> None:
+        size = SAMPLES if self.window is not None else OUTSIDE_SAMPLES
+        self.latency_ms, self.ttft_ms, self.ms_per_token = Reservoir(size), Reservoir(size), Reservoir(size)
 
     def counted(self, unit: int | None, error: bool) -> None:
         """One request of the unit hashed to ``unit`` (None: outside a window, no sample)."""
@@ -145,13 +181,30 @@ class VersionStats:
             **({"units": self.units.as_dict()} if self.window is not None else {}),
         }
 
+    def copy(self) -> VersionStats:
+        """The entry as it is now, for rendering off the event loop while this one keeps
+        counting: every container copied (the samples at C speed)."""
+        taken = copy.copy(self)
+        taken.latency_ms, taken.ttft_ms = self.latency_ms.copy(), self.ttft_ms.copy()
+        taken.ms_per_token = self.ms_per_token.copy()
+        taken.answers, taken.feedback = deque(self.answers), dict(self.feedback)
+        taken.units = self.units.copy() if self.window is not None else self.units
+        return taken
+
 
 class LiveStats:
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self.clock = clock
+    """``clock``: wall time (alerts, the fallback buckets); ``monotonic``: how long an entry
+    has been idle (``prune``)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.clock, self.monotonic = clock, monotonic
         self.versions: dict[Key, VersionStats] = {}
-        self.alerts: deque[dict[str, Any]] = deque(maxlen=_ALERTS_MAX)
-        self.ring: deque[tuple[float, str, bool]] = deque(maxlen=_RING_MAX)
+        self.alerts: deque[dict[str, Any]] = deque(maxlen=ALERTS_KEPT)
+        self.fallbacks = FallbackMinutes()
+        self.ended_windows_dropped = 0
+        # a restarted replica's ids never repeat an earlier process's: the fleet announces a trip once
+        self._boot = secrets.token_hex(6)
+        self._alert_seq = itertools.count(1)
         # (adapter, version) -> (per-token samples seen when computed, p99)
         self._p99: dict[tuple[str, str], tuple[int, float | None]] = {}
         self._seen: dict[tuple[str, str], int] = {}
@@ -161,6 +214,7 @@ class LiveStats:
         stats = self.versions.get(key)
         if stats is None:
             stats = self.versions[key] = VersionStats(adapter, version, window)
+        stats.last_at = self.monotonic()
         return stats
 
     def answered(
@@ -210,15 +264,15 @@ class LiveStats:
         self.of(adapter, version, window).fallbacks += 1
 
     def finished(self, adapter: str, fell_back: bool) -> None:
-        now = self.clock()
-        self.ring.append((now, adapter, fell_back))
-        while self.ring and self.ring[0][0] < now - FALLBACK_WINDOW_S:
-            self.ring.popleft()
+        self.fallbacks.add(adapter, fell_back, self.clock())
 
     def fallback_rate(self) -> dict[str, int]:
-        since = self.clock() - FALLBACK_WINDOW_S
-        recent = [fell for at, _, fell in self.ring if at >= since]
-        return {"requests": len(recent), "fallbacks": sum(recent)}
+        """The replica's requests and fallbacks over the last 15 minutes, every adapter's."""
+        return self.fallbacks.total(self.clock())
+
+    def fallback_rates(self, adapters: frozenset[str] | None = None) -> dict[str, dict[str, int]]:
+        """The same per adapter (of ``adapters``; None: every one)."""
+        return self.fallbacks.by_adapter(self.clock(), adapters)
 
     def production_p99(self, adapter: str, version: str) -> float | None:
         """p99 ms per token of ``version`` over every window, once it has enough samples;
@@ -250,6 +304,7 @@ class LiveStats:
 
     def alert(self, kind: str, adapter: str, version: str, window: int | None, reason: str) -> dict[str, Any]:
         entry = {
+            "id": f"{self._boot}-{next(self._alert_seq)}",
             "at": datetime.fromtimestamp(self.clock(), UTC).isoformat(),
             "kind": kind,
             "adapter": adapter,
@@ -259,3 +314,36 @@ class LiveStats:
         }
         self.alerts.append(entry)
         return entry
+
+    def prune(self, routes: Mapping[str, Any]) -> None:
+        """Drop what no reader needs any more (module docstring), given the routing table
+        (adapter -> ``routing.Route``). One pass over the keys: cheap for thousands."""
+        now = self.monotonic()
+        active = {(name, r.window) for name, r in routes.items() if r.window is not None}
+        routed = {(name, v) for name, r in routes.items() for v in (r.production, r.canary) if v}
+        ended: list[tuple[float, Key]] = []
+        for key, stats in list(self.versions.items()):
+            adapter, version, window = key
+            if window is None:
+                if (adapter, version) not in routed and now - stats.last_at >= ENDED_WINDOW_KEEP_S:
+                    del self.versions[key]
+            elif (adapter, window) not in active:
+                if now - stats.last_at >= ENDED_WINDOW_KEEP_S:
+                    del self.versions[key]
+                    self.ended_windows_dropped += 1
+                else:
+                    ended.append((stats.last_at, key))
+        if len(ended) > ENDED_WINDOWS_KEPT:
+            ended.sort()
+            for _, key in ended[: len(ended) - ENDED_WINDOWS_KEPT]:
+                del self.versions[key]
+                self.ended_windows_dropped += 1
+        pairs = self.pairs()
+        for cache in (self._p99, self._seen):
+            for pair in [p for p in cache if p not in pairs]:
+                del cache[pair]
+        self.fallbacks.drop_idle(self.clock())
+
+    def pairs(self) -> set[tuple[str, str]]:
+        """The (adapter, version) pairs with an entry."""
+        return {(adapter, version) for adapter, version, _ in self.versions}

@@ -20,9 +20,12 @@ written once; a body that is not JSON, nests too deep, or names a ``user`` that 
 is the client's error (400) before anything else runs. A client may not name a version
 (``name@version``: 404, here and on every other route: ``qualified``). The fleet's own
 requests (admin key) pass untouched, uncounted. A canary replica only labels and counts.
-Figures: ``live_stats`` (``GET /loragate/traffic``, admin key) and ``metrics``
-(``/metrics``). ``faults`` is where a test replica's subclass of the split injects errors
-and delays; here it is ``NoFaults``, which injects none.
+Figures: ``live_stats`` (``GET /loragate/traffic``, admin key; ``?adapter=NAME``, repeatable,
+for only those adapters', ``view=alerts`` for no versions: ``figures``, which serves them off
+the event loop) and ``metrics`` (``/metrics``). Each read of the routing table prunes them
+(``prune``): an ended window's entries and unrouted versions' go once idle for 15 minutes.
+``faults`` is where a test replica's subclass of the split injects errors and delays; here it
+is ``NoFaults``, which injects none.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from typing import Any
 from loragate_resolver import read_index, registry_reader, request_ids, routing, traffic_flow
 from loragate_resolver.admin_guard import HEADER as ADMIN_HEADER
 from loragate_resolver.admin_guard import _error, _replay, _respond, header, key_matches
-from loragate_resolver.breaker import Breaker, Limits
+from loragate_resolver.breaker import OPEN, Breaker, Limits
+from loragate_resolver.figures import document, serve
 from loragate_resolver.live_stats import LiveStats
 
 SPLIT_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -141,7 +145,19 @@ class TrafficSplit:
         self.routes = routing.routes_from_rows(production, windows)
         self.table_started, self.read_at, self.loaded = started, datetime.now(UTC), True
         self._read_failed = False
+        self.prune()
         return True
+
+    def prune(self) -> None:
+        """Drop the figures no route needs any more (``live_stats``: ``LiveStats.prune``) and
+        the breakers of versions neither routed nor in the figures, unless open: a version
+        nobody is sent to gets no request that would close a breaker past its cooldown."""
+        self.stats.prune(self.routes)
+        kept = self.stats.pairs() | {(n, v) for n, r in self.routes.items() for v in (r.production, r.canary) if v}
+        limits = self.current_limits()
+        for pair in [p for p in self.breakers if p not in kept]:
+            if self.breakers[pair].state(limits) != OPEN:
+                del self.breakers[pair]
 
     async def refresh(self) -> bool:
         """One read at a time; callers arriving meanwhile share it."""
@@ -214,30 +230,12 @@ class TrafficSplit:
             return _json_response({"routes": self._routes_json(), "read_at": self.read_at and self.read_at.isoformat()})
         if method != "GET":
             return _error(405, "MethodNotAllowed", "GET only")
-        return _json_response(self.figures(scope))
+        return await serve(self, scope)
 
-    def figures(self, scope: dict | None = None) -> dict[str, Any]:
-        server = (scope or {}).get("server")
-        replica = self.replica or (f"{server[0]}:{server[1]}" if server else None)
-        versions = []
-        for stats in list(self.stats.versions.values()):
-            breaker = self.breakers.get((stats.adapter, stats.version))
-            versions.append(
-                {
-                    **stats.as_dict(),
-                    "breaker": breaker.state(self.current_limits()) if breaker else "closed",
-                    "trips": breaker.trips if breaker else 0,
-                }
-            )
-        return {
-            "replica": replica,
-            "role": self.role,
-            "routes": self._routes_json(),
-            "routes_read_at": self.read_at and self.read_at.isoformat(),
-            "versions": versions,
-            "alerts": list(self.stats.alerts),
-            "fallback_15m": self.stats.fallback_rate(),
-        }
+    def figures(self, query_string: bytes | str = b"", scope: dict | None = None) -> dict[str, Any]:
+        """The figures document as ``GET /loragate/traffic?<query_string>`` serves it, built
+        on the caller's thread (tests, benches; ``figures.BadQuery`` for a bad query)."""
+        return document(self, query_string, scope)
 
     def feedback_key(self) -> str | None:
         return registry_reader.read_secret(self.secrets_dir, FEEDBACK_KEY_FILE)
