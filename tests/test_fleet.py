@@ -245,17 +245,16 @@ def test_a_copy_changed_after_it_was_made_ready_is_checked_again_under_the_lock_
 
 
 def test_a_version_above_a_replicas_rank_limit_is_refused_before_any_replica_is_touched(fleet):
-    fleet.promote(fleet.v1, "canary")
-    fleet.promote(fleet.v1, "production")
-    fleet.promote(fleet.v2, "canary")
+    # added while nothing is in production: once v1 is, fleet add refuses a rank limit below it
     url = fleet.replicas["prod-b"].url
     fleet.registry.remove_replica(url)
     fleet.registry.add_replica(
         url, "tiny-llama", "production", fleet.registry.list_replicas()[0].adapter_dir, max_lora_rank=1
     )
+    fleet.promote(fleet.v1, "canary")
     before = {key: served(r) for key, r in fleet.replicas.items()}
     with pytest.raises(InvalidInput) as err:
-        fleet.promote(fleet.v2, "production")
+        fleet.promote(fleet.v1, "production")
     assert err.value.code == ErrorCode.RANK_LIMIT and url in err.value.message
     assert {key: served(r) for key, r in fleet.replicas.items()} == before
-    assert fleet.registry.get_adapter(fleet.name).production == fleet.v1
+    assert fleet.registry.get_adapter(fleet.name).production is None

@@ -1,10 +1,13 @@
-"""``loragate fleet``: the serving fleet -- add, remove, list, status (drift), reconcile, and
+"""``loragate fleet``: the serving fleet -- add, remove, list, status (drift), reconcile,
 watch (the live-traffic alerts of every adapter in production, read once from each
-production replica: what the scheduled ``traffic-watch`` flow does every minute)."""
+production replica: what the scheduled ``traffic-watch`` flow does every minute), and plan
+(the slots and cache each base's replicas need, and whether each replica's hold them)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 from loragate.cli.output import EXIT_FAILED, EXIT_OK, emit, open_registry, progress_printer
 
@@ -89,6 +92,70 @@ def cmd_fleet_watch(args: argparse.Namespace) -> int:
     return EXIT_FAILED if unreadable else EXIT_OK
 
 
+def cmd_fleet_plan(args: argparse.Namespace) -> int:
+    from loragate.local.replica_processes import recorded_replicas
+
+    # the fleet does not record a replica's --max-cpu-loras: only those loragate started know it
+    started = {r.url: r.max_cpu_loras for r in recorded_replicas(Path(args.settings.home) / "replicas")}
+    bases, lines = [], []
+    with open_registry(args) as reg:
+        ids = [args.base] if args.base else sorted({b.base_model_id for b in reg.list_bases()})
+        for base in ids:
+            plans = {role: reg.residency_plan(base, role=role) for role in ("production", "canary")}
+            checks = []
+            for r in reg.list_replicas(base):
+                plan = plans[r.role.value]
+                cpu = started.get(r.url)
+                shortfalls = plan.shortfalls(r.max_loras, r.max_lora_rank, cpu)
+                checks.append(
+                    {
+                        "url": r.url,
+                        "role": r.role.value,
+                        "max_loras": r.max_loras,
+                        "max_lora_rank": r.max_lora_rank,
+                        "max_cpu_loras": cpu,
+                        "slot_bytes": plan.slot_bytes(r.max_lora_rank),
+                        "holds": not shortfalls,
+                        "shortfalls": [{"field": f.field, "message": f.message} for f in shortfalls],
+                    }
+                )
+            bases.append({**plans["production"].as_dict(), "canary": plans["canary"].as_dict(), "replicas": checks})
+            lines += _plan_lines(plans["production"], checks)
+    emit(args, bases, lambda: "\n".join(lines) or "(no pinned base)")
+    return EXIT_OK if all(c["holds"] for b in bases for c in b["replicas"]) else EXIT_FAILED
+
+
+def _plan_lines(plan: Any, checks: list[dict[str, Any]]) -> list[str]:
+    from loragate.registry.rules.residency import human_bytes
+
+    settings = plan.settings()
+    lines = [
+        f"{plan.base_model_id}: {len(plan.served)} in production, {len(plan.warm)} warm, {plan.pinned} pinned"
+        f" -> max_loras >= {plan.max_loras}, max_cpu_loras >= {plan.max_cpu_loras}, max_lora_rank >= {plan.max_rank}"
+        f" (start with --max-loras {settings['max_loras']} --max-cpu-loras {settings['max_cpu_loras']}"
+        f" --max-lora-rank {settings['max_lora_rank']})",
+        f"  host memory of what production keeps: {human_bytes(plan.cpu_bytes)}"
+        + (f" ({plan.shape_note})" if plan.shape_note else ""),
+    ]
+    for r in plan.residents:
+        targets = r.target_modules if isinstance(r.target_modules, str) else ",".join(r.target_modules)
+        lines.append(
+            f"  {r.name}  {r.version_id}  {r.residence.value:<6}  rank {r.lora_rank}  {targets}  {human_bytes(r.bytes)}"
+        )
+    for c in checks:
+        slots = f"{c['max_loras']} slots x {human_bytes(c['slot_bytes'])}"
+        cpu = (
+            "max_cpu_loras not recorded in the fleet"
+            if c["max_cpu_loras"] is None
+            else f"max_cpu_loras {c['max_cpu_loras']}"
+        )
+        verdict = "holds it" if c["holds"] else "does NOT hold it: " + "; ".join(f["message"] for f in c["shortfalls"])
+        lines.append(f"  {c['url']}  {c['role']:<10}  {slots}, rank {c['max_lora_rank']}, {cpu}: {verdict}")
+    if not checks:
+        lines.append("  (no replicas)")
+    return lines
+
+
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     fleet = sub.add_parser("fleet", help="the serving fleet").add_subparsers(dest="fleet_command", required=True)
     p = fleet.add_parser("add", parents=[common], help="add a vLLM replica of a pinned base")
@@ -115,3 +182,10 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         "watch", parents=[common], help="raise the live-traffic alerts of every adapter in production, once"
     )
     p.set_defaults(func=cmd_fleet_watch)
+    p = fleet.add_parser(
+        "plan",
+        parents=[common],
+        help="the slots and adapter cache each base needs; whether each replica holds them",
+    )
+    p.add_argument("--base", help="only this base (default: every pinned base)")
+    p.set_defaults(func=cmd_fleet_plan)

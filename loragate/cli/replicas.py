@@ -23,6 +23,7 @@ from loragate.cli.output import EXIT_OK, emit, open_registry, progress_printer
 from loragate.registry.errors import DeployFailed, ErrorCode, InvalidInput, NotFound
 
 if TYPE_CHECKING:
+    from loragate.registry.service import Registry
     from loragate.registry.settings import Settings
 
 
@@ -52,6 +53,7 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
                 field="base",
             )
         base = pins[0]
+        max_loras, max_cpu_loras, max_lora_rank = _slots(reg, base.base_model_id, args)
         model_dir = base_directory(base, reg.settings.hf_cache_dir)
         if not args.vllm_python:
             progress("building .venv-vllm if missing (about 2 minutes the first time)")
@@ -67,9 +69,9 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
             args.count,
             adapter_dir=adapter_dir,
             role=args.role,
-            max_lora_rank=args.max_lora_rank,
-            max_loras=args.max_loras,
-            max_cpu_loras=args.max_cpu_loras,
+            max_lora_rank=max_lora_rank,
+            max_loras=max_loras,
+            max_cpu_loras=max_cpu_loras,
             python=python,
             timeout=args.start_timeout,
             secrets_dir=secrets_dir,
@@ -82,8 +84,8 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
                 args.role,
                 str(adapter_dir),
                 base_model_commit=base.base_model_commit,
-                max_lora_rank=args.max_lora_rank,
-                max_loras=args.max_loras,
+                max_lora_rank=max_lora_rank,
+                max_loras=max_loras,
             )
             progress(f"{r.url} answers (pid {r.pid}, log {r.log})")
         states = reconcile_fleet(reg, progress=progress)
@@ -99,6 +101,32 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
         )
     emit(args, {"urls": urls, "role": args.role, "adapter_dir": str(adapter_dir)}, "\n".join(urls))
     return EXIT_OK
+
+
+def _slots(reg: Registry, base_model_id: str, args: argparse.Namespace) -> tuple[int, int, int]:
+    """(max_loras, max_cpu_loras, max_lora_rank): those given, the others from the base's
+    residency plan (an empty fleet: 4, 16, 16). Refused before anything starts when the
+    replicas could not hold the plan, as ``fleet add`` would refuse them once started.
+
+    Raises:
+        InvalidInput: INVALID_SETTING / RANK_LIMIT naming the setting that is too small.
+    """
+    from loragate.local.replica_config import default_max_cpu_loras
+
+    plan = reg.residency_plan(base_model_id, role=args.role, memory=False)
+    wanted = plan.settings()
+    max_loras = args.max_loras if args.max_loras is not None else wanted["max_loras"]
+    max_lora_rank = args.max_lora_rank if args.max_lora_rank is not None else wanted["max_lora_rank"]
+    max_cpu_loras = args.max_cpu_loras
+    if max_cpu_loras is None:
+        max_cpu_loras = max(plan.max_cpu_loras, default_max_cpu_loras(max_loras))
+    for shortfall in plan.refusals(max_loras, max_lora_rank):
+        raise InvalidInput(
+            f"{shortfall.message}; nothing was started",
+            code=ErrorCode.RANK_LIMIT if shortfall.field == "max_lora_rank" else ErrorCode.INVALID_SETTING,
+            field=shortfall.field,
+        )
+    return max_loras, max_cpu_loras, max_lora_rank
 
 
 def _replica_secrets(settings: Settings) -> Path:
@@ -148,12 +176,15 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.add_argument("--count", type=int, default=1)
     p.add_argument("--role", default="production", choices=["canary", "production"])
     p.add_argument("--adapter-dir", help="default: $LORAGATE_HOME/adapters")
-    p.add_argument("--max-lora-rank", type=int, default=16)
-    p.add_argument("--max-loras", type=int, default=4)
+    p.add_argument(
+        "--max-lora-rank", type=int, help="default: the highest rank the base's plan serves, at least 16 (fleet plan)"
+    )
+    p.add_argument("--max-loras", type=int, help="default: the base's plan (fleet plan), at least 4")
     p.add_argument(
         "--max-cpu-loras",
         type=int,
-        help="the engine's adapter cache (default 4 x --max-loras: each switch leaves an entry there)",
+        help="the engine's adapter cache (default: every version the plan keeps, at least 4 x --max-loras: "
+        "each switch leaves an entry there)",
     )
     p.add_argument(
         "--vllm-python",

@@ -20,7 +20,7 @@ import psutil
 
 from loragate.local.processes import ProcessIdentity, Stopped, stop_process_tree
 from loragate.local.replica import VllmReplica, start_replicas
-from loragate.local.replica_config import DEFAULT_PYTHON
+from loragate.local.replica_config import DEFAULT_PYTHON, default_max_cpu_loras
 
 # what a replica's command line holds, for records written before creation times were
 LEGACY_MARKER = "vllm.entrypoints.openai.api_server"
@@ -37,6 +37,9 @@ class RecordedReplica:
     create_time: float | None
     log: str
     base: str
+    # the engine's adapter cache it was started with (the fleet does not record it: ``fleet
+    # plan`` reads it here); None in records written before it was kept
+    max_cpu_loras: int | None
     # the PID file itself (not written into it)
     path: Path = field(compare=False)
 
@@ -71,6 +74,7 @@ def recorded_replicas(state_dir: Path, url: str | None = None) -> list[RecordedR
     for path in sorted(Path(state_dir).glob("*.json")):
         state = json.loads(path.read_text())
         state.setdefault("create_time", None)
+        state.setdefault("max_cpu_loras", None)
         state.setdefault("port", int(path.stem))
         state["path"] = path
         record = RecordedReplica(**{k: state[k] for k in RecordedReplica.__dataclass_fields__})
@@ -89,6 +93,7 @@ def record(state_dir: Path, replica: VllmReplica) -> RecordedReplica:
         create_time=replica.identity.create_time,
         log=str(replica.log_path),
         base=replica.served_name,
+        max_cpu_loras=replica.max_cpu_loras or default_max_cpu_loras(replica.max_loras),
         path=state_dir / f"{replica.port}.json",
     )
     scratch = entry.path.with_name(f".{entry.path.name}.{os.getpid()}")

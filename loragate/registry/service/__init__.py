@@ -8,6 +8,7 @@
 - ``validation``  golden sets, validation runs, the weight scan's review
 - ``access``      tokens and signing keys
 - ``fleet``       replicas, expected outputs, materializing a bundle for a replica
+- ``residency``   how many adapters a base's replicas must hold, and their memory
 - ``canary``      canary windows, observations, sign-offs
 - ``gc``          what crashed writes left behind
 """

@@ -1,6 +1,8 @@
 """The serving fleet as the registry sees it: the replicas of each pinned base, every
 adapter's pointers, what a replica serving a version must answer, and the version's bundle
-written where a replica loads it from. Switching replicas is ``tasks/fleet.py``'s work."""
+written where a replica loads it from. A replica whose slots or rank limit cannot hold what
+its role keeps (``service/residency.py``) is not added. Switching replicas is
+``tasks/fleet.py``'s work."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from loragate.registry.rules.access import Action
 from loragate.registry.rules.fleet import AdapterPointers, Replica, ReplicaRole
 from loragate.registry.rules.lifecycle import Pointer, ValidationStatus
 from loragate.registry.rules.names import AdapterName
-from loragate.registry.service.base import RegistryBase
+from loragate.registry.service.residency import ResidencyMixin
 from loragate.registry.settings import VLLM_LORA_RANKS
 from loragate.registry.storage.bundle_files import ADAPTER_CONFIG_FILE, BUNDLE_FILES, MANIFEST_FILE, WEIGHTS_FILE
 from loragate.registry.storage.scratch import scratch_dir, sweep
@@ -33,7 +35,7 @@ FLEET_MOVES = (
 )
 
 
-class FleetMixin(RegistryBase):
+class FleetMixin(ResidencyMixin):
     def add_replica(
         self,
         url: str,
@@ -52,8 +54,10 @@ class FleetMixin(RegistryBase):
         operator configuration, and what it serves is checked on every deploy.
 
         Raises:
-            InvalidInput: INVALID_SETTING for a bad URL, role or limit; UNKNOWN_BASE for a base
-                or commit that is not pinned.
+            InvalidInput: INVALID_SETTING for a bad URL, role or limit, or ``max_loras`` below
+                the pinned and warm adapters a replica of the role keeps in slots; RANK_LIMIT
+                (field ``max_lora_rank``) below the rank of a version it would serve;
+                UNKNOWN_BASE for a base or commit that is not pinned.
             AlreadyExists: the URL is in the fleet with another configuration.
             PermissionDenied: neither the fleet role nor admin.
         """
@@ -110,6 +114,13 @@ class FleetMixin(RegistryBase):
                 field="base",
             )
         assert base_model_commit is not None
+        plan = self.residency_plan(base_model_id, role=replica_role.value, memory=False)
+        for shortfall in plan.refusals(max_loras, max_lora_rank):
+            raise InvalidInput(
+                f"{shortfall.message}; the replica was not added",
+                code=ErrorCode.RANK_LIMIT if shortfall.field == "max_lora_rank" else ErrorCode.INVALID_SETTING,
+                field=shortfall.field,
+            )
         replica = Replica(
             url=url.rstrip("/"),
             base_model_id=base_model_id,
