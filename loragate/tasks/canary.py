@@ -181,7 +181,7 @@ def observe_window(
                     production_answers.append(_send(client, model, probe, production))
                 # the j-th canary answer with the j-th production one: the same prompt, moments apart
                 pairs += [
-                    (c.seconds * 1000, p.seconds * 1000)
+                    _paired(c, p)
                     for c, p in zip(canary_answers, production_answers, strict=False)
                     if c is not None and p is not None
                 ]
@@ -232,6 +232,18 @@ def observe_window(
         production_side = live.stats.production
         ramp_canary(registry, window, live.coverage, (production_side.requests, production_side.errors), progress)
     return observation, alerts
+
+
+def _paired(canary: Completion, production: Completion) -> tuple[float, float]:
+    """A back-to-back pair in milliseconds per generated token where both answers say how
+    many they generated, in milliseconds per answer otherwise. Two answers of one prompt can
+    differ in length by several times -- a trained adapter stops at its own end of text, the
+    bare base runs on to ``max_tokens`` -- and per answer that difference, not the version's
+    speed, would decide: the 3x-slow control of ``bench/scale.py`` read 1.3-1.7x its base."""
+    generated = len(canary.token_ids or ()), len(production.token_ids or ())
+    if all(generated):
+        return canary.seconds * 1000 / generated[0], production.seconds * 1000 / generated[1]
+    return canary.seconds * 1000, production.seconds * 1000
 
 
 def _error_evidence(earlier: list[Observation]) -> dict[str, Any] | None:
