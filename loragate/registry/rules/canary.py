@@ -214,7 +214,7 @@ class Monitor:
 
 
 # monitors whose breach counts towards the latency streak (probe and live)
-LATENCY_MONITORS = frozenset({"p95_ms", "pairs_p95", "live_p95_ms", "live_ms_per_token_p95"})
+LATENCY_MONITORS = frozenset({"p95_ms", "live_p95_ms", "live_ms_per_token_p95"})
 
 
 # fewer back-to-back pairs than this: the pooled samples' rank test instead
@@ -255,17 +255,13 @@ def monitors(
     against_base: bool = False,
     errors_worse: bool | None = None,
     slower: bool = True,
-    pairs_ms: Pairs = (),
 ) -> list[Monitor]:
-    """The monitors of one observation, each with its bound. The p95 is out of band
+    """The three monitors of one observation, each with its bound. The p95 is out of band
     above its bound only when the canary is ``slower`` too: the sequential latency rule's
     decision over the window's observations (``rules/verdict.py``). ``against_base``:
     production is the bare base (a first canary), and the band is ``first_p95_ratio``.
     ``errors_worse``: the sequential probe error rule's decision; None, a bare comparison of
-    this observation's rates (records from before that rule). With ``MIN_PAIRS`` back-to-back
-    pairs, ``pairs_p95`` too: the p95 of the canary's halves against the band over
-    production's, per generated token (``tasks/canary.py``) -- per answer, a base that runs on
-    to ``max_tokens`` against an adapter that stops early hides a canary several times slower."""
+    this observation's rates (records from before that rule)."""
     p95_bound = None
     p95_in_band = True
     if canary.p95_ms is not None and production.p95_ms is not None:
@@ -281,20 +277,8 @@ def monitors(
             not errors_worse if errors_worse is not None else canary.error_rate <= production.error_rate,
         ),
         Monitor("p95_ms", canary.p95_ms, p95_bound, p95_in_band),
-        *_pairs_p95(thresholds, pairs_ms, against_base, slower),
         Monitor("golden_drift", drift, thresholds.drift_epsilon, drift <= thresholds.drift_epsilon),
     ]
-
-
-def _pairs_p95(thresholds: CanaryThresholds, pairs_ms: Pairs, against_base: bool, slower: bool) -> list[Monitor]:
-    valid = [(c, p) for c, p in pairs_ms if c > 0 and p > 0]
-    if len(valid) < MIN_PAIRS:
-        return []
-    # of positive values: never None, never 0
-    canary_p95 = percentile([c for c, _ in valid], 95) or 0.0
-    production_p95 = percentile([p for _, p in valid], 95) or 0.0
-    bound = round(production_p95 * probe_band(thresholds, against_base), 3)
-    return [Monitor("pairs_p95", canary_p95, bound, canary_p95 <= bound or not slower)]
 
 
 @dataclass(frozen=True)

@@ -101,14 +101,7 @@ def judge(
     # no samples to test (records from before the rank test): the p95 alone decides, as it did
     tested = probe_slower_p(t, canary, production, pairs_ms, probe_band(t, against_base)) is not None
     checks = monitors(
-        t,
-        canary,
-        production,
-        drift,
-        against_base,
-        errors_worse=errors.worse,
-        slower=slower.worse or not tested,
-        pairs_ms=pairs_ms,
+        t, canary, production, drift, against_base, errors_worse=errors.worse, slower=slower.worse or not tested
     )
     by_name = {m.name: m for m in checks}
     if live is not None:
@@ -116,8 +109,7 @@ def judge(
     reasons = [f"{m.describe()} (out of band)" for m in checks if not m.in_band]
     if errors.worse:
         reasons.append(f"probe errors worse than production's: {errors.describe()}")
-    probes_slow = not by_name["p95_ms"].in_band or ("pairs_p95" in by_name and not by_name["pairs_p95"].in_band)
-    if probes_slow and slower.looks:
+    if not by_name["p95_ms"].in_band and slower.looks:
         reasons.append(f"probes slower than the band: {slower.describe()}")
     if live is not None:
         reasons += live.reasons
