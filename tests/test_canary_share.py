@@ -188,24 +188,29 @@ def test_an_alert_is_recorded_once_per_adapter_kind_version_and_replica_in_15_mi
     assert registry.traffic_alerts(datetime.now(UTC) + timedelta(seconds=1)) == []
 
 
-def test_an_alert_older_than_15_minutes_is_recorded_again(canaried):
-    registry, _ = canaried
+def recorded_before(registry: Registry, age: timedelta, details: dict) -> None:
+    """A v1 breaker alert already in the audit log, recorded ``age`` ago."""
     engine = sql_engine(registry)
     try:
         with engine.begin() as conn:
             conn.execute(
                 insert(audit_events).values(
-                    at=datetime.now(UTC) - timedelta(minutes=16),
+                    at=datetime.now(UTC) - age,
                     actor="tester",
                     action="traffic_alert",
                     adapter_name=NAME,
                     version_id="v1",
                     to_value="breaker_open",
-                    details={"replica": REPLICA},
+                    details=details,
                 )
             )
     finally:
         engine.dispose()
+
+
+def test_an_alert_older_than_15_minutes_is_recorded_again(canaried):
+    registry, _ = canaried
+    recorded_before(registry, timedelta(minutes=16), {"replica": REPLICA})
     assert alert(registry) is True
     assert alert(registry) is False
 
@@ -223,22 +228,7 @@ def test_a_breaker_trip_is_recorded_once_ever_by_its_id_and_a_new_trip_at_once(c
     assert trip(registry, "boot1-1") is False
     assert trip(registry, "boot1-2") is True  # the same version tripping again: news
     assert trip(registry, "boot1-1", replica="http://127.0.0.1:8102") is True  # another replica's own
-    engine = sql_engine(registry)
-    try:
-        with engine.begin() as conn:
-            conn.execute(
-                insert(audit_events).values(
-                    at=datetime.now(UTC) - timedelta(days=3),
-                    actor="tester",
-                    action="traffic_alert",
-                    adapter_name=NAME,
-                    version_id="v1",
-                    to_value="breaker_open",
-                    details={"replica": REPLICA, "occurrence": "boot0-7"},
-                )
-            )
-    finally:
-        engine.dispose()
+    recorded_before(registry, timedelta(days=3), {"replica": REPLICA, "occurrence": "boot0-7"})
     assert trip(registry, "boot0-7") is False  # announced three days ago: not again
 
 

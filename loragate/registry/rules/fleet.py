@@ -28,13 +28,27 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from loragate.registry.errors import InvalidInput
+from loragate.registry.errors import ErrorCode, InvalidInput
 from loragate.registry.rules.names import AdapterName
 
 
 class ReplicaRole(StrEnum):
     CANARY = "canary"
     PRODUCTION = "production"
+
+
+def replica_role(role: str) -> ReplicaRole:
+    """The role ``role`` names.
+
+    Raises:
+        InvalidInput: INVALID_SETTING naming ``role``, neither canary nor production.
+    """
+    try:
+        return ReplicaRole(role)
+    except ValueError as e:
+        raise InvalidInput(
+            f"role {role!r} is not canary or production", code=ErrorCode.INVALID_SETTING, field="role"
+        ) from e
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from loragate.registry.errors import AlreadyExists, ErrorCode, InvalidInput, Not
 from loragate.registry.intake.bundle import publish_dir
 from loragate.registry.intake.golden import GoldenSet, load_stored_golden_set
 from loragate.registry.rules.access import Action
-from loragate.registry.rules.fleet import AdapterPointers, Replica, ReplicaRole
+from loragate.registry.rules.fleet import AdapterPointers, Replica
+from loragate.registry.rules.fleet import replica_role as replica_role_of
 from loragate.registry.rules.lifecycle import Pointer, ValidationStatus
 from loragate.registry.rules.names import AdapterName
 from loragate.registry.service.residency import ResidencyMixin
@@ -81,12 +82,7 @@ class FleetMixin(ResidencyMixin):
                 code=ErrorCode.INVALID_SETTING,
                 field="url",
             )
-        try:
-            replica_role = ReplicaRole(role)
-        except ValueError as e:
-            raise InvalidInput(
-                f"role {role!r} is not canary or production", code=ErrorCode.INVALID_SETTING, field="role"
-            ) from e
+        replica_role = replica_role_of(role)
         if max_lora_rank not in VLLM_LORA_RANKS:
             raise InvalidInput(
                 f"max_lora_rank {max_lora_rank} is not one vLLM accepts: {VLLM_LORA_RANKS}",

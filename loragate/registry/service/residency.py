@@ -10,7 +10,7 @@ from loragate.registry.intake.catalog import base_directory, config_facts
 from loragate.registry.intake.jsonio import loads_object
 from loragate.registry.records.bases import BaseModelRecord
 from loragate.registry.rules.canary import ACTIVE
-from loragate.registry.rules.fleet import ReplicaRole
+from loragate.registry.rules.fleet import replica_role as replica_role_of
 from loragate.registry.rules.residency import (
     BaseShape,
     ResidencyPlan,
@@ -39,12 +39,7 @@ class ResidencyMixin(RegistryBase):
         pins = self._store.catalog.bases(base_model_id)
         if not pins:
             raise InvalidInput(f"base {base_model_id} is not pinned", code=ErrorCode.UNKNOWN_BASE, field="base")
-        try:
-            replica_role = ReplicaRole(role)
-        except ValueError as e:
-            raise InvalidInput(
-                f"role {role!r} is not canary or production", code=ErrorCode.INVALID_SETTING, field="role"
-            ) from e
+        replica_role = replica_role_of(role)
         if pinned < 0:
             raise InvalidInput(f"pinned {pinned} must be 0 or more", code=ErrorCode.INVALID_SETTING, field="pinned")
         windows = {w.adapter_name: w.version_id for w in self._store.canary.windows(statuses=ACTIVE)}
