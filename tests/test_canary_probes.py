@@ -13,7 +13,8 @@ from kit.http_faults import CompletionFault, FaultProxy
 from loragate.registry.rules.canary import Verdict
 from loragate.tasks.canary import observe_window
 from loragate.tasks.canary_moves import deploy_canary
-from tests.support.fleet import make_fleet
+from loragate.tasks.routes import stage_replicas
+from tests.support.fleet import SUPPORT_PROMPT, admin_client, make_fleet
 
 pytestmark = pytest.mark.slow
 
@@ -100,3 +101,18 @@ def test_a_first_canary_as_costly_as_lora_is_judged_against_the_base_on_its_own_
     for o in observations:
         assert o.production.errors == 0 and o.canary.errors == 0
         assert len(o.pairs_ms) == len(o.canary.latencies_ms) > 0  # every probe paired with the base
+
+
+def test_a_probe_reference_does_the_canarys_work_exactly_as_many_tokens_as_its_answer(first):
+    """The reference of a pair generates exactly as many tokens as the canary's answer, its
+    own end of text ignored until then: unequal answers compare lengths, not speed (the base
+    runs on to ``max_tokens`` where a trained adapter stops early)."""
+    fleet, _ = first
+    canary = stage_replicas(fleet.registry, fleet.name)[0][0]
+    with admin_client(fleet.registry, canary.url) as client:
+        short = client.complete(fleet.name, SUPPORT_PROMPT, 32, admin=True)
+        assert short.token_ids and len(short.token_ids) < 32, "the adapter stops at its own end of text"
+        longer = len(short.token_ids) + 5
+        for model in (fleet.name, canary.served_model_name):
+            exact = client.complete(model, SUPPORT_PROMPT, longer, admin=True, exact_tokens=True)
+            assert len(exact.token_ids or ()) == longer, model

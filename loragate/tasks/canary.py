@@ -93,20 +93,43 @@ class _Side:
         return SideStats.from_samples(self.latencies_ms, self.errors)
 
 
-def _send(client: ReplicaClient, model: str, probe: Probe, side: _Side) -> Completion | None:
+def _send(
+    client: ReplicaClient, model: str, probe: Probe, side: _Side, matched: Completion | None = None
+) -> Completion | None:
     """A probe's answer, asked again once before its failure counts: one lost request on a
-    busy replica is not a version's error, and both sides get the same second chance."""
-    # as the fleet: the replicas' split passes a probe through as named, uncounted
+    busy replica is not a version's error, and both sides get the same second chance.
+    ``matched``: the canary's answer this one is the reference of -- asked for exactly as many
+    tokens (``_reference_tokens``)."""
+    tokens = _reference_tokens(probe, matched)
+
+    def ask() -> Completion:
+        # as the fleet: the replicas' split passes a probe through as named, uncounted
+        if tokens is None:
+            return client.complete(model, probe.prompt, probe.max_tokens, admin=True)
+        return client.complete(model, probe.prompt, tokens, admin=True, exact_tokens=True)
+
     try:
-        completion = client.complete(model, probe.prompt, probe.max_tokens, admin=True)
+        completion = ask()
     except ReplicaError:
         try:
-            completion = client.complete(model, probe.prompt, probe.max_tokens, admin=True)
+            completion = ask()
         except ReplicaError as e:
             side.errors.append(e.code.value)
             return None
     side.latencies_ms.append(completion.seconds * 1000)
     return completion
+
+
+def _reference_tokens(probe: Probe, matched: Completion | None) -> int | None:
+    """How many tokens a reference generates: as many as the canary's answer to the same
+    prompt, where it says. Two answers of one prompt can differ in length several times -- a
+    trained adapter stops at its own end of text, the bare base runs on to ``max_tokens`` --
+    and a pair of unequal work compares lengths, not speed: per answer the 3x-slow control of
+    ``bench/scale.py`` read 1.3-1.7x its base, and per token a short answer's prefill made a
+    good first canary look 3x slower. None: as the probe asks (no canary answer to match)."""
+    if matched is None or not matched.token_ids:
+        return None
+    return len(matched.token_ids)
 
 
 def _drifted(client: ReplicaClient, model: str, probe: Probe, first: Completion | None, expected: str) -> bool:
@@ -176,9 +199,10 @@ def observe_window(
                         if _drifted(client, model, probe, answered, expected_answer):
                             drifted.add(probe.case_id)
                 production_answers = []
-                for client, replica in production_clients:
+                for j, (client, replica) in enumerate(production_clients):
                     model = name if production_version else replica.served_model_name
-                    production_answers.append(_send(client, model, probe, production))
+                    matched = canary_answers[j] if j < len(canary_answers) else None
+                    production_answers.append(_send(client, model, probe, production, matched))
                 # the j-th canary answer with the j-th production one: the same prompt, moments apart
                 pairs += [
                     _paired(c, p)
@@ -235,14 +259,8 @@ def observe_window(
 
 
 def _paired(canary: Completion, production: Completion) -> tuple[float, float]:
-    """A back-to-back pair in milliseconds per generated token where both answers say how
-    many they generated, in milliseconds per answer otherwise. Two answers of one prompt can
-    differ in length by several times -- a trained adapter stops at its own end of text, the
-    bare base runs on to ``max_tokens`` -- and per answer that difference, not the version's
-    speed, would decide: the 3x-slow control of ``bench/scale.py`` read 1.3-1.7x its base."""
-    generated = len(canary.token_ids or ()), len(production.token_ids or ())
-    if all(generated):
-        return canary.seconds * 1000 / generated[0], production.seconds * 1000 / generated[1]
+    """A back-to-back pair in milliseconds per answer: the reference generated as many tokens
+    as the canary (``_reference_tokens``), so the two answers are the same work."""
     return canary.seconds * 1000, production.seconds * 1000
 
 

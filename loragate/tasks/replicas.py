@@ -247,10 +247,20 @@ class ReplicaClient:
         return True
 
     def complete(
-        self, model: str, prompt: str, max_tokens: int, *, admin: bool = False, user: str | None = None
+        self,
+        model: str,
+        prompt: str,
+        max_tokens: int,
+        *,
+        admin: bool = False,
+        user: str | None = None,
+        exact_tokens: bool = False,
     ) -> Completion:
         """Greedy completion of ``prompt`` by ``model`` (the base or an adapter name), as a
-        user (``user``: the end user the split keys on) or as the fleet (``admin``)."""
+        user (``user``: the end user the split keys on) or as the fleet (``admin``).
+        ``exact_tokens``: exactly ``max_tokens`` generated, its end of text ignored until then
+        (vLLM's ``min_tokens``) -- a probe's reference doing the same work as the answer it
+        is compared with."""
         body: dict[str, Any] = {
             "model": model,
             "prompt": prompt,
@@ -258,6 +268,8 @@ class ReplicaClient:
             "temperature": 0,
             "return_token_ids": True,
         }
+        if exact_tokens:
+            body["min_tokens"] = max_tokens
         if user is not None:
             body["user"] = user
         started = time.perf_counter()

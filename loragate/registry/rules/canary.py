@@ -345,8 +345,8 @@ class Observation:
     id: int | None = None
     # the live judgement of this evaluation (LiveJudgement.as_dict()); None: probes only
     live: dict[str, Any] | None = None
-    # (canary, production) of each probe both sides answered, back to back: milliseconds per
-    # generated token where both answers said how many (``tasks/canary.py``), else per answer
+    # (canary ms, production ms) of each probe both sides answered, back to back; the
+    # reference generated as many tokens as the canary's answer (``tasks/canary.py``)
     pairs_ms: Pairs = ()
     # the sequential evidence that the canary's probes fail more often than production's, over
     # the window's observations up to this one (ErrorEvidence.as_dict()); None in older records
