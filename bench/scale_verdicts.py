@@ -65,15 +65,30 @@ def verdicts(
         },
         "thresholds": windows[0].thresholds.as_dict() if windows else None,
         "good_rolled_back": {w.adapter_name: fate(w) for w in rolled},
+        # "in band; window ends in 836 s" counted as "in band"
         "good_verdict_reasons": dict(
-            Counter(r.split(" (")[0] for w in good for o in observations.get(w.id, []) for r in o.reasons)
+            Counter(r.split(" (")[0].split(";")[0] for w in good for o in observations.get(w.id, []) for r in o.reasons)
         ),
+        "good_margin": _margin([o for w in good for o in observations.get(w.id, [])]),
         "slow_control": {
             "name": control,
             "slowdown": CONTROL_SLOWDOWN,
             "requests_delayed": sum(p.delayed for p in proxies),
             **control_fate,
         },
+    }
+
+
+def _margin(observed: list[Observation]) -> dict[str, Any]:
+    """How far from a rollback the good tenants stayed: their observations' median pair
+    ratios and the largest latency evidence any reached (a rollback needs 1/alpha)."""
+    ratios = sorted(r for o in observed if (r := _median_ratio(o.pairs_ms)) is not None)
+    evidence = [e for o in observed if (e := (o.latency_evidence or {}).get("e_value")) is not None]
+    return {
+        "observations": len(observed),
+        "pair_ratio_median": ratios[len(ratios) // 2] if ratios else None,
+        "pair_ratio_max": ratios[-1] if ratios else None,
+        "latency_evidence_max": max(evidence) if evidence else None,
     }
 
 
