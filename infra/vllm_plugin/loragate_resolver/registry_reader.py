@@ -32,7 +32,11 @@ A version is served under its own adapter's name, or a name no adapter of the re
 
 ``routes`` reads the live split's table: each adapter's production version and its active
 canary window (id, version, share, and the window's bucket secret, which keys each user's
-bucket so that no client can compute which version it gets).
+bucket so that no client can compute which version it gets). ``routes_with_pins`` reads the
+same on the same connection, and the adapters a person pinned (``adapter_pins``: the
+production replicas keep them resident, ``engine_cache``). A registry without that table
+(older than it) pins nothing; any other error reading it is returned beside the routes
+(``pins_error``), so that a pin table the replica may not read never stops the routes.
 
 Where the database is comes from the replica's secrets directory
 (``LORAGATE_REPLICA_SECRETS_DIR``: ``registry-url``), read on every question, never from
@@ -45,6 +49,8 @@ three short queries per question.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import unquote
@@ -95,6 +101,8 @@ SELECT a.name, p.version_id FROM stage_pointers p JOIN adapters a ON a.id = p.ad
 WHERE p.stage = 'production'
 """
 WINDOW_ROUTES_QUERY = f"SELECT w.id, w.adapter_name, w.version_id, w.share, w.bucket_key FROM {ACTIVE_WINDOW}"
+# the adapters a person pinned: the loragate_replica user is granted adapter_name alone
+PINS_QUERY = "SELECT DISTINCT n.adapter_name FROM adapter_pins n ORDER BY n.adapter_name"
 QUALIFIER = "@"
 
 
@@ -205,6 +213,48 @@ def routes(secrets_dir: str | None) -> tuple[list[tuple], list[tuple]]:
     return production, windows
 
 
+@dataclass(frozen=True)
+class RouteRows:
+    """``routes``' rows, and the pinned adapters' names (None: not read, ``pins_error`` says why)."""
+
+    production: list[tuple]
+    windows: list[tuple]
+    pins: list[str] | None
+    pins_error: NotServable | None = None
+
+
+def routes_with_pins(secrets_dir: str | None) -> RouteRows:
+    """``routes`` and the pinned adapters, on one connection (module docstring).
+
+    Raises:
+        NotServable: REGISTRY_UNAVAILABLE when there is no registry or its routes cannot be
+            read (the pins' own error is ``pins_error``, code ``pins_unreadable``).
+    """
+    url = read_secret(secrets_dir, REGISTRY_URL_FILE)
+    if url is None:
+        raise NotServable(f"no {REGISTRY_URL_FILE} in the replica's secrets directory", "registry_unavailable")
+    with _session(url) as execute:
+        production = execute(PRODUCTION_ROUTES_QUERY, ())
+        windows = execute(WINDOW_ROUTES_QUERY, ())
+        try:
+            rows = execute(PINS_QUERY, ())
+        except Exception as e:  # any driver's error: told apart below, never raised from here
+            if _missing_table(e):
+                return RouteRows(production, windows, [])
+            state = getattr(e, "sqlstate", None)  # the driver's text may name the server: not kept
+            described = f"{type(e).__name__} (SQLSTATE {state})" if state else type(e).__name__
+            error = NotServable(f"the pinned adapters could not be read: {described}", "pins_unreadable")
+            return RouteRows(production, windows, None, error)
+    return RouteRows(production, windows, [str(name) for (name,) in rows if name])
+
+
+def _missing_table(error: Exception) -> bool:
+    """A table the query names does not exist: Postgres' SQLSTATE 42P01, SQLite's message."""
+    if getattr(error, "sqlstate", None) == "42P01":
+        return True
+    return type(error).__name__ == "OperationalError" and "no such table" in str(error)
+
+
 def may_serve(
     role: str,
     validation: str,
@@ -248,7 +298,18 @@ def _ask(url: str, questions: list[tuple[str, object]]) -> list[list[tuple]]:
     Raises:
         NotServable: REGISTRY_UNAVAILABLE for an unsupported URL or any driver error.
     """
+    with _session(url) as execute:
+        return [execute(query, value) for query, value in questions]
+
+
+@contextmanager
+def _session(url: str) -> Iterator[Callable[[str, object], list[tuple]]]:
+    """One read-only connection, bounded in time, as a function of (query, its parameters)
+    -> rows. A driver error that leaves the block is NotServable (REGISTRY_UNAVAILABLE), as is
+    an unsupported URL."""
     scheme = url.split(":", 1)[0].split("+", 1)[0]
+    if scheme not in ("sqlite", "postgresql", "postgres"):
+        raise NotServable(f"{REGISTRY_URL_FILE} names an unsupported database ({scheme})", "registry_unavailable")
     try:
         if scheme == "sqlite":
             import sqlite3
@@ -257,23 +318,24 @@ def _ask(url: str, questions: list[tuple[str, object]]) -> list[list[tuple]]:
             path = unquote(url.split(":///", 1)[-1].split("?", 1)[0])
             lite = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=TIMEOUT_S)
             try:
-                return [lite.execute(query, _params(value)).fetchall() for query, value in questions]
+                yield lambda query, value: lite.execute(query, _params(value)).fetchall()
             finally:
                 lite.close()
-        if scheme in ("postgresql", "postgres"):
-            import psycopg
+            return
+        import psycopg
 
-            conninfo = "postgresql:" + url.split(":", 1)[1]
-            with psycopg.connect(
-                conninfo,
-                connect_timeout=TIMEOUT_S,
-                options=f"-c statement_timeout={TIMEOUT_S * 1000} -c default_transaction_read_only=on",
-                autocommit=True,
-            ) as conn:
-                return [conn.execute(query.replace("?", "%s"), _params(value)).fetchall() for query, value in questions]
+        conninfo = "postgresql:" + url.split(":", 1)[1]
+        with psycopg.connect(
+            conninfo,
+            connect_timeout=TIMEOUT_S,
+            options=f"-c statement_timeout={TIMEOUT_S * 1000} -c default_transaction_read_only=on",
+            autocommit=True,  # one statement's error leaves the connection usable for the next
+        ) as conn:
+            yield lambda query, value: conn.execute(query.replace("?", "%s"), _params(value)).fetchall()
+    except NotServable:
+        raise
     except Exception as e:  # any driver's error: the answer is "not servable", never a 500
         raise NotServable(f"the registry could not be read: {type(e).__name__}", "registry_unavailable") from e
-    raise NotServable(f"{REGISTRY_URL_FILE} names an unsupported database ({scheme})", "registry_unavailable")
 
 
 def _params(value: object) -> tuple:
