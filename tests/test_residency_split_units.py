@@ -1,11 +1,14 @@
 """The pins the production replicas keep resident, read from the registry with the routes: an
 older registry without the table pins nothing, and a pin table the replica cannot read is an
-error beside the routes, never instead of them."""
+error beside the routes, never instead of them; vLLM's pin kept to the CPU cache."""
 
 from __future__ import annotations
 
 import sqlite3
+import sys
+import types
 
+import loragate_resolver
 import pytest
 from loragate_resolver import registry_reader
 
@@ -56,3 +59,30 @@ def test_a_pin_table_that_cannot_be_read_is_an_error_beside_the_routes(tmp_path)
     rows = registry_reader.routes_with_pins(secrets)
     assert rows.production and rows.pins is None and rows.pins_error.code == "pins_unreadable"
     assert registry_reader.routes(secrets) == (rows.production, rows.windows)  # the routes as ever
+
+
+def test_the_plugin_pins_in_the_cpu_cache_only(monkeypatch):
+    calls: list[str] = []
+
+    class LRUCacheLoRAModelManager:  # vLLM 0.32's, as far as pinning goes
+        def pin_adapter(self, lora_id):
+            self._pin_lora_in_cpu_cache(lora_id)
+            self._pin_lora_in_gpu_cache(lora_id)
+            return True
+
+        def _pin_lora_in_cpu_cache(self, lora_id):
+            calls.append("cpu")
+
+        def _pin_lora_in_gpu_cache(self, lora_id):
+            calls.append("gpu")
+
+    module = types.ModuleType("vllm.lora.model_manager")
+    module.LRUCacheLoRAModelManager = LRUCacheLoRAModelManager  # type: ignore[attr-defined]
+    for name in ("vllm", "vllm.lora"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.lora.model_manager", module)
+    monkeypatch.setattr(loragate_resolver, "_pins_off_the_gpu", False)
+    loragate_resolver.pin_in_the_cpu_cache_only()
+    loragate_resolver.pin_in_the_cpu_cache_only()  # applied once
+    assert LRUCacheLoRAModelManager().pin_adapter(7) is True and calls == ["cpu"]
+    assert loragate_resolver.pins_off_the_gpu()

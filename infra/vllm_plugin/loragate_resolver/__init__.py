@@ -21,7 +21,8 @@ guarded by ``admin_guard``, which checks a load with ``verified`` as well.
 It also mends two faults of vLLM 0.32 that a switch in place meets under load
 (docs/operations/fleet.md): a request admitted just before its name was unloaded (served
 from the index instead of a 404), and a batch holding two versions of one name (both
-activated instead of the engine dying).
+activated instead of the engine dying); and it keeps a pinned adapter out of the GPU slots,
+where a pin can kill the engine (``pin_in_the_cpu_cache_only``, for ``engine_cache``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ INDEX_FORMAT = 2
 _HEX = frozenset("0123456789abcdef")
 # (path, inode, size, mtime, ctime) -> SHA-256 of files hashed before; bounded
 _hashed: dict[tuple[str, int, int, int, int], str] = {}
+_pins_off_the_gpu = False  # pin_in_the_cpu_cache_only patched this process's vLLM
 
 log = logging.getLogger("loragate_resolver")
 
@@ -187,10 +189,12 @@ def _sha256(path: str) -> str | None:
 
 def register() -> None:
     """vLLM's general-plugin entry point (run in the API server, the engine and the workers):
-    keep both versions of a name apart in a batch; when the replica is ours, register the
-    resolver, hide qualified names from whoever loragate did not choose (``qualified``) and
-    load only bytes that hash to the registry's digests (``verified_load``)."""
+    keep both versions of a name apart in a batch and pins out of the GPU slots; when the
+    replica is ours, register the resolver, hide qualified names from whoever loragate did
+    not choose (``qualified``) and load only bytes that hash to the registry's digests
+    (``verified_load``)."""
     keep_each_adapter_of_a_batch()
+    pin_in_the_cpu_cache_only()
     adapter_dir = os.environ.get("LORAGATE_ADAPTER_DIR")
     role = os.environ.get("LORAGATE_REPLICA_ROLE")
     if not adapter_dir or not role:
@@ -248,6 +252,49 @@ def keep_each_adapter_of_a_batch() -> None:
 
     make_lora_inputs.loragate = True  # type: ignore[attr-defined]
     InputBatch.make_lora_inputs = make_lora_inputs
+
+
+def pins_off_the_gpu() -> bool:
+    """Whether this process's vLLM pins adapters in the CPU cache only (``engine_cache`` pins
+    nothing otherwise). Every process of a replica runs the same plugin over the same vLLM,
+    so the API server's answer is the worker's."""
+    return _pins_off_the_gpu
+
+
+def pin_in_the_cpu_cache_only() -> None:
+    """Pin an adapter in the engine's CPU cache, never in a GPU slot.
+
+    vLLM 0.32's ``pin_lora`` pins an adapter in the registered (CPU) cache,
+    ``--max-cpu-loras``, where it is never evicted and so never read from disk again -- the
+    residency loragate wants -- and in a GPU slot (``--max-loras``) too. The scheduler still
+    admits ``max_loras`` distinct adapters to a batch whatever is pinned: with one slot
+    pinned, a batch of ``max_loras`` other adapters evicts one of its own while activating
+    the next, and the mapping names an id with no slot (the engine dies, as in
+    ``keep_each_adapter_of_a_batch``); with every slot pinned, activating any other adapter
+    raises. Activating a registered adapter is a copy in memory; the GPU half of the pin is
+    left out.
+    """
+    global _pins_off_the_gpu
+    try:
+        from vllm.lora.model_manager import LRUCacheLoRAModelManager
+    except Exception:  # another vLLM, or none: patch nothing, pin nothing
+        log.warning("loragate: vLLM's LRUCacheLoRAModelManager not found; adapters are not pinned")
+        return
+    original = getattr(LRUCacheLoRAModelManager, "pin_adapter", None)
+    if original is not None and getattr(original, "loragate", False):
+        _pins_off_the_gpu = True
+        return
+    if original is None or not hasattr(LRUCacheLoRAModelManager, "_pin_lora_in_cpu_cache"):
+        log.warning("loragate: vLLM's pin_adapter is not the one loragate knows; adapters are not pinned")
+        return
+
+    def pin_adapter(self, lora_id: int) -> bool:  # type: ignore[no-untyped-def]
+        self._pin_lora_in_cpu_cache(lora_id)  # raises for an id not registered, as vLLM's does
+        return True
+
+    pin_adapter.loragate = True  # type: ignore[attr-defined]
+    LRUCacheLoRAModelManager.pin_adapter = pin_adapter
+    _pins_off_the_gpu = True
 
 
 def close_the_unload_window(adapter_dir: str, role: str, expect: Expectations | None = None) -> None:
