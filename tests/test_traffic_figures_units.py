@@ -21,6 +21,7 @@ from loragate_resolver.live_stats import (
     SAMPLES,
     LiveStats,
 )
+from loragate_resolver.residency import ResidencyGuard
 
 from tests.support.split import BUCKET_KEY, KEY, NAME, FakeVllm, _split, ask, call, window
 
@@ -186,7 +187,8 @@ def test_the_figures_stay_bounded_after_1000_windows_and_the_active_window_is_al
     wall, mono = Clock(), Clock(0.0)
     split.stats = LiveStats(clock=wall, monotonic=mono)
     table: dict = {}
-    monkeypatch.setattr(registry_reader, "routes", lambda _: table["rows"])
+    split.guard = ResidencyGuard(None, clock=mono)
+    monkeypatch.setattr(registry_reader, "routes_with_pins", lambda _: registry_reader.RouteRows(*table["rows"], []))
     sizes, most_entries, created = [], 0, set()
 
     async def request(path: str, body: dict | None, method: str = "POST") -> tuple[int, bytes]:

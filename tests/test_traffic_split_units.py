@@ -335,11 +335,11 @@ def test_an_index_newer_than_the_table_makes_the_split_read_the_table_again_befo
 
     reads = []
 
-    def routes(secrets_dir):
+    def routes_with_pins(secrets_dir):
         reads.append(secrets_dir)
-        return [(NAME, "p1")], []
+        return registry_reader.RouteRows([(NAME, "p1")], [], [])
 
-    monkeypatch.setattr(registry_reader, "routes", routes)
+    monkeypatch.setattr(registry_reader, "routes_with_pins", routes_with_pins)
     app = FakeVllm()
     split = _split(app, held)
     split.table_started = -1.0
@@ -350,10 +350,10 @@ def test_an_index_newer_than_the_table_makes_the_split_read_the_table_again_befo
 def test_a_registry_that_cannot_be_read_keeps_the_last_table(split_env, monkeypatch):
     from loragate_resolver import registry_reader
 
-    def routes(secrets_dir):
+    def routes_with_pins(secrets_dir):
         raise registry_reader.NotServable("down", "registry_unavailable")
 
-    monkeypatch.setattr(registry_reader, "routes", routes)
+    monkeypatch.setattr(registry_reader, "routes_with_pins", routes_with_pins)
     split = _split(FakeVllm(), routing.Route(NAME, "p1"))
     split.table_started = 0.0
     status, _, _ = call(split, path="/loragate/routes", body={}, headers=[(b"x-loragate-admin-key", KEY.encode())])

@@ -8,7 +8,9 @@ Any other parameter or value, or a query that is not UTF-8, is a 400; an adapter
 has not seen is no error (it has no figures yet). The document: ``replica``, ``role``,
 ``routes``, ``routes_read_at``, ``versions`` (``live_stats.VersionStats`` with its breaker's
 state and trips), ``alerts``, ``fallback_15m`` (the replica's, every adapter's),
-``fallback_15m_by_adapter`` and ``kept`` (entries held, ended-window entries dropped so far).
+``fallback_15m_by_adapter``, ``kept`` (entries held, ended-window entries dropped so far) and
+``residency`` (the adapter cache's guard: ``residency.ResidencyGuard.figures``; its ``adapters``,
+per name sent to vLLM, follow ``adapter=`` and are left out of ``view=alerts``).
 
 Serving it must not stall the tokens the same event loop streams to clients: the loop only
 copies the entries asked for (arrays and dicts, at C speed), letting other tasks run every
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
+from loragate_resolver import routing
 from loragate_resolver.admin_guard import _error
 from loragate_resolver.live_stats import VersionStats
 
@@ -96,7 +99,20 @@ def _head(split: Any, query: Query, scope: dict | None) -> dict[str, Any]:
         "fallback_15m": stats.fallback_rate(),
         "fallback_15m_by_adapter": stats.fallback_rates(query.adapters),
         "kept": {"entries": len(stats.versions), "ended_windows_dropped": stats.ended_windows_dropped},
+        "residency": split.guard.figures(_residency_filter(query), per_adapter=query.view != "alerts"),
     }
+
+
+def _residency_filter(query: Query) -> Any:
+    """The names sent to vLLM (plain or ``name@version``) of the adapters asked for."""
+    if query.adapters is None:
+        return None
+
+    def wanted(lora_name: str) -> bool:
+        qualified = routing.split_qualified(lora_name)
+        return query.wants(qualified[0] if qualified else lora_name)
+
+    return wanted
 
 
 def _entries(split: Any, query: Query) -> Iterator[tuple[VersionStats, str, int]]:

@@ -2,8 +2,11 @@
 
 vLLM's single API server serves prometheus_client's default registry; with several API
 servers it sets ``PROMETHEUS_MULTIPROC_DIR`` before they start and collects every process's
-files, which these families then join (the gauge keeps the largest live value). Without
-prometheus_client (the plugin's unit tests outside vLLM's venv) every call is a no-op.
+files, which these families then join (the gauges keep the largest live value). The adapter
+cache's families (``loragate_lora_*``, ``loragate_first_token_by_residency_seconds``) count
+what the residency guard decided (``residency``, ``engine_cache``), a qualified
+``name@version`` under ``name``. Without prometheus_client (the plugin's unit tests outside
+vLLM's venv) every call is a no-op.
 """
 
 from __future__ import annotations
@@ -49,6 +52,30 @@ def _get() -> dict[str, Any]:
                 ["adapter", "version"],
                 multiprocess_mode="livemax",
             ),
+            "lora_cache": Counter(
+                "loragate_lora_cache", "Adapter cache outcomes of split requests", ["adapter", "outcome"]
+            ),
+            "lora_evictions": Counter(
+                "loragate_lora_evictions", "Adapters pushed out of the engine's cache by a cold load", ["adapter"]
+            ),
+            "lora_cold_load": Histogram(
+                "loragate_lora_cold_load_seconds",
+                "Time to the first body chunk of a request that loaded its adapter",
+                ["adapter"],
+                buckets=buckets,
+            ),
+            "lora_resident": Gauge(
+                "loragate_lora_resident", "Adapters the residency guard holds resident", multiprocess_mode="livemax"
+            ),
+            "lora_pinned": Gauge(
+                "loragate_lora_pinned", "Adapters pinned in the engine's cache", multiprocess_mode="livemax"
+            ),
+            "first_token_by_residency": Histogram(
+                "loragate_first_token_by_residency_seconds",
+                "Time to the first body chunk per adapter, warm (resident) or cold (loaded for it)",
+                ["adapter", "residency"],
+                buckets=buckets,
+            ),
         }
     except ValueError:  # registered twice in one process (a test re-importing): stay quiet
         log.warning("loragate: live-traffic metrics already registered; not exported again")
@@ -77,3 +104,34 @@ def breaker(adapter: str, version: str, is_open: bool) -> None:
     families = _get()
     if families:
         families["breaker"].labels(adapter, version).set(1 if is_open else 0)
+
+
+def lora_cache(adapter: str, outcome: str) -> None:
+    families = _get()
+    if families:
+        families["lora_cache"].labels(adapter, outcome).inc()
+
+
+def lora_eviction(adapter: str) -> None:
+    families = _get()
+    if families:
+        families["lora_evictions"].labels(adapter).inc()
+
+
+def lora_cold_load(adapter: str, seconds: float) -> None:
+    families = _get()
+    if families:
+        families["lora_cold_load"].labels(adapter).observe(seconds)
+
+
+def lora_cache_size(resident: int, pinned: int) -> None:
+    families = _get()
+    if families:
+        families["lora_resident"].set(resident)
+        families["lora_pinned"].set(pinned)
+
+
+def first_token_by_residency(adapter: str, residency: str, seconds: float) -> None:
+    families = _get()
+    if families:
+        families["first_token_by_residency"].labels(adapter, residency).observe(seconds)

@@ -25,7 +25,10 @@ for only those adapters', ``view=alerts`` for no versions: ``figures``, which se
 the event loop) and ``metrics`` (``/metrics``). Each read of the routing table prunes them
 (``prune``): an ended window's entries and unrouted versions' go once idle for 15 minutes.
 ``faults`` is where a test replica's subclass of the split injects errors and delays; here it
-is ``NoFaults``, which injects none.
+is ``NoFaults``, which injects none. Before each version it asks, the split asks the residency
+guard whether the engine's adapter cache can take it (``residency``, ``engine_cache``: what is
+and is not guarded); after each read of the routes it corrects the guard from the engine and
+pins the adapters the registry pins.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from loragate_resolver import read_index, registry_reader, request_ids, routing, traffic_flow
+from loragate_resolver import engine_cache, read_index, registry_reader, request_ids, residency, routing, traffic_flow
 from loragate_resolver.admin_guard import HEADER as ADMIN_HEADER
 from loragate_resolver.admin_guard import _error, _replay, _respond, header, key_matches
 from loragate_resolver.breaker import OPEN, Breaker, Limits
@@ -124,11 +127,15 @@ class TrafficSplit:
         self.stats = LiveStats()
         self.breakers: dict[tuple[str, str], Breaker] = {}
         self.routes: dict[str, routing.Route] = {}
+        self.guard = residency.from_environment()  # its capacity: the engine's, once the app is seen
+        self.engine_cache = engine_cache.EngineCache()
+        self.pins: list[str] = []  # the adapters the registry pins
+        self.app_state: Any = None
         self.loaded = False
         self.read_at: datetime | None = None
         self.table_started = -1.0
         self._reading: asyncio.Future | None = None
-        self._read_failed = False
+        self._read_failed = self._pins_failed = False
         self._loop: asyncio.Task | None = None
 
     # -- the routing table ----------------------------------------------------------------
@@ -136,13 +143,18 @@ class TrafficSplit:
     async def _read(self) -> bool:
         started = time.monotonic()
         try:
-            production, windows = await asyncio.to_thread(registry_reader.routes, self.secrets_dir)
+            rows = await asyncio.to_thread(registry_reader.routes_with_pins, self.secrets_dir)
         except registry_reader.NotServable as e:
             if not self._read_failed:  # once per outage: the replica keeps its last table
                 logging.getLogger(__name__).warning("loragate: routes not read, last table kept: %s", e)
             self._read_failed = True
             return False
-        self.routes = routing.routes_from_rows(production, windows)
+        self.routes = routing.routes_from_rows(rows.production, rows.windows)
+        if rows.pins is not None:
+            self.pins = rows.pins
+        elif not self._pins_failed:  # once per outage: the last pins kept
+            logging.getLogger(__name__).warning("loragate: pins not read, last kept: %s", rows.pins_error)
+        self._pins_failed = rows.pins is None
         self.table_started, self.read_at, self.loaded = started, datetime.now(UTC), True
         self._read_failed = False
         self.prune()
@@ -153,6 +165,7 @@ class TrafficSplit:
         the breakers of versions neither routed nor in the figures, unless open: a version
         nobody is sent to gets no request that would close a breaker past its cooldown."""
         self.stats.prune(self.routes)
+        self.guard.prune()
         kept = self.stats.pairs() | {(n, v) for n, r in self.routes.items() for v in (r.production, r.canary) if v}
         limits = self.current_limits()
         for pair in [p for p in self.breakers if p not in kept]:
@@ -184,6 +197,7 @@ class TrafficSplit:
                 await self.refresh()
             except Exception:  # never let the loop die: the next round tries again
                 logging.getLogger(__name__).exception("loragate: routes refresh failed")
+            await self.engine_cache.tend(self)  # off the read requests may wait on; never raises
             await asyncio.sleep(self.refresh_s)
 
     def _routes_json(self) -> dict[str, Any]:
@@ -196,6 +210,8 @@ class TrafficSplit:
             self._loop = asyncio.get_running_loop().create_task(self._refresh_forever())
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if self.app_state is None and "app" in scope:
+            engine_cache.adopt(self, scope["app"])
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         method = scope.get("method")
         if path in (TRAFFIC_PATH, FEEDBACK_PATH, ROUTES_PATH):

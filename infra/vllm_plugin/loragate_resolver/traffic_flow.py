@@ -11,7 +11,8 @@ where a later version answered the request -- the canary's only where production
 is the replica's. Only the
 answer's start message is held; its body streams through as it comes. A good
 non-streaming answer's body (already kept for its usage) also gives its text, sampled for
-the format check (``live_stats``); streamed answers are not sampled.
+the format check (``live_stats``); streamed answers are not sampled. A version the residency
+guard refuses (``engine_cache``) is skipped, as one whose breaker is open, and charged to none.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
-from loragate_resolver import metrics, qualified, request_ids, routing
+from loragate_resolver import engine_cache, metrics, qualified, request_ids, routing
 from loragate_resolver.admin_guard import _error, _replay
+from loragate_resolver.residency import REFUSED
 
 VERSION_HEADER = b"x-loragate-version"
 REQUEST_ID_HEADER = b"x-loragate-request-id"
@@ -62,6 +64,7 @@ class Attempt:
         self.first_chunk_at: float | None = None
         self.last_chunk_at: float | None = None
         self.events = 0
+        self.residency: str | None = None  # warm or cold: its adapter's, as the guard saw it
         self.kept: list[bytes] = []
         self.kept_size = 0
         self._parsed: dict | None = None
@@ -179,9 +182,17 @@ async def answer(
         served = split.base_name if step.version is None else adapter
         if splitting and step.version is not None:
             served = routing.served_name(adapter, step.version, index_version, loaded_names(scope))
+        admission = None
+        if step.version is not None:
+            admission = engine_cache.admit(split, adapter, served, last)
+            if admission.kind == REFUSED:  # the engine's cache cannot take it now
+                reason = reason or f"{step.kind}_residency:{admission.reason}"
+                continue
         if served not in written:
             written[served] = await _rewritten(body, served, len(raw))
         attempt = await _forward(split.app, scope, receive, send, written[served], headers, last, streaming, began)
+        if admission is not None:
+            engine_cache.attempted(split, adapter, served, admission, attempt)
         if attempt.swallowed:
             failures.append((step, attempt.status))
             reason = reason or f"{step.kind}_failed:{attempt.status}"
@@ -330,6 +341,8 @@ def _account(
         slow = judged and p99 is not None and per_token is not None and per_token > 3 * p99
         _breaker(split, adapter, step, ok=not error, slow=slow)
     split.stats.finished(adapter, reason is not None)
+    if ttft_ms is not None and attempt.residency is not None:
+        metrics.first_token_by_residency(adapter, attempt.residency, ttft_ms / 1000)
     metrics.request(
         adapter, step.label, "error" if error else "ok", latency_ms / 1000, ttft_ms / 1000 if ttft_ms else None
     )
