@@ -199,6 +199,10 @@ def replicas(tiny_base, replica_adapters, replica_secrets, tmp_path_factory):
             # a switched name in a batch, a client looping through switches killed the engine
             # within two switches at this setting
             max_cpu_loras=4,
+            # every test's adapters pass through these four slots, a few seconds apart: the
+            # residency guard's defaults (30 s, 5 evictions a minute) would answer a test's
+            # request from the base for the tests before it; here it refuses nothing
+            traffic_env={"LORAGATE_MIN_RESIDENCY_S": "0", "LORAGATE_EVICTIONS_PER_MINUTE": "1000000"},
             faults_file=faults / f"{key}.json",
             owner_moves=True,
         )
