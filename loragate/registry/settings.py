@@ -146,6 +146,10 @@ class Settings(BaseSettings):
     canary_ab_error_margin: float = Field(default=0.01, ge=0.0, le=1.0)
     # a replica's fallback rate over its last 15 minutes above this alerts
     fallback_alert_rate: float = Field(default=0.05, ge=0.0, le=1.0)
+    # the most adapters of a base pinned on its production replicas (a person's pins count, and
+    # are kept beyond it): the traffic watch pins the busiest of the last 15 minutes up to it,
+    # never more than each production replica's slots leave (rules/pinning.py). 0: no hot pins
+    hot_pins: int = Field(default=10, ge=0)
     # how long a promotion waits for a person's decision, and how often it looks
     approval_timeout_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     # how long an approval code (`loragate approve-code`) stays good: issued, typed, used
