@@ -87,6 +87,8 @@ OPERATIONS: dict[str, tuple[Action, Callable[[World, Registry], object]]] = {
         lambda w, r: r.add_replica("http://127.0.0.1:8", "tiny-llama", "production", str(w.tmp / "a")),
     ),
     "remove a replica": (Action.MANAGE_FLEET, lambda w, r: r.remove_replica("http://127.0.0.1:9")),
+    "pin an adapter": (Action.PIN_ADAPTERS, lambda w, r: r.pin(NAME)),
+    "replace the hot pins": (Action.MANAGE_FLEET, lambda w, r: r.replace_hot_pins([NAME])),
     "create a token": (Action.MANAGE_TOKENS, lambda w, r: r.create_token("training", "someone")),
     "list tokens": (Action.MANAGE_TOKENS, lambda w, r: r.list_tokens()),
     "revoke a token": (Action.MANAGE_TOKENS, lambda w, r: r.revoke_token(w.victim)),
@@ -110,6 +112,8 @@ ALLOWED = {
     "pin a base": {Role.ADMIN},
     "add a replica": {Role.FLEET, Role.ADMIN},
     "remove a replica": {Role.FLEET, Role.ADMIN},
+    "pin an adapter": {Role.ADMIN},  # a person's decision: the traffic watch pins hot ones only
+    "replace the hot pins": {Role.FLEET, Role.ADMIN},
     "create a token": {Role.ADMIN},
     "list tokens": {Role.ADMIN},
     "revoke a token": {Role.ADMIN},

@@ -1,5 +1,5 @@
-"""The Postgres roles of migration 0006 (and 0010's fleet): a process holding one loragate
-role's database credentials can do that role's writes and nothing else.
+"""The Postgres roles of migration 0006 (and 0010's fleet, 0014's pins): a process holding one
+loragate role's database credentials can do that role's writes and nothing else.
 
 The matrix runs one statement per case as each role's database user against a real
 populated registry, each in its own transaction that is rolled back: an allowed statement
@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 
 from kit.tenant_tasks import write_golden_set
 from loragate.registry.db import migrate
-from loragate.registry.db.schema import adapters, approval_codes, metadata
+from loragate.registry.db.schema import adapter_pins, adapters, approval_codes, metadata
 from loragate.registry.db.store import make_engine
 from loragate.registry.db.users import role_database_url
 from loragate.registry.errors import PermissionDenied
@@ -44,6 +44,9 @@ NAME = "acme/tiny-llama/support"
 # registered but never used to sign: the signature case inserts one with it
 SPARE_KEY = generate_key_pair()
 REVIEWER = "reviewer"  # holds an activation token: a production sign-off needs one
+# adapters without versions beside NAME (a person's pin): one pinned hot, one not pinned
+HOT_NAME = "acme/tiny-llama/hot"
+FREE_NAME = "acme/tiny-llama/free"
 SIDE = SideStats(20, 0, 50.0, 100.0)
 
 
@@ -91,6 +94,8 @@ class Populated:
             "token_id": self.token_id,
             "spare_key": key_id(SPARE_KEY.public_pem),
             "base_commit": self.base_commit,
+            "hot_name": HOT_NAME,
+            "free_name": FREE_NAME,
         }
 
 
@@ -114,9 +119,21 @@ def populate(url: str, root: Path, tiny_base: Path, bundle: Path) -> Populated:
         registry.add_base(str(tiny_base), "spare-llama")
         registry.add_replica("http://127.0.0.1:9", "spare-llama", "canary", str(root / "replica-adapters"))
         token, reviewer_token = registry.create_token("activation", REVIEWER)
+        registry.pin(NAME)
     engine = make_engine(settings.database)
     try:
         with engine.begin() as conn:
+            for name in (HOT_NAME, FREE_NAME):
+                conn.execute(
+                    insert(adapters).values(
+                        name=name,
+                        namespace="acme",
+                        base="tiny-llama",
+                        task=name.rsplit("/", 1)[1],
+                        created_at=datetime.now(UTC),
+                    )
+                )
+            conn.execute(insert(adapter_pins).values(adapter_name=HOT_NAME, source="hot", pinned_by="owner"))
             # a code issued for the window, as the owner: the application issues one only for
             # a window ready for sign-off, and this one stays open for the cases below
             issued = issue_code()
@@ -270,7 +287,7 @@ def test_activation_signs_off_and_promotes_to_production_but_cannot_record_a_val
     assert registry_snapshot(fresh.settings(), artifacts=False) == before
 
 
-def test_admin_manages_bases_fleet_tokens_and_keys_but_cannot_promote(fresh, tiny_base, tmp_path):
+def test_admin_manages_bases_fleet_pins_tokens_and_keys_but_cannot_promote(fresh, tiny_base, tmp_path):
     with fresh.open("admin") as admin:
         _, pinned = admin.add_base(str(tiny_base), "tiny-llama-copy")
         assert pinned
@@ -281,6 +298,7 @@ def test_admin_manages_bases_fleet_tokens_and_keys_but_cannot_promote(fresh, tin
         key = generate_key_pair()
         admin.add_signing_key(key.public_pem, "activation", "admin-tests")
         admin.revoke_signing_key(key_id(key.public_pem))
+        assert admin.pin(HOT_NAME)[1] and admin.unpin(NAME).name == NAME  # a hot pin made a person's
         before = registry_snapshot(fresh.settings(), artifacts=False)
         with pytest.raises(PermissionDenied):
             promote(admin, fresh.v1, "production")
@@ -289,8 +307,9 @@ def test_admin_manages_bases_fleet_tokens_and_keys_but_cannot_promote(fresh, tin
 
 def test_fleet_reconciles_and_manages_replicas_but_can_mint_no_token_and_move_no_pointer(fresh, tmp_path):
     """What the fleet pool's worker connects as: replicas in and out, reconcile holding each
-    adapter's row; a token (which a person's activation token would be) or a pointer move is
-    refused by the database itself, whatever the application was told."""
+    adapter's row, the hot pins replaced; a token (which a person's activation token would
+    be), a person's pin or a pointer move is refused by the database itself, whatever the
+    application was told."""
     from loragate.tasks.reconcile import reconcile_fleet
 
     with fresh.open("fleet") as fleet:
@@ -300,7 +319,10 @@ def test_fleet_reconciles_and_manages_replicas_but_can_mint_no_token_and_move_no
             assert held is not None and held.canary == fresh.v1
         states = reconcile_fleet(fleet)  # nothing listens at :11: unreachable, and nothing refused
         assert [(s.replica.url, s.reachable) for s in states] == [("http://127.0.0.1:11", False)]
+        assert fleet.replace_hot_pins([NAME, FREE_NAME]) == ([FREE_NAME], [HOT_NAME])  # NAME stays a person's
         before = registry_snapshot(fresh.settings(), artifacts=False)
+        with pytest.raises(PermissionDenied, match="loragate_fleet"):
+            fleet.unpin(NAME)
         with pytest.raises(PermissionDenied, match="loragate_fleet"):
             fleet.create_token("activation", "mallory")
         with pytest.raises(PermissionDenied, match="loragate_fleet"):

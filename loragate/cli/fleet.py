@@ -1,7 +1,8 @@
 """``loragate fleet``: the serving fleet -- add, remove, list, status (drift), reconcile,
 watch (the live-traffic alerts of every adapter in production, read once from each
-production replica: what the scheduled ``traffic-watch`` flow does every minute), and plan
-(the slots and cache each base's replicas need, and whether each replica's hold them)."""
+production replica: what the scheduled ``traffic-watch`` flow does every minute), plan
+(the slots and cache each base's replicas need, and whether each replica's hold them), and
+pin, unpin, pins (the adapters every production replica keeps loaded)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,34 @@ def cmd_fleet_watch(args: argparse.Namespace) -> int:
         lambda: "\n".join(lines) or "no new traffic alert",
     )
     return EXIT_FAILED if unreadable else EXIT_OK
+
+
+def cmd_fleet_pin(args: argparse.Namespace) -> int:
+    with open_registry(args) as reg:
+        pin, changed = reg.pin(args.name)
+    emit(args, {**pin.as_dict(), "changed": changed}, f"{'pinned' if changed else 'already pinned'} {pin.name}")
+    return EXIT_OK
+
+
+def cmd_fleet_unpin(args: argparse.Namespace) -> int:
+    with open_registry(args) as reg:
+        pin = reg.unpin(args.name)
+    emit(args, pin.as_dict(), f"unpinned {pin.name} (was {pin.source.value})")
+    return EXIT_OK
+
+
+def cmd_fleet_pins(args: argparse.Namespace) -> int:
+    with open_registry(args) as reg:
+        pins = reg.pins()
+    emit(
+        args,
+        [p.as_dict() for p in pins],
+        lambda: (
+            "\n".join(f"{p.name}\t{p.source.value}\t{p.pinned_by}\t{p.pinned_at.isoformat()}" for p in pins)
+            or "(no pinned adapters)"
+        ),
+    )
+    return EXIT_OK
 
 
 def cmd_fleet_plan(args: argparse.Namespace) -> int:
@@ -182,6 +211,14 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         "watch", parents=[common], help="raise the live-traffic alerts of every adapter in production, once"
     )
     p.set_defaults(func=cmd_fleet_watch)
+    p = fleet.add_parser("pin", parents=[common], help="keep an adapter loaded on every production replica")
+    p.add_argument("name", help="the adapter, <namespace>/<base>/<task>")
+    p.set_defaults(func=cmd_fleet_pin)
+    p = fleet.add_parser("unpin", parents=[common], help="remove an adapter's pin (a person's or a hot one)")
+    p.add_argument("name", help="the adapter, <namespace>/<base>/<task>")
+    p.set_defaults(func=cmd_fleet_unpin)
+    p = fleet.add_parser("pins", parents=[common], help="the pinned adapters: a person's and the hot ones")
+    p.set_defaults(func=cmd_fleet_pins)
     p = fleet.add_parser(
         "plan",
         parents=[common],

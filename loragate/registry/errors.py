@@ -27,6 +27,7 @@ class ErrorCode(StrEnum):
     INVALID_SETTING = "invalid_setting"
     INVALID_GOLDEN_SET = "invalid_golden_set"
     NOT_FOUND = "not_found"
+    UNKNOWN_ADAPTER = "unknown_adapter"  # a name no adapter of the registry has (pinning one)
     ALREADY_EXISTS = "already_exists"
     ILLEGAL_TRANSITION = "illegal_transition"
     VALIDATION_REQUIRED = "validation_required"

@@ -32,9 +32,16 @@ COMMAND_ROLES = {
 }
 
 
+# a person's pins: admin, where the rest of `fleet` is the fleet role's
+ADMIN_FLEET_COMMANDS = ("pin", "unpin")
+
+
 def role_for(argv) -> str | None:
     """The role ``loragate *argv`` runs under in tests."""
-    command = next((a for a in argv if not a.startswith("-")), None)
+    words = [a for a in argv if not a.startswith("-")]
+    command = words[0] if words else None
+    if command == "fleet" and words[1:2] and words[1] in ADMIN_FLEET_COMMANDS:
+        return "admin"
     if command == "promote":
         return "activation" if "production" in argv else "signing"
     if command == "rollback":

@@ -229,4 +229,24 @@ MATRIX = [
         frozenset({"admin", "fleet"}),
     ),
     ("remove-a-replica", "DELETE FROM replicas", frozenset({"admin", "fleet"})),
+    # pinned adapters (migration 0014): the fleet's traffic watch replaces the hot pins; a
+    # person's pin (operator) only admin writes -- grants per column, a trigger per row
+    (
+        "pin-an-adapter-hot",
+        "INSERT INTO adapter_pins (adapter_name, source, pinned_by) VALUES (:free_name, 'hot', 'probe')",
+        frozenset({"admin", "fleet"}),
+    ),
+    (
+        "pin-an-adapter-as-a-persons",
+        "INSERT INTO adapter_pins (adapter_name, source, pinned_by) VALUES (:free_name, 'operator', 'probe')",
+        frozenset({"admin"}),
+    ),
+    ("drop-a-hot-pin", "DELETE FROM adapter_pins WHERE source = 'hot'", frozenset({"admin", "fleet"})),
+    ("drop-a-persons-pin", "DELETE FROM adapter_pins WHERE source = 'operator'", frozenset({"admin"})),
+    (
+        "make-a-hot-pin-a-persons",
+        "UPDATE adapter_pins SET source = 'operator', pinned_by = 'probe', pinned_at = now() WHERE source = 'hot'",
+        frozenset({"admin"}),
+    ),
+    ("move-a-pin-to-another-adapter", "UPDATE adapter_pins SET adapter_name = :free_name", NOBODY),
 ]

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    func,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -117,6 +118,23 @@ stage_pointers = Table(
     Column("stage", String(16), primary_key=True),
     Column("version_id", String(64), ForeignKey("adapter_versions.version_id"), nullable=False),
     Column("moved_at", Timestamp, nullable=False),
+)
+
+# the adapters every production replica keeps in a slot (0014): a person's (operator) or the
+# traffic watch's (hot); the replicas read adapter_name
+adapter_pins = Table(
+    "adapter_pins",
+    metadata,
+    Column(
+        "adapter_name",
+        String(194),
+        ForeignKey("adapters.name", ondelete="CASCADE", name="fk_adapter_pins_adapter"),
+        primary_key=True,
+    ),
+    Column("source", String(16), nullable=False),
+    Column("pinned_by", String(128), nullable=False),
+    Column("pinned_at", Timestamp, nullable=False, server_default=func.now()),
+    CheckConstraint("source IN ('operator', 'hot')", name="ck_adapter_pins_source"),
 )
 
 audit_events = Table(

@@ -6,6 +6,7 @@ is stored in ``db/canary.py``, not in a file of everything.
     store.versions      adapter versions                        (db/versions.py)
     store.pointers      adapters, pointers, claims              (db/pointers.py)
     store.fleet         replicas                                (db/fleet.py)
+    store.pins          adapters pinned on production replicas  (db/pins.py)
     store.access        tokens, keys, signatures                (db/access.py)
     store.golden        golden sets                             (db/validation.py)
     store.validation    validation runs                         (db/validation.py)
@@ -31,6 +32,7 @@ from loragate.registry.db.catalog import CatalogRepository
 from loragate.registry.db.database import DEFAULT_LIMITS, Database, SessionLimits, make_engine
 from loragate.registry.db.fleet import FleetRepository
 from loragate.registry.db.limits import LimitsRepository
+from loragate.registry.db.pins import PinRepository
 from loragate.registry.db.pointers import PointerRepository
 from loragate.registry.db.progress import ProgressRepository
 from loragate.registry.db.sign_offs import SignOffRepository
@@ -45,6 +47,7 @@ class SqlStore:
         self.versions = VersionRepository(self.db)
         self.pointers = PointerRepository(self.db)
         self.fleet = FleetRepository(self.db)
+        self.pins = PinRepository(self.db)
         self.access = AccessRepository(self.db)
         self.golden = GoldenSetRepository(self.db)
         self.validation = ValidationRunRepository(self.db)

@@ -4,7 +4,8 @@ Five roles split the pipeline so that no single credential can take an adapter f
 training job to traffic: ``training`` registers, ``signing`` validates, signs and moves
 staging→canary, ``activation`` promotes canary→production, rolls back and signs off,
 ``fleet`` makes the replicas serve what the pointers say (reconcile, replicas in and out of
-the fleet), and ``admin`` manages tokens, keys, bases and the fleet.
+the fleet, the hot pins the traffic watch chooses), and ``admin`` manages tokens, keys, bases
+and the fleet, and pins adapters.
 
 ``admin`` is a person's role and lives on no worker: it can mint any token, a person's
 activation token included, so whoever holds it can sign off a production move. The
@@ -63,6 +64,7 @@ class Action(StrEnum):
     MANAGE_TOKENS = "manage tokens"
     MANAGE_KEYS = "manage signing keys"
     MANAGE_FLEET = "manage the fleet"
+    PIN_ADAPTERS = "pin adapters"  # a person's pins; the traffic watch's hot pins are MANAGE_FLEET
     MANAGE_BASES = "manage base models"
     COLLECT_GARBAGE = "collect garbage"
 
@@ -84,7 +86,14 @@ PERMISSIONS: dict[Role, frozenset[Action]] = {
     # the fleet pool's worker: drive the replicas, read the registry; never tokens, keys or a sign-off
     Role.FLEET: frozenset({Action.MANAGE_FLEET}),
     Role.ADMIN: frozenset(
-        {Action.MANAGE_TOKENS, Action.MANAGE_KEYS, Action.MANAGE_FLEET, Action.MANAGE_BASES, Action.COLLECT_GARBAGE}
+        {
+            Action.MANAGE_TOKENS,
+            Action.MANAGE_KEYS,
+            Action.MANAGE_FLEET,
+            Action.PIN_ADAPTERS,
+            Action.MANAGE_BASES,
+            Action.COLLECT_GARBAGE,
+        }
     ),
 }
 

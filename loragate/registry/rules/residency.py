@@ -248,7 +248,7 @@ class ResidencyPlan:
     base_model_id: str
     role: ReplicaRole
     residents: tuple[ResidentVersion, ...]
-    pinned: int = 0  # adapters that must never leave a slot; none until pinning exists
+    pinned: int = 0  # served adapters that never leave a slot (adapter_pins: rules/pinning.py)
     shape: BaseShape | None = None  # None: memory is not planned (``shape_note`` says why)
     shape_note: str = ""
     headroom_fraction: float = WORKING_SET_HEADROOM

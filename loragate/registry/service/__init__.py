@@ -9,6 +9,7 @@
 - ``access``      tokens and signing keys
 - ``fleet``       replicas, expected outputs, materializing a bundle for a replica
 - ``residency``   how many adapters a base's replicas must hold, and their memory
+- ``pins``        adapters pinned on the production replicas: a person's, and the hot ones
 - ``canary``      canary windows, observations, sign-offs
 - ``gc``          what crashed writes left behind
 """

@@ -13,6 +13,7 @@ from loragate.registry.service.fleet import FleetMixin
 from loragate.registry.service.gc import GcMixin
 from loragate.registry.service.intake import IntakeMixin
 from loragate.registry.service.lifecycle import LifecycleMixin
+from loragate.registry.service.pins import PinsMixin
 from loragate.registry.service.reading import ReadingMixin
 from loragate.registry.service.traffic import TrafficMixin
 from loragate.registry.settings import Settings
@@ -25,6 +26,7 @@ class Registry(
     LifecycleMixin,
     AccessMixin,
     FleetMixin,
+    PinsMixin,
     CanaryMixin,
     TrafficMixin,
     ApprovalMixin,

@@ -1,7 +1,8 @@
 """The residency plan of a base as the registry knows it: the versions its replicas of one
 role keep (pointers and active canary windows), each sized by its manifest against the
 pinned base's ``config.json``, read from the base's files and checked against the config
-hash it was pinned with. Read-only; the arithmetic is ``rules/residency.py``'s."""
+hash it was pinned with, and on production the pinned adapters among them (``adapter_pins``).
+Read-only; the arithmetic is ``rules/residency.py``'s."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from loragate.registry.intake.catalog import base_directory, config_facts
 from loragate.registry.intake.jsonio import loads_object
 from loragate.registry.records.bases import BaseModelRecord
 from loragate.registry.rules.canary import ACTIVE
+from loragate.registry.rules.fleet import ReplicaRole
 from loragate.registry.rules.fleet import replica_role as replica_role_of
 from loragate.registry.rules.residency import (
     BaseShape,
+    Residence,
     ResidencyPlan,
     ResidentVersion,
     adapter_bytes,
@@ -23,25 +26,23 @@ from loragate.registry.settings import VLLM_LORA_RANKS
 
 
 class ResidencyMixin(RegistryBase):
-    def residency_plan(
-        self, base_model_id: str, *, role: str = "production", pinned: int = 0, memory: bool = True
-    ) -> ResidencyPlan:
+    def residency_plan(self, base_model_id: str, *, role: str = "production", memory: bool = True) -> ResidencyPlan:
         """What replicas of ``base_model_id`` in ``role`` must hold. ``memory``: size each
         version too (reads the base's ``config.json``; the counts and ranks need no file).
         When the base's files cannot be read the plan says so and leaves memory unknown.
+        Its ``pinned`` count is the pinned adapters (``adapter_pins``) production serves: the
+        production replicas keep them in slots; a canary replica pins none.
 
         Raises:
             InvalidInput: UNKNOWN_BASE for a base that is not pinned; INVALID_SETTING for a
-                bad role or pinned count; MANIFEST_MISMATCH naming a target module whose
-                memory cannot be planned; INVALID_BASE naming a config.json key it lacks.
+                bad role; MANIFEST_MISMATCH naming a target module whose memory cannot be
+                planned; INVALID_BASE naming a config.json key it lacks.
             IntegrityFailure: BASE_DRIFT when the base's config.json changed since it was pinned.
         """
         pins = self._store.catalog.bases(base_model_id)
         if not pins:
             raise InvalidInput(f"base {base_model_id} is not pinned", code=ErrorCode.UNKNOWN_BASE, field="base")
         replica_role = replica_role_of(role)
-        if pinned < 0:
-            raise InvalidInput(f"pinned {pinned} must be 0 or more", code=ErrorCode.INVALID_SETTING, field="pinned")
         windows = {w.adapter_name: w.version_id for w in self._store.canary.windows(statuses=ACTIVE)}
         adapters = self._store.pointers.all_pointers(base_model_id)
         shapes: dict[str, tuple[BaseShape | None, str]] = {}
@@ -62,6 +63,10 @@ class ResidencyMixin(RegistryBase):
                 shape = shape_of(version.base_model_commit)[0]
                 size = adapter_bytes(shape, version.lora_rank, target_modules) if shape else None
             residents.append(ResidentVersion(name, version_id, residence, version.lora_rank, target_modules, size))
+        pinned = 0
+        if replica_role == ReplicaRole.PRODUCTION:
+            names = {p.name for p in self._store.pins.pins()}
+            pinned = sum(1 for r in residents if r.residence == Residence.SERVED and r.name in names)
         # slots are sized by the latest pin's shape: the commit replicas are added at by default
         shape, note = shape_of(pins[-1].base_model_commit) if memory else (None, "")
         return ResidencyPlan(
