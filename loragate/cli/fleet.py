@@ -1,8 +1,9 @@
 """``loragate fleet``: the serving fleet -- add, remove, list, status (drift), reconcile,
 watch (the live-traffic alerts of every adapter in production, read once from each
-production replica: what the scheduled ``traffic-watch`` flow does every minute), plan
-(the slots and cache each base's replicas need, and whether each replica's hold them), and
-pin, unpin, pins (the adapters every production replica keeps loaded)."""
+production replica, and the hot pins re-chosen from the same read: what the scheduled
+``traffic-watch`` flow does every minute), plan (the slots and cache each base's replicas
+need, and whether each replica's hold them), and pin, unpin, pins (the adapters every
+production replica keeps loaded)."""
 
 from __future__ import annotations
 
@@ -79,18 +80,22 @@ def cmd_fleet_reconcile(args: argparse.Namespace) -> int:
 
 
 def cmd_fleet_watch(args: argparse.Namespace) -> int:
-    from loragate.tasks.traffic_watch import watch_traffic
+    from loragate.tasks.hot_pins import recent_requests, repin_hot
+    from loragate.tasks.traffic_watch import watch_fleet
 
+    progress = progress_printer(args)
     with open_registry(args) as reg:
-        raised, unreadable = watch_traffic(reg, progress=progress_printer(args))
-    lines = [f"ALERT {a.kind} {a.name} on {a.replica}: {a.detail}" for a in raised]
-    lines += [f"unreadable: {line}" for line in unreadable]
+        watched = watch_fleet(reg, progress=progress)
+        hot = repin_hot(reg, *recent_requests(watched.figures, watched.names), progress=progress)
+    lines = [f"ALERT {a.kind} {a.name} on {a.replica}: {a.detail}" for a in watched.alerts]
+    lines += [f"unreadable: {line}" for line in watched.unreadable]
+    lines += [f"hot pin: {name}" for name in hot.added] + [f"hot pin removed: {name}" for name in hot.removed]
     emit(
         args,
-        {"alerts": [a.as_dict() for a in raised], "unreadable": unreadable},
+        {"alerts": [a.as_dict() for a in watched.alerts], "unreadable": watched.unreadable, "hot_pins": hot.as_dict()},
         lambda: "\n".join(lines) or "no new traffic alert",
     )
-    return EXIT_FAILED if unreadable else EXIT_OK
+    return EXIT_FAILED if watched.unreadable else EXIT_OK
 
 
 def cmd_fleet_pin(args: argparse.Namespace) -> int:
@@ -208,7 +213,9 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p = fleet.add_parser("reconcile", parents=[common], help="make every replica serve what the pointers say")
     p.set_defaults(func=cmd_fleet_reconcile)
     p = fleet.add_parser(
-        "watch", parents=[common], help="raise the live-traffic alerts of every adapter in production, once"
+        "watch",
+        parents=[common],
+        help="raise the live-traffic alerts of every adapter in production and re-choose the hot pins, once",
     )
     p.set_defaults(func=cmd_fleet_watch)
     p = fleet.add_parser("pin", parents=[common], help="keep an adapter loaded on every production replica")

@@ -1,9 +1,10 @@
 """The always-on traffic watch: every minute, every production replica read once for the
-trips and fallback rates of every adapter in production, canary window or not
-(``tasks/traffic_watch.py``). An alert recorded now goes to Slack once and to the run's log;
-the run's ``traffic-watch`` artifact lists them, with the replicas that could not be read.
-``canary-evaluate`` announces the alerts of the adapters it judges the same way
-(``announce_alerts``)."""
+trips, fallback rates and recent requests of every adapter in production, canary window or
+not (``tasks/traffic_watch.py``); then each base's busiest adapters pinned hot from those
+requests (``tasks/hot_pins.py``). An alert recorded now goes to Slack once and to the run's
+log; the run's ``traffic-watch`` artifact lists them, with the replicas that could not be read
+and the hot pins added or removed. ``canary-evaluate`` announces the alerts of the adapters it
+judges the same way (``announce_alerts``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from prefect.logging import get_run_logger
 
 from loragate.tasks import notify
 from loragate.tasks.notify_task import notify_task
-from loragate.tasks.watch_tasks import watch_fleet_traffic
+from loragate.tasks.watch_tasks import repin_hot_adapters, watch_fleet_traffic
 
 
 def announce_alerts(alerts: list[dict[str, Any]]) -> None:
@@ -32,7 +33,9 @@ def announce_alerts(alerts: list[dict[str, Any]]) -> None:
 def traffic_watch_flow() -> dict[str, Any]:
     watched = watch_fleet_traffic()
     announce_alerts(watched["alerts"])
-    if watched["alerts"] or watched["unreadable"]:
+    hot = repin_hot_adapters(watched["requests"], watched["unread_bases"])
+    changed = [f"- hot pin: {name}" for name in hot["added"]] + [f"- hot pin removed: {n}" for n in hot["removed"]]
+    if watched["alerts"] or watched["unreadable"] or changed:
         lines = [
             f"- **{a['kind']}** {a['name']}"
             + (f" {a['version_id']}" if a["version_id"] else "")
@@ -41,7 +44,10 @@ def traffic_watch_flow() -> dict[str, Any]:
         ] + [f"- live figures unreadable: {line}" for line in watched["unreadable"]]
         create_markdown_artifact(
             key="traffic-watch",
-            markdown="### Live traffic alerts raised now\n\n" + "\n".join(lines),
-            description=f"{len(watched['alerts'])} alert(s), {len(watched['unreadable'])} replica(s) unreadable",
+            markdown="### Live traffic alerts raised now\n\n"
+            + ("\n".join(lines) or "(none)")
+            + ("\n\n### Hot pins changed\n\n" + "\n".join(changed) if changed else ""),
+            description=f"{len(watched['alerts'])} alert(s), {len(watched['unreadable'])} replica(s) unreadable, "
+            f"{len(changed)} hot pin change(s)",
         )
-    return watched
+    return {"alerts": watched["alerts"], "unreadable": watched["unreadable"], "hot_pins": hot}

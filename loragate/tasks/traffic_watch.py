@@ -11,7 +11,8 @@ adapter's requests for the rate to mean something. An alert is recorded in the r
 audit log (``traffic_alert``, listed by ``loragate status``): a trip once, ever (by its id:
 an old trip still in a replica's list is not news); a fallback rate once per adapter and
 replica in 15 minutes while it lasts. Only an alert recorded now is sent to Slack, so a trip
-seen by the watch and an evaluation is one message.
+seen by the watch and an evaluation is one message. The same read gives each adapter's recent
+requests, from which the watch re-chooses the hot pins (``tasks/hot_pins.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from loragate.registry.progress import Progress, quiet
 from loragate.registry.service import Registry
-from loragate.tasks.live_figures import read_live_figures
+from loragate.tasks.live_figures import LiveFigures, read_live_figures
 
 # a fallback rate over fewer requests than this is noise, not an alert
 MIN_REQUESTS_FOR_RATE = 20
@@ -97,10 +98,22 @@ def record_alerts(registry: Registry, alerts: list[TrafficAlert]) -> list[Traffi
     ]
 
 
-def watch_traffic(registry: Registry, progress: Progress = quiet) -> tuple[list[TrafficAlert], list[str]]:
+@dataclass(frozen=True)
+class FleetWatch:
+    """One watch: the alerts recorded now, the replicas that could not be read, and the
+    figures read (the adapters in production's part of each production replica's document),
+    for the steps that use them too (``tasks/hot_pins.py``)."""
+
+    alerts: list[TrafficAlert]
+    unreadable: list[str]
+    names: list[str]
+    figures: LiveFigures
+
+
+def watch_fleet(registry: Registry, progress: Progress = quiet) -> FleetWatch:
     """The traffic alerts of every adapter in production, canary window or not, from one
-    read of each production replica (trips and fallback rates only); returns the alerts
-    recorded now (to announce) and the replicas that could not be read."""
+    read of each production replica (trips and fallback rates only), recorded; the alerts
+    recorded now are the ones to announce."""
     names = [p.name for p in registry.adapter_pointers() if p.production]
     figures = read_live_figures(registry, names, alerts_only=True)
     raised = []
@@ -113,4 +126,10 @@ def watch_traffic(registry: Registry, progress: Progress = quiet) -> tuple[list[
     unreadable = sorted(figures.unreadable.values())
     for line in unreadable:
         progress(f"live figures unreadable: {line}")
-    return raised, unreadable
+    return FleetWatch(raised, unreadable, names, figures)
+
+
+def watch_traffic(registry: Registry, progress: Progress = quiet) -> tuple[list[TrafficAlert], list[str]]:
+    """``watch_fleet``'s alerts recorded now (to announce) and the replicas that could not be read."""
+    watched = watch_fleet(registry, progress)
+    return watched.alerts, watched.unreadable
