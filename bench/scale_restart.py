@@ -44,7 +44,7 @@ def _log(message: str) -> None:
     print(f"[bench/scale restart] {message}", file=sys.stderr, flush=True)
 
 
-def _registry_with_production(work: Path, base_dir: Path, bundle: Path, golden: Path, k: int) -> tuple[Registry, str]:
+def registry_with_production(work: Path, base_dir: Path, bundle: Path, golden: Path, k: int) -> tuple[Registry, str]:
     database = f"loragate_bench_restart_{k}_{uuid.uuid4().hex[:6]}"
     with admin_engine().connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{database}"')
@@ -91,7 +91,7 @@ def _answers_with_production(url: str, name: str, path: str, deadline: float) ->
 def restart_case(base_dir: Path, bundle: Path, golden: Path, work: Path, k: int) -> dict[str, Any]:
     _log(f"K={k}: {k} tenants in production")
     t0 = time.monotonic()
-    registry, database = _registry_with_production(work, base_dir, bundle, golden, k)
+    registry, database = registry_with_production(work, base_dir, bundle, golden, k)
     setup_s = time.monotonic() - t0
     adapter_dir = work / f"restart-{k}-adapters"
     secrets_dir, _ = replicas_obey(registry, work / f"restart-{k}-secrets")
