@@ -150,6 +150,8 @@ class Settings(BaseSettings):
     # are kept beyond it): the traffic watch pins the busiest of the last 15 minutes up to it,
     # never more than each production replica's slots leave (rules/pinning.py). 0: no hot pins
     hot_pins: int = Field(default=10, ge=0)
+    # a production version older than this is an alert (the seeds' 30 days): retrain or confirm
+    version_age_alert_days: float = Field(default=30.0, gt=0)
     # how long a promotion waits for a person's decision, and how often it looks
     approval_timeout_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     # how long an approval code (`loragate approve-code`) stays good: issued, typed, used

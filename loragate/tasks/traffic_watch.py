@@ -7,7 +7,8 @@ watch``) reads them for every adapter in production, whether or not a canary win
 and each canary evaluation for the adapters it judges; both turn them into alerts: a trip
 of any version's breaker, and an adapter's fallback rate above
 ``LORAGATE_FALLBACK_ALERT_RATE`` (5 %) on a replica once it has answered enough of that
-adapter's requests for the rate to mean something. An alert is recorded in the registry's
+adapter's requests for the rate to mean something; and, from the registry alone, a production
+version older than ``LORAGATE_VERSION_AGE_ALERT_DAYS`` (30), once per version. An alert is recorded in the registry's
 audit log (``traffic_alert``, listed by ``loragate status``): a trip once, ever (by its id:
 an old trip still in a replica's list is not news); a fallback rate once per adapter and
 replica in 15 minutes while it lasts. Only an alert recorded now is sent to Slack, so a trip
@@ -18,9 +19,12 @@ requests, from which the watch re-chooses the hot pins (``tasks/hot_pins.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from loragate.registry.progress import Progress, quiet
+from loragate.registry.records.adapters import utcnow
+from loragate.registry.rules.fleet import AdapterPointers
 from loragate.registry.service import Registry
 from loragate.tasks.live_figures import LiveFigures, read_live_figures
 
@@ -31,7 +35,7 @@ MIN_REQUESTS_FOR_RATE = 20
 @dataclass(frozen=True)
 class TrafficAlert:
     name: str
-    kind: str  # breaker_open | fallback_rate
+    kind: str  # breaker_open | fallback_rate | version_age
     version_id: str | None
     replica: str
     detail: str
@@ -83,6 +87,30 @@ def alerts_in(documents: list[dict[str, Any]], name: str, fallback_alert_rate: f
     return found
 
 
+def aged_alerts(pointers: list[AdapterPointers], now: datetime, max_age_days: float) -> list[TrafficAlert]:
+    """A production version older than ``max_age_days`` (``LORAGATE_VERSION_AGE_ALERT_DAYS``):
+    what users get has not been retrained or confirmed for that long. Once per version, ever
+    (its id is the occurrence): a new production version is news again, the same old one is not."""
+    found = []
+    for p in pointers:
+        if p.production is None or p.production_since is None:
+            continue
+        age_days = (now - p.production_since).total_seconds() / 86400
+        if age_days > max_age_days:
+            found.append(
+                TrafficAlert(
+                    p.name,
+                    "version_age",
+                    p.production,
+                    "registry",
+                    f"production version {p.production} has served {p.name} for {age_days:.0f} days "
+                    f"(> {max_age_days:g}), since {p.production_since.isoformat(timespec='seconds')}",
+                    p.production,
+                )
+            )
+    return found
+
+
 def record_alerts(registry: Registry, alerts: list[TrafficAlert]) -> list[TrafficAlert]:
     """Record each alert in the audit log; returns those not recorded in the last 15
     minutes already (the ones to tell Slack about)."""
@@ -114,9 +142,10 @@ def watch_fleet(registry: Registry, progress: Progress = quiet) -> FleetWatch:
     """The traffic alerts of every adapter in production, canary window or not, from one
     read of each production replica (trips and fallback rates only), recorded; the alerts
     recorded now are the ones to announce."""
-    names = [p.name for p in registry.adapter_pointers() if p.production]
+    pointers = [p for p in registry.adapter_pointers() if p.production]
+    names = [p.name for p in pointers]
     figures = read_live_figures(registry, names, alerts_only=True)
-    raised = []
+    raised = record_alerts(registry, aged_alerts(pointers, utcnow(), registry.settings.version_age_alert_days))
     for name in names:
         raised += record_alerts(
             registry, alerts_in(figures.of(name).documents, name, registry.settings.fallback_alert_rate)

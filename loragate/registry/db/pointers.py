@@ -196,18 +196,25 @@ class PointerRepository:
     def all_pointers(self, base_model_id: str | None = None) -> list[AdapterPointers]:
         """Every adapter's canary, production and previous pointer (of one base, or all)."""
         stmt = select(
-            adapters.c.name, adapters.c.base, stage_pointers.c.stage, stage_pointers.c.version_id
+            adapters.c.name,
+            adapters.c.base,
+            stage_pointers.c.stage,
+            stage_pointers.c.version_id,
+            stage_pointers.c.moved_at,
         ).select_from(adapters.outerjoin(stage_pointers, stage_pointers.c.adapter_id == adapters.c.id))
         if base_model_id is not None:
             stmt = stmt.where(adapters.c.base == base_model_id)
         found: dict[str, dict[str, str]] = {}
         bases: dict[str, str] = {}
+        since: dict[str, datetime] = {}
         with self.db.reader.connect() as conn:
             for r in conn.execute(stmt):
                 bases[r.name] = r.base
                 pointers = found.setdefault(r.name, {})
                 if r.stage is not None:
                     pointers[r.stage] = r.version_id
+                if r.stage == Pointer.PRODUCTION.value:
+                    since[r.name] = utc(r.moved_at)
         return [
             AdapterPointers(
                 name,
@@ -215,6 +222,7 @@ class PointerRepository:
                 p.get(Pointer.CANARY.value),
                 p.get(Pointer.PRODUCTION.value),
                 p.get(Pointer.PREVIOUS.value),
+                since.get(name),
             )
             for name, p in sorted(found.items())
         ]

@@ -129,6 +129,8 @@ class AdapterPointers:
     canary: str | None
     production: str | None
     previous: str | None = None
+    # when the production pointer last moved: how old what users get is
+    production_since: datetime | None = None
 
 
 def warm_versions(pointers: AdapterPointers, window_version: str | None) -> frozenset[str]:
