@@ -6,8 +6,9 @@ requests), the same registry, workload and seed for each way the replica is set 
 - ``planned``: the slots ``loragate fleet plan`` computes for the fleet, no guard;
 - ``planned_pinned_guarded``: the planned slots, the top 10 pinned, the guard's defaults
   (30 s minimum residency, 5 evictions a minute);
-- ``today_pinned_guarded``: today's slots, the top 10 pinned, the guard's defaults -- memory
-  too small for the spread, where the guard and the pins must do the work.
+- ``today_pinned_guarded``: today's slots, as many of the top adapters pinned as they leave
+  (``rules/pinning.hot_limit``: 4 slots - 1 = 3), the guard's defaults -- memory too small
+  for the spread, where the guard and the pins must do the work.
 
 Each way: a fresh replica, reconciled (K loads), the pins applied and waited for, then the
 workload; hit rate, time to first token p95 warm and cold, cold-load p50/p99 (the replica's
@@ -36,6 +37,7 @@ from kit.modelkit import train_adapter
 from kit.postgres import admin_engine, drop_database
 from kit.tenant_tasks import write_golden_set
 from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.registry.rules.pinning import hot_limit
 from loragate.registry.service import Registry
 from loragate.tasks.reconcile import reconcile_fleet
 
@@ -66,7 +68,12 @@ def ways(smoke: bool) -> dict[str, dict[str, Any]]:
         "lru_today": {"slots": TODAY, "env": GUARD_OFF, "pins": False},
         "planned": {"slots": None, "env": GUARD_OFF, "pins": False},
         "planned_pinned_guarded": {"slots": None, "env": GUARD_DEFAULTS, "pins": True},
-        "today_pinned_guarded": {"slots": TODAY, "env": GUARD_DEFAULTS, "pins": True},
+        "today_pinned_guarded": {
+            "slots": TODAY,
+            "env": GUARD_DEFAULTS,
+            "pins": True,
+            "pin_limit": hot_limit(PINNED, [TODAY["max_loras"]], 0),
+        },
     }
 
 
@@ -107,7 +114,7 @@ def one_way(
 ) -> dict[str, Any]:
     secrets_dir, admin_key = replicas_obey(registry, work / "replica-secrets")
     adapter_dir = work / f"adapters-{label}"
-    pinned = set(hot) if setup["pins"] else set()
+    pinned = set(hot[: setup.get("pin_limit", len(hot))]) if setup["pins"] else set()
     for name in pinned:
         registry.pin(name)
     slots = setup["slots"] or planned_slots(registry)
@@ -123,9 +130,12 @@ def one_way(
         max_cpu_loras=slots["max_cpu_loras"],
         traffic_env=setup["env"],
     )
+    added = False
     try:
         start_replicas([replica])
-        registry.add_replica(replica.url, BASE_ID, "production", str(adapter_dir))
+        # the slots it was started with: the fleet refuses a replica too small for the pins
+        registry.add_replica(replica.url, BASE_ID, "production", str(adapter_dir), max_loras=slots["max_loras"])
+        added = True
         t = time.monotonic()
         reconcile_fleet(registry)
         reconcile_s = round(time.monotonic() - t, 1)
@@ -145,7 +155,8 @@ def one_way(
         return result
     finally:
         stop_replicas([replica])
-        registry.remove_replica(replica.url)
+        if added:
+            registry.remove_replica(replica.url)
         for name in pinned:
             registry.unpin(name)
 
@@ -158,6 +169,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="8 adapters, 60 requests, the guarded way only")
     parser.add_argument("--base", type=Path, help="the tiny base (else one is built)")
     parser.add_argument("--bundle", type=Path, help="a trained support adapter of the base (else one is trained)")
+    parser.add_argument("--ways", nargs="+", help="only these ways (default: all)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     if args.smoke:
@@ -193,6 +205,8 @@ def main() -> None:
             }
             result["ways"] = {}
             for label, setup in ways(args.smoke).items():
+                if args.ways and label not in args.ways:
+                    continue
                 try:
                     result["ways"][label] = one_way(registry, base_dir, label, setup, order, hot, work)
                 except Exception as e:  # one way that cannot run is a figure; the others still run
