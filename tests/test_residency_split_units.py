@@ -70,6 +70,8 @@ def pinnable(monkeypatch):
 
 
 def tend(split) -> None:
+    """The engine asked now, whatever ``TEND_EVERY_S`` says (``due`` is tested on its own)."""
+    split.engine_cache._tended_at = split.engine_cache._tended_for = None
     asyncio.run(split.engine_cache.tend(split))
 
 
@@ -203,6 +205,35 @@ def test_a_pin_whose_name_was_loaded_again_under_a_new_id_is_released_after_a_wh
     clock.at = STALE_PIN_S
     tend(split)
     assert engine.pinned == {new} and old not in engine.registered and split.engine_cache.ids == {new: NAME}
+
+
+def test_the_engine_is_asked_only_after_requests_or_a_pin_change_and_at_most_every_fifteen_seconds(split_env):
+    """Each call wakes vLLM's worker into a second of spinning: asked at every routes read, an
+    idle replica's worker burned half a core."""
+    split, _, engine, clock = replica([NAME], capacity=4)
+    engine_cache.adopt(split, engine.app)
+    calls = []
+    original = engine.list_loras
+
+    async def counted():
+        calls.append(clock.at)
+        return await original()
+
+    engine.list_loras = counted
+
+    def read_routes_every_second(seconds):
+        for _ in range(seconds):
+            clock.at += 1
+            asyncio.run(split.engine_cache.tend(split))
+
+    read_routes_every_second(120)
+    assert len(calls) == 1  # once at the start, then idle: never again
+    ask(split, app=engine.app)
+    read_routes_every_second(60)
+    assert len(calls) == 2 and calls[1] - calls[0] >= engine_cache.TEND_EVERY_S
+    split.pins = [NAME]
+    read_routes_every_second(60)
+    assert len(calls) == 3
 
 
 def test_nothing_is_pinned_where_vllms_pins_would_take_gpu_slots(split_env, monkeypatch):

@@ -43,6 +43,10 @@ from loragate_resolver import metrics, routing
 from loragate_resolver.residency import COLD, Admission
 
 DEADLINE_S = 10.0
+# the engine is asked at most this often, and only when the guard was asked about a request or
+# the pins changed since: every call wakes vLLM's worker, which then spins on its message queue
+# for a second -- asked at each routes read (1 s), an idle replica's worker burned half a core
+TEND_EVERY_S = 15.0
 STALE_PIN_S = 60.0
 # a name admitted this recently stays in the model though the engine does not list it yet:
 # vLLM registers a request's adapter when it schedules it, not when the split sends it
@@ -124,6 +128,15 @@ class EngineCache:
         self.ids: dict[int, str] = {}
         self.stale_since: dict[int, float] = {}
         self._told: set[tuple[str, Any]] = set()  # problems logged once, not every second
+        self._tended_at: float | None = None
+        self._tended_for: tuple[int, tuple[str, ...]] | None = None  # (requests asked, pins)
+
+    def due(self, split: Any) -> bool:
+        """Whether to ask the engine now (``TEND_EVERY_S``)."""
+        now = self.clock()
+        if self._tended_at is not None and now - self._tended_at < TEND_EVERY_S:
+            return False
+        return (split.guard.asked(), tuple(split.pins)) != self._tended_for
 
     def _tell(self, key: tuple[str, Any], message: str, *args: Any) -> None:
         if key not in self._told:
@@ -133,7 +146,10 @@ class EngineCache:
             log.warning(message, *args)
 
     async def tend(self, split: Any) -> None:
-        """Correct the guard from the engine and pin (module docstring); never raises."""
+        """Correct the guard from the engine and pin (module docstring), when ``due``; never raises."""
+        if not self.due(split):
+            return
+        self._tended_at, self._tended_for = self.clock(), (split.guard.asked(), tuple(split.pins))
         try:
             await asyncio.wait_for(self._tend(split), DEADLINE_S)
         except TimeoutError:

@@ -210,6 +210,10 @@ class ResidencyGuard:
             if self.capacity is None:
                 self._resident.pop(name, None)
 
+    def asked(self) -> int:
+        """Requests the guard has been asked about since it started."""
+        return self._totals.hits + self._totals.misses + self._totals.refused
+
     def figures(self, adapters: Callable[[str], bool] | None = None, per_adapter: bool = True) -> dict[str, Any]:
         """A JSON-able summary: settings, what is resident and pinned, the hit rate and the
         evictions of the last minute since start, cold loads' p50/p99, and per name (of those
