@@ -12,7 +12,8 @@ time to its first body chunk is its cold load (for an answer that does not strea
 answer's time). Not guarded: the fleet's own requests, models outside the table and every
 other route; the adapters they load reach the guard only through ``tend``.
 
-``tend``, after each read of the routes and bounded by ``DEADLINE_S`` in all, reads the ids
+``tend``, after a read of the routes when ``due`` (``TEND_EVERY_S``, and only after requests or
+a change of pins) and bounded by ``DEADLINE_S`` in all, reads the ids
 the engine holds (``engine_client.list_loras``), names them through the serving layer's
 table (``openai_serving_models.lora_requests``: name -> ``LoRARequest``) and corrects the
 guard. A production replica then pins each pinned adapter's (``registry_reader``:

@@ -27,7 +27,7 @@ the event loop) and ``metrics`` (``/metrics``). Each read of the routing table p
 ``faults`` is where a test replica's subclass of the split injects errors and delays; here it
 is ``NoFaults``, which injects none. Before each version it asks, the split asks the residency
 guard whether the engine's adapter cache can take it (``residency``, ``engine_cache``: what is
-and is not guarded); after each read of the routes it corrects the guard from the engine and
+and is not guarded); after a read of the routes (at most every 15 s) it corrects the guard from the engine and
 pins the adapters the registry pins.
 """
 
