@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -17,6 +18,8 @@ from loragate.registry.errors import IllegalTransition, InvalidInput, NotFound
 from loragate.registry.rules.canary import Monitor, Observation, Verdict, WindowStatus
 from loragate.registry.service import Registry
 from loragate.registry.service.lifecycle import NO_REPLICAS
+from loragate.tasks.canary import DEFERRED, evaluation_plan
+from loragate.tasks.gates import observe_canary
 from tests.support.moves import promote, rollback
 from tests.support.registries import IN_PROCESS, mark_validated, sql_engine
 from tests.test_canary_verdict import side
@@ -149,6 +152,37 @@ def test_a_ready_observation_moves_the_window_and_observations_round_trip(canari
     got = registry.canary_observations(w.id)
     assert [o.verdict for o in got] == [Verdict.CONTINUE, Verdict.READY]
     assert got[-1] == stored and got[-1].canary == side()
+
+
+def _open_windows(registry, bundle, tenants) -> list[int]:
+    ids = []
+    for tenant in tenants:
+        version_id = registry.register_adapter(bundle, f"{tenant}/tiny-llama/support").version.version_id
+        mark_validated(registry, version_id)
+        promote(registry, version_id, "canary")
+        ids.append(registry.open_canary_window(version_id, share=0.0)[0].id)
+    return ids
+
+
+def test_an_evaluation_takes_windows_never_observed_first_then_the_least_recently_observed(cataloged, seeded_bundles):
+    registry, _ = cataloged
+    a, b, c = _open_windows(registry, seeded_bundles[0], ("a", "b", "c"))
+    observe(registry, b, Verdict.CONTINUE)
+    observe(registry, a, Verdict.CONTINUE)
+    observe(registry, b, Verdict.CONTINUE)
+    plan = evaluation_plan(registry, now=1000.0)
+    assert [w.id for w in plan.windows] == [c, a, b]
+    assert [w.id for w in registry.canary_windows((WindowStatus.OPEN,))] == [a, b, c]  # oldest first
+    assert plan.at_once == registry.settings.canary_observed_at_once
+    assert plan.start_by == 1000.0 + registry.settings.canary_evaluate_budget_s
+
+
+def test_an_observation_started_past_the_evaluations_budget_is_deferred_and_touches_nothing(canaried):
+    registry, _, v1, _ = canaried
+    w, _ = registry.open_canary_window(v1)
+    # no registry is opened: the task answers before it would connect
+    assert observe_canary.fn(w.id, None, start_by=time.time() - 1) == DEFERRED
+    assert registry.canary_observations(w.id) == []
 
 
 def test_the_sign_off_is_claimed_by_one_run_only(canaried):

@@ -117,6 +117,13 @@ class Settings(BaseSettings):
     canary_probe_set: str | None = None
     # each prompt is sent this many times per observation (latency samples)
     canary_probe_rounds: int = Field(default=2, ge=1)
+    # windows ``canary-evaluate`` observes at once: a replica batches concurrent requests, and
+    # each window's pairs stay back to back, so both sides see the same concurrency
+    canary_observed_at_once: int = Field(default=8, ge=1, le=64)
+    # seconds into a ``canary-evaluate`` run after which it starts no further observation: the
+    # windows left are the next run's first (least recently observed first). Under the
+    # schedule's 600 s interval, so a run never overlaps the next one
+    canary_evaluate_budget_s: float = Field(default=480.0, gt=0)
     # -- live traffic through the canary (the split inside each production replica) --
     # the most of an adapter's live requests a canary answers without a person's sign-off:
     # above it only the promotion's own "every user to the canary" step, on a redeemed

@@ -15,6 +15,7 @@ larger share, within its cap (``canary_moves.ramp_canary``).
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from loragate.registry.errors import (
 from loragate.registry.intake.jsonio import loads_object
 from loragate.registry.progress import Progress, quiet
 from loragate.registry.records.adapters import utcnow
-from loragate.registry.rules.canary import CanaryWindow, Observation, SideStats, Verdict
+from loragate.registry.rules.canary import CanaryWindow, Observation, SideStats, Verdict, WindowStatus
 from loragate.registry.rules.fleet import qualified_name
 from loragate.registry.rules.formats import declared_schemas, schema_check
 from loragate.registry.rules.live import LiveJudgement, LiveStats, judge_live
@@ -38,6 +39,30 @@ from loragate.tasks.live_figures import AdapterFigures, read_live_figures
 from loragate.tasks.replicas import Completion, ReplicaClient, replica_client
 from loragate.tasks.routes import stage_replicas
 from loragate.tasks.traffic_watch import TrafficAlert, alerts_in, record_alerts
+
+# what ``observe_canary`` answers for a window it had no time for: the next evaluation's first
+DEFERRED = "deferred"
+
+
+@dataclass(frozen=True)
+class EvaluationPlan:
+    """One ``canary-evaluate`` run's work: the open windows, least recently observed first;
+    how many it observes at once; and when (epoch seconds) it stops starting observations."""
+
+    windows: list[CanaryWindow]
+    at_once: int
+    start_by: float
+
+
+def evaluation_plan(registry: Registry, now: float | None = None) -> EvaluationPlan:
+    """The plan of an evaluation starting ``now`` (epoch seconds), from the registry's settings:
+    ``canary_observed_at_once`` and ``canary_evaluate_budget_s``."""
+    settings = registry.settings
+    return EvaluationPlan(
+        registry.canary_windows((WindowStatus.OPEN,), least_recently_observed=True),
+        settings.canary_observed_at_once,
+        (time.time() if now is None else now) + settings.canary_evaluate_budget_s,
+    )
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ refused again.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,19 +131,23 @@ def deploy_canary(version_id: str) -> dict[str, Any]:
     retry_delay_seconds=RETRY_DELAYS_S,
     retry_condition_fn=outage_only,
 )
-def open_canary_windows() -> list[CanaryWindow]:
+def open_canary_windows() -> canary.EvaluationPlan:
     with registry_as(Role.ACTIVATION) as registry:
-        return registry.canary_windows((WindowStatus.OPEN,))
+        return canary.evaluation_plan(registry)
 
 
 @task(cache_policy=NO_CACHE, name="observe-canary")
 def observe_canary(
-    window_id: int, figures: AdapterFigures | None = None
-) -> tuple[Observation, list[Observation], list[dict[str, Any]]] | None:
+    window_id: int, figures: AdapterFigures | None = None, start_by: float | None = None
+) -> tuple[Observation, list[Observation], list[dict[str, Any]]] | str | None:
     """One observation (recorded: not retried), the window's observations so far and the
     live-traffic alerts recorded now; None when the version is no longer the canary (moved
-    by hand): its window is superseded. ``figures``: the adapter's part of the live figures
-    the evaluation read once for every window (``watch_tasks.read_canary_figures``)."""
+    by hand): its window is superseded; ``canary.DEFERRED`` when started after ``start_by``
+    (epoch seconds, the evaluation's budget): left for the next evaluation. ``figures``: the
+    adapter's part of the live figures the evaluation read once for every window
+    (``watch_tasks.read_canary_figures``)."""
+    if start_by is not None and time.time() > start_by:
+        return canary.DEFERRED
     with registry_as(Role.ACTIVATION) as registry:
         window = registry.canary_window(window_id)
         if registry.get_adapter(window.adapter_name).canary != window.version_id:

@@ -13,7 +13,7 @@ import secrets
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, or_, select, update
+from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
@@ -268,8 +268,20 @@ class CanaryRepository:
         statuses: tuple[WindowStatus, ...] | None = None,
         version_id: str | None = None,
         adapter_name: str | None = None,
+        least_recently_observed: bool = False,
     ) -> list[CanaryWindow]:
-        query = select(canary_windows).order_by(canary_windows.c.id)
+        query = select(canary_windows)
+        if least_recently_observed:
+            # never observed first, then by the latest observation: a window an evaluation had
+            # no time for (``canary-evaluate``'s budget) is the next one's first
+            last = (
+                select(func.max(canary_observations.c.at))
+                .where(canary_observations.c.window_id == canary_windows.c.id)
+                .scalar_subquery()
+            )
+            query = query.order_by(last.asc().nulls_first(), canary_windows.c.id)
+        else:
+            query = query.order_by(canary_windows.c.id)
         if adapter_name is not None:
             query = query.where(canary_windows.c.adapter_name == adapter_name)
         if statuses is not None:

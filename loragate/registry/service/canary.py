@@ -96,10 +96,17 @@ class CanaryMixin(RegistryBase):
         return self.settings.canary_max_share, lift
 
     def canary_windows(
-        self, statuses: tuple[WindowStatus, ...] | None = ACTIVE, version_id: str | None = None
+        self,
+        statuses: tuple[WindowStatus, ...] | None = ACTIVE,
+        version_id: str | None = None,
+        *,
+        least_recently_observed: bool = False,
     ) -> list[CanaryWindow]:
-        """Windows by status (active ones by default), oldest first."""
-        return self._store.canary.windows(statuses=statuses, version_id=version_id)
+        """Windows by status (active ones by default), oldest first -- or, with
+        ``least_recently_observed``, never observed first, then by their latest observation."""
+        return self._store.canary.windows(
+            statuses=statuses, version_id=version_id, least_recently_observed=least_recently_observed
+        )
 
     def active_canary_window(self, name: str) -> CanaryWindow | None:
         """The adapter's open or ready window (at most one: migration 0008), or None."""
