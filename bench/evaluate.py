@@ -20,6 +20,12 @@ the registry's N tenants in process (one validation, copied to every tenant's sa
 the production versions loaded by one reconcile, the canaries put on by ``deploy_canary``.
 
     .venv/bin/python -m bench.evaluate [--windows 500] [--smoke] [--out FILE]
+                                       [--production URL --adapter-dir DIR --replica-secrets DIR]
+                                       [--base DIR] [--bundles DIR DIR]
+
+With ``--production`` it drives a replica already running (its resolver told DIR, serving
+the base ``--base`` as ``tiny-llama``, started to serve in-process moves: the smoke test
+passes the test session's), its secrets put back at the end.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Databases, emit, replicas_obey, work_directory
+from bench.harness import Databases, emit, replicas_obey, secrets_put_back, work_directory
 from kit.basekit import build_base
 from kit.modelkit import train_adapter
 from kit.tenant_tasks import write_golden_set
@@ -156,7 +162,10 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=500)
     parser.add_argument("--smoke", action="store_true", help="2 windows, the defaults only: does it still run")
     parser.add_argument("--ways", nargs="+", choices=sorted(WAYS), help="only these ways (default: all)")
-    parser.add_argument("--base", type=Path, help="the tiny base (else one is built)")
+    parser.add_argument("--production", help="a running production replica to drive (else one is started)")
+    parser.add_argument("--adapter-dir", type=Path, help="the running replica's adapter directory")
+    parser.add_argument("--replica-secrets", type=Path, help="the running replica's secrets directory")
+    parser.add_argument("--base", type=Path, help="the base the replica serves (else one is built)")
     parser.add_argument(
         "--bundles", type=Path, nargs=2, help="two trainings of the support task on the base (else trained)"
     )
@@ -172,7 +181,10 @@ def main() -> None:
         "windows": args.windows,
         "interval_s": INTERVAL_S,
     }
-    with work_directory("loragate-bench-evaluate-") as work:
+    running = [args.production, args.adapter_dir, args.replica_secrets]
+    if any(running) and not all(running):
+        parser.error("--production, --adapter-dir and --replica-secrets go together")
+    with work_directory("loragate-bench-evaluate-") as work, secrets_put_back(args.replica_secrets):
         base_dir = args.base or build_base(work / "tiny-llama")
         golden = write_golden_set("support", work / "golden.jsonl")
         # two trainings of one task: different bytes (a version each), the same behaviour
@@ -197,16 +209,22 @@ def main() -> None:
             canary_window_s=WINDOW_S,
         )
         registry = Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
-        secrets_dir = write_replica_secrets(work / "replica-secrets", secrets.token_urlsafe(32))
-        replica = VllmReplica(
-            base_dir,
-            BASE_ID,
-            adapter_dir=work / "adapters",
-            secrets_dir=secrets_dir,
-            log_path=work / "production.log",
-            die_with_parent=True,
-            owner_moves=True,
-        )
+        replica = None
+        if args.production:
+            secrets_dir, adapter_dir, url = args.replica_secrets, args.adapter_dir, args.production
+        else:
+            secrets_dir = write_replica_secrets(work / "replica-secrets", secrets.token_urlsafe(32))
+            adapter_dir = work / "adapters"
+            replica = VllmReplica(
+                base_dir,
+                BASE_ID,
+                adapter_dir=adapter_dir,
+                secrets_dir=secrets_dir,
+                log_path=work / "production.log",
+                die_with_parent=True,
+                owner_moves=True,
+            )
+            url = replica.url
         server = None
         try:
             registry.init()
@@ -216,8 +234,9 @@ def main() -> None:
             result["setup_registry_s"] = round(time.monotonic() - t, 1)
             log(f"{args.windows} tenants registered in {result['setup_registry_s']} s; starting the replica")
             _, admin_key = replicas_obey(registry, secrets_dir)
-            start_replicas([replica])
-            registry.add_replica(replica.url, BASE_ID, "production", str(work / "adapters"))
+            if replica is not None:
+                start_replicas([replica])
+            registry.add_replica(url, BASE_ID, "production", str(adapter_dir))
             t = time.monotonic()
             reconcile_fleet(registry)
             for i, version_id in enumerate(candidates):
@@ -241,7 +260,8 @@ def main() -> None:
                 from loragate.local.prefect_local import stop
 
                 stop(server)
-            stop_replicas([replica])
+            if replica is not None:
+                stop_replicas([replica])
             registry.close()
             databases.drop()
     result["wall_s"] = round(time.perf_counter() - wall, 1)

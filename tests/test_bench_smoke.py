@@ -110,13 +110,25 @@ def test_copies_benchmark_runs_in_smoke_mode(tmp_path):
     assert {"first_lookup", "repeat_lookup", "unverified_lookup"} <= set(result["resolver"]["big"])
 
 
-def test_evaluate_benchmark_runs_in_smoke_mode(tmp_path, tiny_base, support_bundle, retrained_support_bundle):
-    argv = [f"--base={tiny_base}", "--bundles", str(support_bundle), str(retrained_support_bundle)]
+def test_evaluate_benchmark_runs_in_smoke_mode_on_a_session_replica_and_gives_it_back(
+    tmp_path, replicas, replica_adapters, tiny_base, support_bundle, retrained_support_bundle
+):
+    before = secrets_of(replicas["prod-a"].secrets_dir)
+    argv = [
+        f"--production={replicas['prod-a'].url}",
+        f"--adapter-dir={replica_adapters}",
+        f"--replica-secrets={replicas['prod-a'].secrets_dir}",
+        f"--base={tiny_base}",
+        "--bundles",
+        str(support_bundle),
+        str(retrained_support_bundle),
+    ]
     result = run_bench("bench.evaluate", "--smoke", *argv, "--out", str(tmp_path / "e.json"))
     assert result["open_windows"] == 2
     runs = result["ways"]["defaults"]["runs"]
     assert [r["state"] for r in runs] == ["Completed", "Completed"]
     assert all(r["observed"] + r["left_for_the_next_run"] == 2 for r in runs)
+    assert secrets_of(replicas["prod-a"].secrets_dir) == before
 
 
 def test_scale_benchmark_runs_in_smoke_mode_on_the_session_replicas_and_gives_them_back(
