@@ -185,3 +185,14 @@ def test_traffic_benchmark_runs_in_smoke_mode_on_the_session_replicas_and_gives_
     assert result["withdraw"]["rounds"] and {"routing", "reload"} <= set(result["rollback"])
     assert all(isinstance(t["met"], bool) or t["met"] is None for t in result["targets"].values())
     assert secrets_of(replicas["prod-a"].secrets_dir) == before
+
+
+def test_stall_benchmark_runs_in_smoke_mode(tiny_base, support_bundle):
+    result = run_bench("bench.stall", "--smoke", f"--base={tiny_base}", f"--bundle={support_bundle}")
+    assert result["adapters"] == 4 and result["traffic"]["requests"] == 8
+    assert {"filtered_read", "unfiltered_read", "read_live_figures"} <= set(result["figures"])
+    conditions = result["conditions"]
+    assert set(conditions) == {"none", "filtered", "unfiltered"}
+    assert set(result["p99_ratio"]) == {"filtered", "unfiltered"}
+    assert all(c["gaps"]["n"] > 0 for c in conditions.values())
+    assert all(conditions[c]["reads"]["n"] > 0 for c in ("filtered", "unfiltered"))
