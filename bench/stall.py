@@ -37,6 +37,10 @@ reader its reads (count, p50/p99 duration, bytes); ``p99_ratio``: each reader's 
 ``--smoke``: 4 adapters, 2 requests each, 2 rounds of one 64-token stream.
 
     .venv/bin/python -m bench.stall [--adapters 200] [--requests 4] [--out FILE]
+                                    [--production URL --adapter-dir DIR --replica-secrets DIR]
+
+With ``--production`` it drives a replica already running (the smoke test passes the test
+session's, whose guard refuses nothing), its secrets put back at the end.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from typing import Any
 
 import httpx
 
-from bench.harness import emit, replicas_obey, work_directory
+from bench.harness import emit, replicas_obey, secrets_put_back, work_directory
 from bench.residency_workload import ADMIN_HEADER, FALLBACK_HEADER, VERSION_HEADER
 from bench.scale_restart import registry_with_production
 from bench.timing import summarize
@@ -277,33 +281,39 @@ def ratio(a: Any, b: Any) -> float | None:
 
 def run(args: argparse.Namespace, registry: Registry, base_dir: Path, work: Path) -> dict[str, Any]:
     names = sorted(a.name for a in registry.adapter_pointers())
-    secrets_dir, admin_key = replicas_obey(registry, work / "replica-secrets")
-    adapter_dir = work / "adapters"
-    replica = VllmReplica(
-        base_dir,
-        BASE_ID,
-        adapter_dir=adapter_dir,
-        secrets_dir=secrets_dir,
-        log_path=work / "replica.log",
-        die_with_parent=True,
-        owner_moves=True,
-        traffic_env=GUARD_OFF,
-    )
+    secrets_dir, admin_key = replicas_obey(registry, args.replica_secrets or work / "replica-secrets")
+    replica = None
+    if args.production:  # a running replica: its guard must refuse nothing, as GUARD_OFF
+        adapter_dir, url = args.adapter_dir, args.production
+    else:
+        adapter_dir = work / "adapters"
+        replica = VllmReplica(
+            base_dir,
+            BASE_ID,
+            adapter_dir=adapter_dir,
+            secrets_dir=secrets_dir,
+            log_path=work / "replica.log",
+            die_with_parent=True,
+            owner_moves=True,
+            traffic_env=GUARD_OFF,
+        )
+        url = replica.url
     added = False
     try:
         t = time.monotonic()
-        start_replicas([replica])
+        if replica is not None:
+            start_replicas([replica])
         started_s = round(time.monotonic() - t, 1)
-        registry.add_replica(replica.url, BASE_ID, "production", str(adapter_dir))
+        registry.add_replica(url, BASE_ID, "production", str(adapter_dir))
         added = True
         t = time.monotonic()
         reconcile_fleet(registry)
         reconcile_s = round(time.monotonic() - t, 1)
         log(f"replica up in {started_s} s, reconciled in {reconcile_s} s; users' requests for {len(names)} adapters")
-        traffic = send_traffic(replica.url, names, args.requests, args.clients)
-        figures = figures_held(replica.url, admin_key, registry, names)
+        traffic = send_traffic(url, names, args.requests, args.clients)
+        figures = figures_held(url, admin_key, registry, names)
         log(f"traffic {traffic}; figures {figures}")
-        conditions = measure(replica.url, admin_key, names, names[0], args.rounds, args.streams, args.max_tokens)
+        conditions = measure(url, admin_key, names, names[0], args.rounds, args.streams, args.max_tokens)
         base = conditions["none"]["gaps"].get("p99_ms")
         return {
             "replica_start_s": started_s,
@@ -321,9 +331,10 @@ def run(args: argparse.Namespace, registry: Registry, base_dir: Path, work: Path
             "p99_ratio": {c: ratio(conditions[c]["gaps"].get("p99_ms"), base) for c in CONDITIONS if c != "none"},
         }
     finally:
-        stop_replicas([replica])
+        if replica is not None:
+            stop_replicas([replica])
         if added:
-            registry.remove_replica(replica.url)
+            registry.remove_replica(url)
 
 
 def main() -> None:
@@ -337,6 +348,9 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="4 adapters, 2 requests each, 2 rounds of one 64-token stream"
     )
+    parser.add_argument("--production", help="a running production replica to drive (else one is started)")
+    parser.add_argument("--adapter-dir", type=Path, help="the running replica's adapter directory")
+    parser.add_argument("--replica-secrets", type=Path, help="the running replica's secrets directory")
     parser.add_argument("--base", type=Path, help="the tiny base (else one is built)")
     parser.add_argument("--bundle", type=Path, help="a trained support adapter of the base (else one is trained)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
@@ -355,7 +369,10 @@ def main() -> None:
         "adapters": args.adapters,
         "requests_per_adapter": args.requests,
     }
-    with work_directory("loragate-bench-stall-") as work:
+    running = [args.production, args.adapter_dir, args.replica_secrets]
+    if any(running) and not all(running):
+        parser.error("--production, --adapter-dir and --replica-secrets go together")
+    with work_directory("loragate-bench-stall-") as work, secrets_put_back(args.replica_secrets):
         base_dir = args.base or build_base(work / "tiny-llama")
         golden = write_golden_set("support", work / "golden.jsonl")
         bundle = args.bundle or train_adapter(base_dir, "support", work / "support")

@@ -187,8 +187,19 @@ def test_traffic_benchmark_runs_in_smoke_mode_on_the_session_replicas_and_gives_
     assert secrets_of(replicas["prod-a"].secrets_dir) == before
 
 
-def test_stall_benchmark_runs_in_smoke_mode(tiny_base, support_bundle):
-    result = run_bench("bench.stall", "--smoke", f"--base={tiny_base}", f"--bundle={support_bundle}")
+def test_stall_benchmark_runs_in_smoke_mode_on_a_session_replica_and_gives_it_back(
+    replicas, replica_adapters, tiny_base, support_bundle
+):
+    before = secrets_of(replicas["prod-a"].secrets_dir)
+    argv = [
+        f"--production={replicas['prod-a'].url}",
+        f"--adapter-dir={replica_adapters}",
+        f"--replica-secrets={replicas['prod-a'].secrets_dir}",
+        f"--base={tiny_base}",
+        f"--bundle={support_bundle}",
+    ]
+    result = run_bench("bench.stall", "--smoke", *argv)
+    assert secrets_of(replicas["prod-a"].secrets_dir) == before
     assert result["adapters"] == 4 and result["traffic"]["requests"] == 8
     assert {"filtered_read", "unfiltered_read", "read_live_figures"} <= set(result["figures"])
     conditions = result["conditions"]
