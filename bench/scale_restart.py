@@ -95,6 +95,10 @@ def restart_case(base_dir: Path, bundle: Path, golden: Path, work: Path, k: int)
     setup_s = time.monotonic() - t0
     adapter_dir = work / f"restart-{k}-adapters"
     secrets_dir, _ = replicas_obey(registry, work / f"restart-{k}-secrets")
+    # the slots ``loragate fleet plan`` computes for K: with fewer cache entries than
+    # adapters the residency guard answers most of them from the base after a restart, at its
+    # 5 evictions a minute, and the replica is not sized for its fleet
+    slots = registry.residency_plan(BASE_ID).settings()
     replica = VllmReplica(
         base_dir,
         BASE_ID,
@@ -103,6 +107,8 @@ def restart_case(base_dir: Path, bundle: Path, golden: Path, work: Path, k: int)
         log_path=work / f"restart-{k}.log",
         die_with_parent=True,
         owner_moves=True,
+        max_loras=slots["max_loras"],
+        max_cpu_loras=slots["max_cpu_loras"],
     )
     try:
         start_replicas([replica])
@@ -128,6 +134,7 @@ def restart_case(base_dir: Path, bundle: Path, golden: Path, work: Path, k: int)
         _log(f"K={k}: all {len(paths)} answer with production after {all_answer_s:.1f}s; reconcile after {after}")
         return {
             "adapters": k,
+            "slots": {"max_loras": slots["max_loras"], "max_cpu_loras": slots["max_cpu_loras"]},
             "setup_s": round(setup_s, 1),
             "reconcile_empty_replica": first_reconcile,
             "fleet_status_s": round(status_s, 3),
