@@ -26,7 +26,7 @@ restart   a production replica restarted with K adapters in production (the smal
 Growth from the small N to N is reported as ratios. Prints JSON on stdout; progress on
 stderr.
 
-    .venv/bin/python -m bench.scale [--tenants 50] [--small 10] [--restart-adapters 200]
+    .venv/bin/python -m bench.scale [--tenants 50] [--small 10] [--restart-adapters 1000]
                                     [--skip-paused-trigger] [--skip-sign-off]
                                     [--restart-only | --burst-only] [--smoke]
                                     [--out FILE]
@@ -252,7 +252,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tenants", type=int, default=50)
     parser.add_argument("--small", type=int, default=10, help="the smaller size growth is compared against")
-    parser.add_argument("--restart-adapters", type=int, default=200)
+    parser.add_argument("--restart-adapters", type=int, default=1000)
     parser.add_argument(
         "--smoke", action="store_true", help="one burst of 2 tenants, one restart with 2 adapters: does it still run"
     )
