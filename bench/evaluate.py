@@ -38,13 +38,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Databases, emit, replicas_obey, secrets_put_back, work_directory
+from bench.harness import (
+    Databases,
+    add_running_replica_arguments,
+    check_running_replica_arguments,
+    emit,
+    one_production_replica,
+    replicas_obey,
+    secrets_put_back,
+    work_directory,
+)
 from kit.basekit import build_base
 from kit.modelkit import train_adapter
 from kit.tenant_tasks import write_golden_set
 from loragate.local.pipeline import PipelineSecrets, start_pipeline
 from loragate.local.prefect_local import PrefectServer, start_local_prefect_server
-from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.local.replica import start_replicas, stop_replicas
 from loragate.local.replica_secrets import hand_admin_key, write_replica_secrets
 from loragate.registry.records.adapters import utcnow
 from loragate.registry.rules.access import Principal, Role
@@ -162,9 +171,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=500)
     parser.add_argument("--smoke", action="store_true", help="2 windows, the defaults only: does it still run")
     parser.add_argument("--ways", nargs="+", choices=sorted(WAYS), help="only these ways (default: all)")
-    parser.add_argument("--production", help="a running production replica to drive (else one is started)")
-    parser.add_argument("--adapter-dir", type=Path, help="the running replica's adapter directory")
-    parser.add_argument("--replica-secrets", type=Path, help="the running replica's secrets directory")
+    add_running_replica_arguments(parser)
     parser.add_argument("--base", type=Path, help="the base the replica serves (else one is built)")
     parser.add_argument(
         "--bundles", type=Path, nargs=2, help="two trainings of the support task on the base (else trained)"
@@ -181,9 +188,7 @@ def main() -> None:
         "windows": args.windows,
         "interval_s": INTERVAL_S,
     }
-    running = [args.production, args.adapter_dir, args.replica_secrets]
-    if any(running) and not all(running):
-        parser.error("--production, --adapter-dir and --replica-secrets go together")
+    check_running_replica_arguments(parser, args)
     with work_directory("loragate-bench-evaluate-") as work, secrets_put_back(args.replica_secrets):
         base_dir = args.base or build_base(work / "tiny-llama")
         golden = write_golden_set("support", work / "golden.jsonl")
@@ -209,22 +214,8 @@ def main() -> None:
             canary_window_s=WINDOW_S,
         )
         registry = Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
-        replica = None
-        if args.production:
-            secrets_dir, adapter_dir, url = args.replica_secrets, args.adapter_dir, args.production
-        else:
-            secrets_dir = write_replica_secrets(work / "replica-secrets", secrets.token_urlsafe(32))
-            adapter_dir = work / "adapters"
-            replica = VllmReplica(
-                base_dir,
-                BASE_ID,
-                adapter_dir=adapter_dir,
-                secrets_dir=secrets_dir,
-                log_path=work / "production.log",
-                die_with_parent=True,
-                owner_moves=True,
-            )
-            url = replica.url
+        secrets_dir = args.replica_secrets or write_replica_secrets(work / "replica-secrets", secrets.token_urlsafe(32))
+        replica, url, adapter_dir = one_production_replica(args, base_dir, BASE_ID, work, secrets_dir)
         server = None
         try:
             registry.init()

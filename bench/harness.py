@@ -4,6 +4,7 @@ result."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import secrets
 import shutil
@@ -141,6 +142,43 @@ def emit(result: dict[str, Any], out: Path | None) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
     print(text)
+
+
+def add_running_replica_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--production``, ``--adapter-dir``, ``--replica-secrets``: a running production replica
+    for a one-replica benchmark to drive instead of starting its own (the smoke tests pass the
+    test session's)."""
+    parser.add_argument("--production", help="a running production replica to drive (else one is started)")
+    parser.add_argument("--adapter-dir", type=Path, help="the running replica's adapter directory")
+    parser.add_argument("--replica-secrets", type=Path, help="the running replica's secrets directory")
+
+
+def check_running_replica_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    running = [args.production, args.adapter_dir, args.replica_secrets]
+    if any(running) and not all(running):
+        parser.error("--production, --adapter-dir and --replica-secrets go together")
+
+
+def one_production_replica(
+    args: argparse.Namespace, base_dir: Path, served_name: str, work: Path, secrets_dir: Path, **options: Any
+) -> tuple[VllmReplica | None, str, Path]:
+    """(the replica to start -- None for the running one ``args`` names --, its URL, its
+    adapter directory): a new one under ``work`` reads ``secrets_dir`` and serves the benchmark
+    owner's in-process moves; ``options`` go to ``VllmReplica``."""
+    if args.production:
+        return None, args.production, args.adapter_dir
+    adapter_dir = work / "adapters"
+    replica = VllmReplica(
+        base_dir,
+        served_name,
+        adapter_dir=adapter_dir,
+        secrets_dir=secrets_dir,
+        log_path=work / "production.log",
+        die_with_parent=True,
+        owner_moves=True,
+        **options,
+    )
+    return replica, replica.url, adapter_dir
 
 
 def serving_path(url: str, name: str) -> str | None:

@@ -59,7 +59,15 @@ from typing import Any
 
 import httpx
 
-from bench.harness import emit, replicas_obey, secrets_put_back, work_directory
+from bench.harness import (
+    add_running_replica_arguments,
+    check_running_replica_arguments,
+    emit,
+    one_production_replica,
+    replicas_obey,
+    secrets_put_back,
+    work_directory,
+)
 from bench.residency_workload import ADMIN_HEADER, FALLBACK_HEADER, VERSION_HEADER
 from bench.scale_restart import registry_with_production
 from bench.timing import summarize
@@ -67,7 +75,7 @@ from kit.basekit import build_base
 from kit.modelkit import train_adapter
 from kit.postgres import admin_engine, drop_database
 from kit.tenant_tasks import write_golden_set
-from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
+from loragate.local.replica import start_replicas, stop_replicas
 from loragate.registry.service import Registry
 from loragate.tasks.live_figures import ADAPTERS_PER_READ, read_live_figures
 from loragate.tasks.reconcile import reconcile_fleet
@@ -282,22 +290,10 @@ def ratio(a: Any, b: Any) -> float | None:
 def run(args: argparse.Namespace, registry: Registry, base_dir: Path, work: Path) -> dict[str, Any]:
     names = sorted(a.name for a in registry.adapter_pointers())
     secrets_dir, admin_key = replicas_obey(registry, args.replica_secrets or work / "replica-secrets")
-    replica = None
-    if args.production:  # a running replica: its guard must refuse nothing, as GUARD_OFF
-        adapter_dir, url = args.adapter_dir, args.production
-    else:
-        adapter_dir = work / "adapters"
-        replica = VllmReplica(
-            base_dir,
-            BASE_ID,
-            adapter_dir=adapter_dir,
-            secrets_dir=secrets_dir,
-            log_path=work / "replica.log",
-            die_with_parent=True,
-            owner_moves=True,
-            traffic_env=GUARD_OFF,
-        )
-        url = replica.url
+    # a running replica's guard must refuse nothing, as GUARD_OFF (the test session's does)
+    replica, url, adapter_dir = one_production_replica(
+        args, base_dir, BASE_ID, work, secrets_dir, traffic_env=GUARD_OFF
+    )
     added = False
     try:
         t = time.monotonic()
@@ -348,9 +344,7 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="4 adapters, 2 requests each, 2 rounds of one 64-token stream"
     )
-    parser.add_argument("--production", help="a running production replica to drive (else one is started)")
-    parser.add_argument("--adapter-dir", type=Path, help="the running replica's adapter directory")
-    parser.add_argument("--replica-secrets", type=Path, help="the running replica's secrets directory")
+    add_running_replica_arguments(parser)
     parser.add_argument("--base", type=Path, help="the tiny base (else one is built)")
     parser.add_argument("--bundle", type=Path, help="a trained support adapter of the base (else one is trained)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
@@ -369,9 +363,7 @@ def main() -> None:
         "adapters": args.adapters,
         "requests_per_adapter": args.requests,
     }
-    running = [args.production, args.adapter_dir, args.replica_secrets]
-    if any(running) and not all(running):
-        parser.error("--production, --adapter-dir and --replica-secrets go together")
+    check_running_replica_arguments(parser, args)
     with work_directory("loragate-bench-stall-") as work, secrets_put_back(args.replica_secrets):
         base_dir = args.base or build_base(work / "tiny-llama")
         golden = write_golden_set("support", work / "golden.jsonl")
