@@ -15,13 +15,16 @@ import json
 import httpx
 import pytest
 
+import loragate.tasks.fleet
 from kit.corpus import bound_to
 from loragate.registry.errors import ErrorCode, ReplicaError
 from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.rules.fleet import ActionKind, adapter_of, qualified_name, version_path
+from loragate.registry.storage.resolver_index import read_index
 from loragate.tasks.canary_moves import deploy_canary, promote_canary
 from loragate.tasks.fleet import rollback_and_switch
 from loragate.tasks.reconcile import fleet_status, reconcile_fleet
+from loragate.tasks.replicas import ReplicaClient
 from loragate.tasks.warm_copies import settle_warm_copies
 from tests.support.commands import main_with_tokens, role_tokens
 from tests.support.fleet import SUPPORT_PROMPT, admin_client, make_fleet, record_passed, served
@@ -131,6 +134,76 @@ def test_loragate_rollback_leaves_the_rolled_back_version_served_under_no_name_o
         with admin_client(fleet.registry, replica.url, retries=0) as client, pytest.raises(ReplicaError) as refused:
             client.complete(qualified_name(fleet.name, rolled_back), SUPPORT_PROMPT, 1, admin=True)
         assert refused.value.code == ErrorCode.REPLICA_UNKNOWN_ADAPTER, refused.value.one_line()
+
+
+def index_names(fleet, replica) -> str | None:
+    entry = read_index(str(replica.adapter_dir)).get("roles", {}).get("production", {}).get(fleet.name)
+    return entry.get("version") if isinstance(entry, dict) else None
+
+
+def test_a_rollback_to_the_warm_previous_version_changes_no_replica_under_the_lock_and_users_move_before_the_plain_name(
+    live, monkeypatch
+):
+    fleet = live
+    promote_live(fleet, fleet.v2)
+    under_lock: dict = {}
+    before_settling: dict = {}
+    apply, settle = loragate.tasks.fleet.FleetSwitch.apply, loragate.tasks.fleet.settle_warm_copies
+
+    def apply_then_look(switch, plan):
+        report = apply(switch, plan)
+        for replica in productions(fleet):  # the move has not committed yet: the lock is held
+            under_lock[replica.url] = (own(fleet, replica), index_names(fleet, replica))
+        return report
+
+    def look_then_settle(registry, name, progress):
+        for replica in productions(fleet):  # committed and the routes pushed; the plain name not moved
+            before_settling[replica.url] = (user_gets(replica, fleet.name), own(fleet, replica))
+        return settle(registry, name, progress)
+
+    monkeypatch.setattr(loragate.tasks.fleet.FleetSwitch, "apply", apply_then_look)
+    monkeypatch.setattr(loragate.tasks.fleet, "settle_warm_copies", look_then_settle)
+
+    rollback_and_switch(fleet.registry, fleet.name, "production", reason="bad answers")
+
+    for replica in productions(fleet):
+        plain_v2_warm_v1 = {
+            fleet.name: at(fleet, replica, fleet.v2),
+            qualified_name(fleet.name, fleet.v1): at(fleet, replica, fleet.v1),
+        }
+        assert under_lock[replica.url] == (plain_v2_warm_v1, fleet.v2)
+        assert before_settling[replica.url] == (fleet.v1, plain_v2_warm_v1)
+        # settled: the plain name on v1, the index naming it, v2 served under no name
+        assert own(fleet, replica) == {fleet.name: at(fleet, replica, fleet.v1)}
+        assert index_names(fleet, replica) == fleet.v1
+        assert user_gets(replica, fleet.name) == fleet.v1
+
+
+def test_settling_leaves_a_stale_plain_name_and_the_index_alone_while_a_replica_cannot_drop_it(live, monkeypatch):
+    fleet = live
+    promote_live(fleet, fleet.v2)
+    first, *_ = productions(fleet)
+    settle = loragate.tasks.fleet.settle_warm_copies
+    monkeypatch.setattr(loragate.tasks.fleet, "settle_warm_copies", lambda registry, name, progress: [])
+    rollback_and_switch(fleet.registry, fleet.name, "production", reason="bad answers")
+    unload = ReplicaClient.unload
+
+    def unreachable_first(client, name):
+        if client.url == first.url.rstrip("/") and name == fleet.name:
+            raise ReplicaError(f"replica {first.url} unreachable", code=ErrorCode.REPLICA_UNAVAILABLE)
+        return unload(client, name)
+
+    monkeypatch.setattr(ReplicaClient, "unload", unreachable_first)
+    told: list[str] = []
+
+    assert settle(fleet.registry, fleet.name, told.append) == []
+
+    assert any(first.url in line and "reconcile" in line for line in told), told
+    for replica in productions(fleet):
+        # no replica has v2 under a name the index gives v1: the index still names v2
+        assert index_names(fleet, replica) == fleet.v2
+        assert user_gets(replica, fleet.name) == fleet.v1
+    assert own(fleet, first)[fleet.name] == at(fleet, first, fleet.v2)
 
 
 def test_rolling_back_the_canary_leaves_no_warm_copy_of_it_on_any_production_replica(live):

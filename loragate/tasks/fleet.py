@@ -20,7 +20,11 @@ adapter's lock (``apply`` is all or nothing); the error names the replica and th
 production replica that already serves the target warm as ``name@version`` (the previous
 production, kept after a promotion) is not reloaded: the move sends its users there,
 confirmed per replica once the pointer has moved (``tasks/routes.py``); production then goes
-back under its plain name, strays are unloaded (``tasks/warm_copies.py``).
+back under its plain name, strays are unloaded (``tasks/warm_copies.py``). Where every
+production replica's move is such a routing change (a rollback to the warm previous version),
+no production replica and no production index entry is touched under the lock, so the users'
+wait is the warm check, the commit and the route push; the plain name moves after, in
+``settle_warm_copies``.
 
 The one undo: whenever the move does not commit -- a failed replica, a refusal, a failed
 commit -- the registry's move calls ``FleetSwitch.revert`` once, after its transaction
@@ -127,6 +131,7 @@ class FleetSwitch:
     undo_ahead: Callable[[], None] | None = None
     moves: list[ReplicaMove] = field(default_factory=list)
     _entries_before: dict[str, Entries] = field(default_factory=dict)
+    _plain_follows: bool = False
 
     def apply(self, plan: Plan) -> list[dict[str, Any]]:
         """The replicas switched and verified; returns their report for the move's audit.
@@ -165,9 +170,16 @@ class FleetSwitch:
                 self.copies.ready(move.replica, move.after)
                 expected[move.after.version_id] = self.copies.expected_outputs(move.after.version_id)
         self.moves = moves
+        # every production replica already serves the target warm: only where users go
+        # changes there, so neither those replicas nor the production index entries are
+        # touched under the lock -- users wait for the commit and the routes only, and the
+        # plain name follows after (``settle_warm_copies``)
+        on_production = [m for m in moves if m.replica.role == ReplicaRole.PRODUCTION]
+        self._plain_follows = bool(on_production) and all(m.routed for m in on_production)
         self._write_indexes(replicas, wanted)
-        self.progress(f"switching {self.name} on {len(moves)} replica(s)")
-        failures = _in_parallel(moves, lambda m: self._move(m, expected))
+        switched = [m for m in moves if not (m.routed and self._plain_follows)]
+        self.progress(f"switching {self.name} on {len(switched)} replica(s), {len(moves) - len(switched)} warm")
+        failures = _in_parallel(switched, lambda m: self._move(m, expected))
         if failures:
             replica, error = failures[0]
             self._put_back()  # under the lock still: no other move switches these replicas meanwhile
@@ -221,6 +233,8 @@ class FleetSwitch:
         """Point this adapter's index entries at what the move wants -- only its own: other
         adapters' entries are written by whoever holds their locks."""
         for adapter_dir, entries in adapter_entries(replicas, wanted, self.registry.bundle_digests).items():
+            if self._plain_follows:
+                entries = {role: e for role, e in entries.items() if role != ReplicaRole.PRODUCTION.value}
             before = replace_entries(adapter_dir, self.name, entries)
             self._entries_before.setdefault(adapter_dir, before)
 

@@ -15,7 +15,14 @@ promotion, rollback and canary withdrawal), under the adapter's lock so that no 
 flight is taken for a leftover, on every production replica at once:
 
 1. Production ends under its plain name. A move that only sent users to a warm copy left
-   production served as ``name@production`` and the plain name unloaded; the plain name is
+   production served as ``name@production`` and, where every replica was such a move (a
+   rollback to the warm previous version), the plain name still on the version moved off and
+   the index naming it: nothing on the replicas changed under the move's lock, so users waited
+   only for the commit and the routes (the split sends them to ``name@production`` while the
+   index names another version). Here the stale plain name is unloaded on every replica first,
+   then the index is pointed at production -- in that order, so no replica serves the old bytes
+   under a name the index gives production -- and should a replica not answer, nothing more is
+   done (its users stay on the warm copy; ``fleet reconcile`` finishes). The plain name is
    loaded again from production's path (``load_replica``: the replica checks the bytes
    against the registry), its card and golden answers verified as a switch's, and only then
    is ``name@production`` unloaded. Users are answered by the warm copy until the plain
@@ -49,9 +56,10 @@ from loragate.registry.rules.fleet import (
     warm_versions,
 )
 from loragate.registry.service import Registry
+from loragate.registry.storage.resolver_index import adapter_entries, replace_entries
 from loragate.tasks.replica_switch import load_replica, unload_replica, verify_replica
 from loragate.tasks.replicas import ReplicaClient, replica_client
-from loragate.tasks.routes import on_each
+from loragate.tasks.routes import failures, on_each
 
 # what a replica serving the version must answer (``Registry.expected_outputs``)
 Expected = tuple[GoldenSet, dict[str, str]] | None
@@ -72,7 +80,16 @@ def settle_warm_copies(registry: Registry, name: str, progress: Progress = quiet
                 return []
             window = registry.active_canary_window(name)
             allowed = warm_versions(held, window.version_id if window else None)
-            replicas = [r for r in registry.list_replicas(held.base_model_id) if r.role == ReplicaRole.PRODUCTION]
+            every_replica = registry.list_replicas(held.base_model_id)
+            replicas = [r for r in every_replica if r.role == ReplicaRole.PRODUCTION]
+            dropped = on_each(replicas, lambda r: _drop_stale_plain(registry, r, held))
+            unreached = failures(dropped)
+            for failure in unreached:
+                progress(f"{failure}: stale {name} not unloaded; its users stay on the warm copy; fleet reconcile will")
+            if unreached:
+                return []
+            if any(dropped.values()):
+                _point_indexes(registry, every_replica, held)
             expected = registry.expected_outputs(held.production) if held.production else None
             results = on_each(replicas, lambda r: _settle(registry, r, held, allowed, expected))
     except LoragateError as e:  # the lock or the registry: no replica was touched
@@ -96,6 +113,33 @@ def settle_warm_copies(registry: Registry, name: str, progress: Progress = quiet
         except LoragateError as e:
             progress(f"{name}: warm copies settled but not audited ({e.one_line()})")
     return done
+
+
+def _drop_stale_plain(registry: Registry, replica: Replica, held: AdapterPointers) -> bool:
+    """Unload the plain name where it serves another version than production (a move that
+    only changed where users go left it there); whether it was. Users meanwhile get the warm
+    ``name@production``, or one the resolver loads from production's own path.
+
+    Raises:
+        ReplicaError: the replica could not be read or the name not unloaded.
+    """
+    name, production = held.name, held.production
+    if production is None:
+        return False
+    path = version_path(replica.adapter_dir, name, production)
+    with replica_client(registry, replica.url, retries=1) as client:
+        served = client.served_adapters()
+        if served.get(name) in (None, path):
+            return False
+        unload_replica(client, name)
+    return True
+
+
+def _point_indexes(registry: Registry, replicas: list[Replica], held: AdapterPointers) -> None:
+    """Every adapter directory's index entries of this adapter as the pointers say (only this
+    adapter's: the lock held is its own)."""
+    for adapter_dir, entries in adapter_entries(replicas, held, registry.bundle_digests).items():
+        replace_entries(adapter_dir, held.name, entries)
 
 
 def _settle(
