@@ -321,6 +321,23 @@ def test_a_warm_qualified_copy_is_used_where_the_plain_name_was_unloaded():
     assert routing.served_name(NAME, "v1", "v1", warm | {NAME}) == NAME
 
 
+@pytest.mark.parametrize(
+    ("plain_path", "served"),
+    [
+        ("/adapters/acme/tiny/support/v1", NAME),  # the plain name is on v1: it answers for v1
+        ("/adapters/acme/tiny/support/v1/", NAME),
+        (None, NAME),  # where vLLM's table says nothing of the path, the index decides
+        # the plain name still on the version moved off (a move not settled, a replica the
+        # fleet could not reach while the index moved): never v1's answer under v1's name
+        ("/adapters/acme/tiny/support/v2", f"{NAME}@v1"),
+    ],
+)
+def test_the_plain_name_answers_for_a_version_only_when_it_is_loaded_from_that_versions_path(plain_path, served):
+    loaded = {NAME, f"{NAME}@v1"}
+    plain = routing.path_version(plain_path)
+    assert routing.served_name(NAME, "v1", "v1", loaded, plain) == served
+
+
 # the table the split holds when a request comes: read before production moved to p1, or
 # before the adapter's first production (or from another registry) -- without a fresh read
 # the request would go to the older version, or pass the split by unlabelled

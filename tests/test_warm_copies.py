@@ -20,7 +20,7 @@ from kit.corpus import bound_to
 from loragate.registry.errors import ErrorCode, ReplicaError
 from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.rules.fleet import ActionKind, adapter_of, qualified_name, version_path
-from loragate.registry.storage.resolver_index import read_index
+from loragate.registry.storage.resolver_index import adapter_entries, read_index, replace_entries
 from loragate.tasks.canary_moves import deploy_canary, promote_canary
 from loragate.tasks.fleet import rollback_and_switch
 from loragate.tasks.reconcile import fleet_status, reconcile_fleet
@@ -136,6 +136,14 @@ def test_loragate_rollback_leaves_the_rolled_back_version_served_under_no_name_o
         assert refused.value.code == ErrorCode.REPLICA_UNKNOWN_ADAPTER, refused.value.one_line()
 
 
+def held(fleet):
+    return next(a for a in fleet.registry.adapter_pointers() if a.name == fleet.name)
+
+
+def digests(fleet):
+    return fleet.registry.bundle_digests
+
+
 def index_names(fleet, replica) -> str | None:
     entry = read_index(str(replica.adapter_dir)).get("roles", {}).get("production", {}).get(fleet.name)
     return entry.get("version") if isinstance(entry, dict) else None
@@ -204,6 +212,22 @@ def test_settling_leaves_a_stale_plain_name_and_the_index_alone_while_a_replica_
         assert index_names(fleet, replica) == fleet.v2
         assert user_gets(replica, fleet.name) == fleet.v1
     assert own(fleet, first)[fleet.name] == at(fleet, first, fleet.v2)
+
+    # what fleet reconcile does first -- every index entry as the pointers say, then each
+    # replica's actions -- leaves the first replica's plain name on v2 under an index naming
+    # v1 for a while: its users still get v1's answers, never v2's under v1's name
+    for adapter_dir, entries in adapter_entries(fleet.registry.list_replicas(), held(fleet), digests(fleet)).items():
+        replace_entries(adapter_dir, fleet.name, entries)
+    assert index_names(fleet, first) == fleet.v1
+    with admin_client(fleet.registry, first.url) as client:
+        v1_says = client.complete_many(qualified_name(fleet.name, fleet.v1), [SUPPORT_PROMPT], 8, admin=True)
+        v2_says = client.complete_many(fleet.name, [SUPPORT_PROMPT], 8, admin=True)  # the plain name: v2's bytes
+    assert v1_says != v2_says
+    body = {"model": fleet.name, "prompt": SUPPORT_PROMPT, "max_tokens": 8, "temperature": 0, "user": "reconciling"}
+    answered = httpx.post(first.url + "/v1/completions", json=body, timeout=60)
+    assert answered.status_code == 200, answered.text
+    assert answered.headers["x-loragate-version"] == fleet.v1
+    assert [answered.json()["choices"][0]["text"]] == v1_says
 
 
 def test_rolling_back_the_canary_leaves_no_warm_copy_of_it_on_any_production_replica(live):

@@ -10,7 +10,9 @@ reshuffles who sees the canary -- and no client can compute its bucket to choose
 A window without a secret sends nobody to the canary.
 
 A version is served under the adapter's plain name where the replica's index names that
-version for its role (it is what the resolver and the fleet put there), else under the
+version for its role (it is what the resolver and the fleet put there) and vLLM has the plain
+name, if loaded, from that version's own path (not yet the version a move has just sent
+users to, while the fleet settles it), else under the
 qualified name ``name@version``, which only loragate may name (``traffic.TrafficSplit``
 refuses it from clients) and the resolver resolves to the version's own immutable path.
 """
@@ -115,11 +117,27 @@ def split_qualified(lora_name: str) -> tuple[str, str] | None:
     return name, version
 
 
-def served_name(name: str, version: str, index_version: str | None, loaded: Container[str] = ()) -> str:
+def served_name(
+    name: str, version: str, index_version: str | None, loaded: Container[str] = (), plain_version: str | None = None
+) -> str:
     """The name this replica serves ``version`` of ``name`` under (module docstring); where
     the plain name is not loaded but the qualified one is (a move that only changed where
-    users go: the fleet unloaded the plain name), the warm qualified one, not a load."""
+    users go: the fleet unloaded the plain name), the warm qualified one, not a load.
+    ``plain_version``: the version whose path the plain name is loaded from, where known;
+    another version's (a move the fleet has not settled, or a replica it could not reach
+    while the index moved) never answers for ``version``."""
     warm = qualified(name, version)
-    if index_version == version and not (name not in loaded and warm in loaded):
-        return name
-    return warm
+    if index_version != version or (name not in loaded and warm in loaded):
+        return warm
+    if plain_version is not None and plain_version != version:
+        return warm
+    return name
+
+
+def path_version(path: object) -> str | None:
+    """The version a loaded adapter's path is of: its last component (loragate places every
+    version at ``<adapter dir>/<name>/<version>``); None where that is no version id."""
+    if not isinstance(path, str) or not path:
+        return None
+    last = path.rstrip("/").rpartition("/")[2]
+    return last if _VERSION.match(last) else None

@@ -181,7 +181,10 @@ async def answer(
             break
         served = split.base_name if step.version is None else adapter
         if splitting and step.version is not None:
-            served = routing.served_name(adapter, step.version, index_version, loaded_names(scope))
+            loaded = loaded_names(scope)
+            served = routing.served_name(
+                adapter, step.version, index_version, loaded, routing.path_version(loaded_path(scope, adapter))
+            )
         admission = None
         if step.version is not None:
             admission = engine_cache.admit(split, adapter, served, last)
@@ -201,6 +204,17 @@ async def answer(
         break
     assert final is not None  # the last step always answers
     _account(split, route, final, failures, reason, streaming, routing.unit(route, user))
+
+
+def loaded_path(scope: dict, name: str) -> str | None:
+    """The path vLLM has ``name`` loaded from (its LoRA request's ``lora_path``), or None."""
+    try:
+        found = scope["app"].state.openai_serving_models.lora_requests
+    except (KeyError, AttributeError):
+        return None
+    request = dict.get(found, name) if isinstance(found, dict) else None
+    path = getattr(request, "lora_path", None)
+    return path if isinstance(path, str) else None
 
 
 def loaded_names(scope: dict) -> Container[str]:
