@@ -117,10 +117,7 @@ def served_pins(split: Any, loaded: Mapping[str, Any]) -> list[str]:
         route = split.routes.get(adapter)
         if route is None or route.production is None:
             continue
-        plain = routing.path_version(
-            getattr(dict.get(loaded, adapter) if isinstance(loaded, dict) else None, "lora_path", None)
-        )
-        names.append(routing.served_name(adapter, route.production, split.index.version(adapter), loaded.keys(), plain))
+        names.append(routing.served_name(adapter, route.production, split.index.version(adapter), loaded.keys()))
     return list(dict.fromkeys(names))
 
 

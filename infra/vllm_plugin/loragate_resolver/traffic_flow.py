@@ -206,14 +206,19 @@ async def answer(
     _account(split, route, final, failures, reason, streaming, routing.unit(route, user))
 
 
-def loaded_path(scope: dict, name: str) -> str | None:
-    """The path vLLM has ``name`` loaded from (its LoRA request's ``lora_path``), or None."""
+def _serving_table(scope: dict) -> dict | None:
+    """vLLM's name -> LoRA request table of the app serving ``scope``, or None."""
     try:
         found = scope["app"].state.openai_serving_models.lora_requests
     except (KeyError, AttributeError):
         return None
-    request = dict.get(found, name) if isinstance(found, dict) else None
-    path = getattr(request, "lora_path", None)
+    return found if isinstance(found, dict) else None
+
+
+def loaded_path(scope: dict, name: str) -> str | None:
+    """The path vLLM has ``name`` loaded from (its LoRA request's ``lora_path``), or None."""
+    table = _serving_table(scope)
+    path = getattr(dict.get(table, name) if table is not None else None, "lora_path", None)
     return path if isinstance(path, str) else None
 
 
@@ -221,11 +226,8 @@ def loaded_names(scope: dict) -> Container[str]:
     """The adapter names vLLM has loaded now (its serving models' table), or none known: every
     one, qualified names included -- the split chooses among them (the table's keys, which
     its guard against clients does not filter: ``qualified``)."""
-    try:
-        found = scope["app"].state.openai_serving_models.lora_requests
-    except (KeyError, AttributeError):
-        return ()
-    return found.keys() if isinstance(found, dict) else ()
+    table = _serving_table(scope)
+    return table.keys() if table is not None else ()
 
 
 async def _rewritten(body: dict, served: str, size: int) -> bytes:
