@@ -89,6 +89,8 @@ bench: postgres $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m bench.traffic
 	$(BIN)/python -m bench.verdict
 	$(BIN)/python -m bench.residency
+	$(BIN)/python -m bench.fallback_bytes
+	$(VLLM_VENV)/bin/python -m bench.cpu_lora_ops
 	$(BIN)/python -m bench.evaluate
 	$(BIN)/python -m bench.stall
 	$(BIN)/python -m bench.cli_start --fleet-runs 5

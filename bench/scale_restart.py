@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,19 @@ def _log(message: str) -> None:
     print(f"[bench/scale restart] {message}", file=sys.stderr, flush=True)
 
 
-def registry_with_production(work: Path, base_dir: Path, bundle: Path, golden: Path, k: int) -> tuple[Registry, str]:
+def registry_with_production(
+    work: Path,
+    base_dir: Path,
+    bundle: Path,
+    golden: Path,
+    k: int,
+    others: Sequence[tuple[Path, Path]] = (),
+    prefix: str = "r",
+) -> tuple[Registry, str]:
+    """A Postgres registry with ``k`` adapters in production, ``<prefix>NNNN/tiny-llama/support``:
+    adapter ``i`` registers the ``i % n``-th of ``(bundle, golden)`` and ``others`` (a bundle
+    and its golden set each, another behaviour each), each bundle validated once."""
+    behaviours = [(bundle, golden), *others]
     database = f"loragate_bench_restart_{k}_{uuid.uuid4().hex[:6]}"
     with admin_engine().connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{database}"')
@@ -55,17 +68,18 @@ def registry_with_production(work: Path, base_dir: Path, bundle: Path, golden: P
     registry.add_base(str(base_dir), BASE_ID)
     key = generate_key_pair()
     registry.add_signing_key(key.public_pem, "signing", "bench")
-    report = None
+    reports: dict[int, Any] = {}
     for i in range(k):
-        name = f"r{i:04d}/{BASE_ID}/support"
-        version_id = registry.register_adapter(bundle, name).version.version_id
-        registry.attach_golden_set(name, golden)
-        if report is None:  # one validation: every tenant's version is the same bytes
-            report = validate_versions(registry, [version_id], ValidationPolicy.from_settings(settings))[0]
+        name = f"{prefix}{i:04d}/{BASE_ID}/support"
+        which = i % len(behaviours)
+        version_id = registry.register_adapter(behaviours[which][0], name).version.version_id
+        registry.attach_golden_set(name, behaviours[which][1])
+        if which not in reports:  # one validation a bundle: its tenants' versions are the same bytes
+            reports[which] = validate_versions(registry, [version_id], ValidationPolicy.from_settings(settings))[0]
         else:
             now = utcnow()
             update = {"version_id": version_id, "name": name, "run_id": None}
-            registry.record_validation(version_id, report.model_copy(update=update), now, now)
+            registry.record_validation(version_id, reports[which].model_copy(update=update), now, now)
         registry.sign_version(version_id, key.private_pem)
         promote_and_switch(registry, version_id, "canary")
         promote_and_switch(registry, version_id, "production")

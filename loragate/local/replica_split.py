@@ -33,6 +33,9 @@ TRAFFIC_KNOBS = frozenset(
         "LORAGATE_FEEDBACK_TTL_S",
         "LORAGATE_MIN_RESIDENCY_S",
         "LORAGATE_EVICTIONS_PER_MINUTE",
+        "LORAGATE_BASE_PROBE_S",
+        # not the split's but the plugin's: vLLM's own CPU LoRA ops, bench/fallback_bytes.py's baseline
+        "LORAGATE_CPU_LORA_OPS",
     }
 )
 

@@ -5,7 +5,8 @@ each adapter's fallback rate over the last 15 minutes (``GET /loragate/traffic``
 always-on watch (``watch_traffic``: the scheduled ``traffic-watch`` flow and ``loragate fleet
 watch``) reads them for every adapter in production, whether or not a canary window is open,
 and each canary evaluation for the adapters it judges; both turn them into alerts: a trip
-of any version's breaker, and an adapter's fallback rate above
+of any version's breaker, a base whose answers were not the base's bytes (``fallback_mismatch``:
+the replica's known-answer probe of the base), and an adapter's fallback rate above
 ``LORAGATE_FALLBACK_ALERT_RATE`` (5 %) on a replica once it has answered enough of that
 adapter's requests for the rate to mean something; and, from the registry alone, a production
 version older than ``LORAGATE_VERSION_AGE_ALERT_DAYS`` (30), once per version. An alert is recorded in the registry's
@@ -30,12 +31,15 @@ from loragate.tasks.live_figures import LiveFigures, read_live_figures
 
 # a fallback rate over fewer requests than this is noise, not an alert
 MIN_REQUESTS_FOR_RATE = 20
+# what a replica's split raises itself, each once by its id: a version's breaker tripped; an
+# base that answered its known-answer probe otherwise while adapters ran (the plugin's base_probe)
+REPLICA_ALERT_KINDS = frozenset({"breaker_open", "fallback_mismatch"})
 
 
 @dataclass(frozen=True)
 class TrafficAlert:
     name: str
-    kind: str  # breaker_open | fallback_rate | version_age
+    kind: str  # breaker_open | fallback_mismatch | fallback_rate | version_age
     version_id: str | None
     replica: str
     detail: str
@@ -54,17 +58,18 @@ class TrafficAlert:
 
 def alerts_in(documents: list[dict[str, Any]], name: str, fallback_alert_rate: float) -> list[TrafficAlert]:
     """The alerts the replicas' figures (one ``/loragate/traffic`` document each) raise for
-    adapter ``name``: its versions' breaker trips and its own fallback rate."""
+    adapter ``name``: its versions' breaker trips, its fallbacks that were not the base's
+    bytes and its own fallback rate."""
     found = []
     for document in documents:
         replica = str(document.get("replica", "?"))
         for trip in document.get("alerts", []):
-            if trip.get("adapter") == name and trip.get("kind") == "breaker_open":
+            if trip.get("adapter") == name and trip.get("kind") in REPLICA_ALERT_KINDS:
                 occurrence = trip.get("id")
                 found.append(
                     TrafficAlert(
                         name,
-                        "breaker_open",
+                        str(trip.get("kind")),
                         trip.get("version"),
                         replica,
                         f"{trip.get('reason', '')} (at {trip.get('at', '?')})",

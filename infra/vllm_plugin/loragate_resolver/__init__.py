@@ -22,7 +22,9 @@ It also mends two faults of vLLM 0.32 that a switch in place meets under load
 (docs/operations/fleet.md): a request admitted just before its name was unloaded (served
 from the index instead of a 404), and a batch holding two versions of one name (both
 activated instead of the engine dying); and it keeps a pinned adapter out of the GPU slots,
-where a pin can kill the engine (``pin_in_the_cpu_cache_only``, for ``engine_cache``).
+where a pin can kill the engine (``pin_in_the_cpu_cache_only``, for ``engine_cache``). On
+the CPU it keeps the last slot's adapter off every request of the base batched beside an
+adapter's (``cpu_lora_ops``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from loragate_resolver import qualified, registry_reader, routing, verified_load
+from loragate_resolver import cpu_lora_ops, qualified, registry_reader, routing, verified_load
 
 INDEX_FILE = ".loragate-index.json"
 # 2: entries carry the bundle's file digests (format 1 had none: its entries are not served)
@@ -189,12 +191,14 @@ def _sha256(path: str) -> str | None:
 
 def register() -> None:
     """vLLM's general-plugin entry point (run in the API server, the engine and the workers):
-    keep both versions of a name apart in a batch and pins out of the GPU slots; when the
+    keep both versions of a name apart in a batch, pins out of the GPU slots and every
+    adapter's delta off the base's rows of a batch (``cpu_lora_ops``); when the
     replica is ours, register the resolver, hide qualified names from whoever loragate did
     not choose (``qualified``) and load only bytes that hash to the registry's digests
     (``verified_load``)."""
     keep_each_adapter_of_a_batch()
     pin_in_the_cpu_cache_only()
+    cpu_lora_ops.skip_the_base_rows()
     adapter_dir = os.environ.get("LORAGATE_ADAPTER_DIR")
     role = os.environ.get("LORAGATE_REPLICA_ROLE")
     if not adapter_dir or not role:

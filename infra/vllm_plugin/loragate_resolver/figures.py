@@ -10,7 +10,8 @@ has not seen is no error (it has no figures yet). The document: ``replica``, ``r
 state and trips), ``alerts``, ``fallback_15m`` (the replica's, every adapter's),
 ``fallback_15m_by_adapter``, ``kept`` (entries held, ended-window entries dropped so far) and
 ``residency`` (the adapter cache's guard: ``residency.ResidencyGuard.figures``; its ``adapters``,
-per name sent to vLLM, follow ``adapter=`` and are left out of ``view=alerts``).
+per name sent to vLLM, follow ``adapter=`` and are left out of ``view=alerts``),
+``base_rows_guarded`` (``cpu_lora_ops``) and ``base_probe`` (``base_probe``).
 
 Serving it must not stall the tokens the same event loop streams to clients: the loop only
 copies the entries asked for (arrays and dicts, at C speed), letting other tasks run every
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
-from loragate_resolver import routing
+from loragate_resolver import cpu_lora_ops, routing
 from loragate_resolver.admin_guard import _error
 from loragate_resolver.live_stats import VersionStats
 
@@ -100,6 +101,8 @@ def _head(split: Any, query: Query, scope: dict | None) -> dict[str, Any]:
         "fallback_15m_by_adapter": stats.fallback_rates(query.adapters),
         "kept": {"entries": len(stats.versions), "ended_windows_dropped": stats.ended_windows_dropped},
         "residency": split.guard.figures(_residency_filter(query), per_adapter=query.view != "alerts"),
+        "base_rows_guarded": cpu_lora_ops.base_rows_guarded(),
+        "base_probe": split.base_probe.figures(),
     }
 
 

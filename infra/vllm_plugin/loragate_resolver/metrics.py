@@ -2,11 +2,13 @@
 
 vLLM's single API server serves prometheus_client's default registry; with several API
 servers it sets ``PROMETHEUS_MULTIPROC_DIR`` before they start and collects every process's
-files, which these families then join (the gauges keep the largest live value). The adapter
+files, which these families then join (the gauges keep the largest live value, the guard's
+the smallest). The adapter
 cache's families (``loragate_lora_*``, ``loragate_first_token_by_residency_seconds``) count
 what the residency guard decided (``residency``, ``engine_cache``), a qualified
-``name@version`` under ``name``. Without prometheus_client (the plugin's unit tests outside
-vLLM's venv) every call is a no-op.
+``name@version`` under ``name``. ``loragate_base_probes`` and ``loragate_base_rows_guarded``
+say whether answers by the base are the base's bytes (``base_probe``, ``cpu_lora_ops``).
+Without prometheus_client (the plugin's unit tests outside vLLM's venv) every call is a no-op.
 """
 
 from __future__ import annotations
@@ -69,6 +71,16 @@ def _get() -> dict[str, Any]:
             ),
             "lora_pinned": Gauge(
                 "loragate_lora_pinned", "Adapters pinned in the engine's cache", multiprocess_mode="livemax"
+            ),
+            "base_probes": Counter(
+                "loragate_base_probes",
+                "The base's known-answer probe while adapters ran: match, or mismatch (not the base's bytes)",
+                ["outcome"],
+            ),
+            "base_rows_guarded": Gauge(
+                "loragate_base_rows_guarded",
+                "1 where vLLM's CPU LoRA ops keep every adapter's delta off the base's rows",
+                multiprocess_mode="livemin",
             ),
             "first_token_by_residency": Histogram(
                 "loragate_first_token_by_residency_seconds",
@@ -135,3 +147,15 @@ def first_token_by_residency(adapter: str, residency: str, seconds: float) -> No
     families = _get()
     if families:
         families["first_token_by_residency"].labels(adapter, residency).observe(seconds)
+
+
+def base_probe(outcome: str) -> None:
+    families = _get()
+    if families:
+        families["base_probes"].labels(outcome).inc()
+
+
+def base_rows_guarded(guarded: bool) -> None:
+    families = _get()
+    if families:
+        families["base_rows_guarded"].set(1 if guarded else 0)

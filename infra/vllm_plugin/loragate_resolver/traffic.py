@@ -28,7 +28,8 @@ the event loop) and ``metrics`` (``/metrics``). Each read of the routing table p
 is ``NoFaults``, which injects none. Before each version it asks, the split asks the residency
 guard whether the engine's adapter cache can take it (``residency``, ``engine_cache``: what is
 and is not guarded); after a read of the routes (at most every 15 s) it corrects the guard from the engine and
-pins the adapters the registry pins.
+pins the adapters the registry pins. It counts its requests in flight, for ``base_probe``, which
+checks that what it labels the base is the base.
 """
 
 from __future__ import annotations
@@ -42,9 +43,20 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from loragate_resolver import engine_cache, read_index, registry_reader, request_ids, residency, routing, traffic_flow
+from loragate_resolver import (
+    cpu_lora_ops,
+    engine_cache,
+    metrics,
+    read_index,
+    registry_reader,
+    request_ids,
+    residency,
+    routing,
+    traffic_flow,
+)
 from loragate_resolver.admin_guard import HEADER as ADMIN_HEADER
 from loragate_resolver.admin_guard import _error, _replay, _respond, header, key_matches
+from loragate_resolver.base_probe import BaseProbe
 from loragate_resolver.breaker import OPEN, Breaker, Limits
 from loragate_resolver.figures import document, serve
 from loragate_resolver.live_stats import LiveStats
@@ -129,6 +141,11 @@ class TrafficSplit:
         self.routes: dict[str, routing.Route] = {}
         self.guard = residency.from_environment()  # its capacity: the engine's, once the app is seen
         self.engine_cache = engine_cache.EngineCache()
+        self.base_probe = BaseProbe()
+        self.server_app: Any = None  # the server's app (its state), for the probe's own requests
+        self.in_flight: dict[str, int] = {}  # adapter -> its requests through the split now
+        self.requests_started = 0
+        metrics.base_rows_guarded(cpu_lora_ops.base_rows_guarded())
         self.pins: list[str] = []  # the adapters the registry pins
         self.app_state: Any = None
         self.loaded = False
@@ -198,6 +215,10 @@ class TrafficSplit:
             except Exception:  # never let the loop die: the next round tries again
                 logging.getLogger(__name__).exception("loragate: routes refresh failed")
             await self.engine_cache.tend(self)  # off the read requests may wait on; never raises
+            try:
+                self.base_probe.tick(self)  # starts a probe of the base in the background when due
+            except Exception:
+                logging.getLogger(__name__).exception("loragate: the base probe could not start")
             await asyncio.sleep(self.refresh_s)
 
     def _routes_json(self) -> dict[str, Any]:
@@ -208,6 +229,8 @@ class TrafficSplit:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if self._loop is None:
             self._loop = asyncio.get_running_loop().create_task(self._refresh_forever())
+        if self.server_app is None and "app" in scope:
+            self.server_app = scope["app"]
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if self.app_state is None and "app" in scope:
@@ -327,7 +350,15 @@ class TrafficSplit:
         if not (isinstance(user, str) and user):
             session = header(scope, SESSION_HEADER)
             user = session.decode("latin-1") if session else secrets.token_hex(8)
-        await traffic_flow.answer(self, scope, receive, send, body, raw, route, user, index_version)
+        adapter = route.adapter
+        self.in_flight[adapter] = self.in_flight.get(adapter, 0) + 1
+        self.requests_started += 1
+        try:
+            await traffic_flow.answer(self, scope, receive, send, body, raw, route, user, index_version)
+        finally:  # what the base probe waits out (base_probe)
+            self.in_flight[adapter] -= 1
+            if not self.in_flight[adapter]:
+                del self.in_flight[adapter]
 
 
 def _is_text(value: object) -> bool:
