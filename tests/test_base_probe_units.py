@@ -184,3 +184,10 @@ def test_a_reference_waits_for_quiet_and_a_check_for_load():
     clock[0] += 0.2
     assert probe.due(busy=True)
     assert not BaseProbe(every_s=0).due(busy=False)
+
+
+def test_a_canary_replica_never_probes(split_env, monkeypatch):
+    monkeypatch.setenv("LORAGATE_REPLICA_ROLE", "canary")
+    split = _split(BaseVllm("a", "b"), window(1, "c1", 0.0))
+    split.server_app = object()
+    assert split.role == "canary" and not split.base_probe.tick(split)

@@ -31,7 +31,7 @@ from loragate.tasks.live_figures import LiveFigures, read_live_figures
 
 # a fallback rate over fewer requests than this is noise, not an alert
 MIN_REQUESTS_FOR_RATE = 20
-# what a replica's split raises itself, each once by its id: a version's breaker tripped; an
+# what a replica's split raises itself, each once by its id: a version's breaker tripped; a
 # base that answered its known-answer probe otherwise while adapters ran (the plugin's base_probe)
 REPLICA_ALERT_KINDS = frozenset({"breaker_open", "fallback_mismatch"})
 

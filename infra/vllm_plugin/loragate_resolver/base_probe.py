@@ -15,10 +15,12 @@ moment a leak happens is not needed: the leak is the engine's, and every mixed b
 A mismatch is counted (``loragate_base_probes_total{outcome}`` in ``/metrics``, ``base_probe``
 in the figures) and raised as a ``fallback_mismatch`` alert for each adapter in flight then
 (at most ``ALERTED_AT_MOST``), which the fleet's traffic watch records and announces. Requests
-that pass the split (the fleet's own, with its key) are not seen by it: one of those running
-while the reference is taken can only make the reference wrong, and the next probes then
-disagree with it -- an alert to look at, never a leak hidden. One probe in flight at a time,
-bounded by ``DEADLINE_S``; a probe that fails or times out is counted ``given_up``.
+that pass the split untouched (the fleet's own, with its key) are not counted in flight: on an
+engine that leaks, one of those beside the reference can make the reference wrong, and later
+probes then disagree with it (an alert) or leak the same delta and agree; where
+``base_rows_guarded`` is true no row leaks and the reference is the base's. One probe in
+flight at a time, bounded by ``DEADLINE_S``; a probe that fails or times out is counted
+``given_up``.
 """
 
 from __future__ import annotations
@@ -85,8 +87,9 @@ class BaseProbe:
         return busy and (self._last is None or self.clock() - self._last >= self.every_s)
 
     def tick(self, split: Any) -> bool:
-        """Start a probe when one is due and the server's app is known; True when started."""
-        if split.server_app is None or split.base_name is None:
+        """Start a probe when one is due on a production replica (the only one that answers
+        from the base) whose server's app is known; True when started."""
+        if split.role != "production" or split.server_app is None or split.base_name is None:
             return False
         in_flight = [name for name, count in split.in_flight.items() if count > 0]
         if not self.due(bool(in_flight)):
