@@ -45,13 +45,12 @@ from typing import Any
 import httpx
 
 from bench import residency_workload as workload
-from bench.harness import emit, replicas_obey, work_directory
+from bench.harness import emit, fleet_replica, work_directory
 from bench.scale_restart import registry_with_production
 from kit.basekit import build_base
 from kit.modelkit import train_adapter
 from kit.postgres import admin_engine, drop_database
 from kit.tenant_tasks import TASKS, prompt_for, write_golden_set
-from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.service import Registry
 from loragate.tasks.reconcile import reconcile_fleet
 
@@ -190,30 +189,13 @@ def judge(answers: list[Answer], behaviour_of: dict[str, str], expected: dict[tu
 def one_way(
     registry: Registry, base_dir: Path, label: str, env: dict[str, str], order: list[str], work: Path, clients: int
 ) -> dict[str, Any]:
-    secrets_dir, admin_key = replicas_obey(registry, work / "replica-secrets")
-    adapter_dir = work / f"adapters-{label}"
-    replica = VllmReplica(
-        base_dir,
-        BASE_ID,
-        adapter_dir=adapter_dir,
-        secrets_dir=secrets_dir,
-        log_path=work / f"{label}.log",
-        die_with_parent=True,
-        owner_moves=True,
-        traffic_env={**GUARD, **env},
-        **SLOTS,
-    )
     pointers = registry.adapter_pointers()
     behaviour_of = {p.production: _behaviour(registry, p.production) for p in pointers if p.production}
     tasks = {p.name: behaviour_of[p.production] for p in pointers if p.production}
     first_of: dict[str, str] = {}
     for name in sorted(tasks):
         first_of.setdefault(tasks[name], name)
-    added = False
-    try:
-        start_replicas([replica])
-        registry.add_replica(replica.url, BASE_ID, "production", str(adapter_dir), max_loras=SLOTS["max_loras"])
-        added = True
+    with fleet_replica(registry, base_dir, BASE_ID, label, work, SLOTS, {**GUARD, **env}) as (replica, admin_key):
         reconcile_fleet(registry)
         expected = references(replica.url, tasks, first_of)
         log(f"{label}: references {expected}; {len(order)} requests from {clients} clients")
@@ -229,10 +211,6 @@ def one_way(
         result["replica"] = {k: figures.get(k) for k in ("base_rows_guarded", "base_probe")}
         log(f"{label}: {result}")
         return result
-    finally:
-        stop_replicas([replica])
-        if added:
-            registry.remove_replica(replica.url)
 
 
 def _behaviour(registry: Registry, version_id: str) -> str:

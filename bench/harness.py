@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from kit.postgres import admin_engine, drop_database, pg_url
-from loragate.local.replica import VllmReplica
+from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.local.replica_secrets import write_replica_secrets
 from loragate.tasks.secret_files import ADMIN_KEY_FILE, HOME_REPLICA_SECRETS_DIR, REGISTRY_URL_FILE
 
@@ -99,6 +99,48 @@ def replicas_obey(registry, directory: Path | None = None) -> tuple[Path, str]:
     url = replica_registry_url(registry.settings.database_url)
     own = write_replica_secrets(Path(registry.settings.home) / HOME_REPLICA_SECRETS_DIR, key, url)
     return (write_replica_secrets(directory, key, url) if directory else own), key
+
+
+@contextmanager
+def fleet_replica(
+    registry,
+    base_dir: Path,
+    base_id: str,
+    label: str,
+    work: Path,
+    slots: dict[str, int],
+    traffic_env: dict[str, str],
+) -> Iterator[tuple[VllmReplica, str]]:
+    """One production replica of ``registry``'s fleet, serving the base pinned as ``base_id``,
+    for one way of a benchmark: its own
+    adapter directory, started with ``slots`` (``max_loras``, ``max_cpu_loras``) and the split's
+    ``traffic_env``, added to the fleet with the slots it was started with (the fleet refuses a
+    replica too small for the pins); stopped and removed when the way ends. Yields the replica
+    and the fleet's admin key."""
+    secrets_dir, admin_key = replicas_obey(registry, work / "replica-secrets")
+    adapter_dir = work / f"adapters-{label}"
+    replica = VllmReplica(
+        base_dir,
+        base_id,
+        adapter_dir=adapter_dir,
+        secrets_dir=secrets_dir,
+        log_path=work / f"{label}.log",
+        die_with_parent=True,
+        owner_moves=True,
+        max_loras=slots["max_loras"],
+        max_cpu_loras=slots["max_cpu_loras"],
+        traffic_env=traffic_env,
+    )
+    added = False
+    try:
+        start_replicas([replica])
+        registry.add_replica(replica.url, base_id, "production", str(adapter_dir), max_loras=slots["max_loras"])
+        added = True
+        yield replica, admin_key
+    finally:
+        stop_replicas([replica])
+        if added:
+            registry.remove_replica(replica.url)
 
 
 @contextmanager

@@ -30,13 +30,12 @@ from typing import Any
 import httpx
 
 from bench import residency_workload as workload
-from bench.harness import emit, replicas_obey, work_directory
+from bench.harness import emit, fleet_replica, work_directory
 from bench.scale_restart import registry_with_production
 from kit.basekit import build_base
 from kit.modelkit import train_adapter
 from kit.postgres import admin_engine, drop_database
 from kit.tenant_tasks import write_golden_set
-from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.registry.rules.pinning import hot_limit
 from loragate.registry.service import Registry
 from loragate.tasks.reconcile import reconcile_fleet
@@ -112,51 +111,30 @@ def one_way(
     hot: list[str],
     work: Path,
 ) -> dict[str, Any]:
-    secrets_dir, admin_key = replicas_obey(registry, work / "replica-secrets")
-    adapter_dir = work / f"adapters-{label}"
     pinned = set(hot[: setup.get("pin_limit", len(hot))]) if setup["pins"] else set()
     for name in pinned:
         registry.pin(name)
     slots = setup["slots"] or planned_slots(registry)
-    replica = VllmReplica(
-        base_dir,
-        BASE_ID,
-        adapter_dir=adapter_dir,
-        secrets_dir=secrets_dir,
-        log_path=work / f"{label}.log",
-        die_with_parent=True,
-        owner_moves=True,
-        max_loras=slots["max_loras"],
-        max_cpu_loras=slots["max_cpu_loras"],
-        traffic_env=setup["env"],
-    )
-    added = False
     try:
-        start_replicas([replica])
-        # the slots it was started with: the fleet refuses a replica too small for the pins
-        registry.add_replica(replica.url, BASE_ID, "production", str(adapter_dir), max_loras=slots["max_loras"])
-        added = True
-        t = time.monotonic()
-        reconcile_fleet(registry)
-        reconcile_s = round(time.monotonic() - t, 1)
-        pin_s = wait_pinned(replica.url, admin_key, pinned) if pinned else None
-        log(f"{label}: reconciled in {reconcile_s} s, pinned in {pin_s} s; {len(order)} requests")
-        ran = workload.run(replica.url, admin_key, order)
-        figures = residency_figures(replica.url, admin_key)
-        result = {
-            "slots": slots,
-            "guard": {k: figures.get(k) for k in ("min_residency_s", "evictions_per_minute")},
-            "evictions_last_minute": figures.get("evictions_last_minute"),
-            "reconcile_s": reconcile_s,
-            "pinned_after_s": pin_s,
-            **workload.summary(ran, pinned, figures),
-        }
-        log(f"{label}: {result}")
-        return result
+        with fleet_replica(registry, base_dir, BASE_ID, label, work, slots, setup["env"]) as (replica, admin_key):
+            t = time.monotonic()
+            reconcile_fleet(registry)
+            reconcile_s = round(time.monotonic() - t, 1)
+            pin_s = wait_pinned(replica.url, admin_key, pinned) if pinned else None
+            log(f"{label}: reconciled in {reconcile_s} s, pinned in {pin_s} s; {len(order)} requests")
+            ran = workload.run(replica.url, admin_key, order)
+            figures = residency_figures(replica.url, admin_key)
+            result = {
+                "slots": slots,
+                "guard": {k: figures.get(k) for k in ("min_residency_s", "evictions_per_minute")},
+                "evictions_last_minute": figures.get("evictions_last_minute"),
+                "reconcile_s": reconcile_s,
+                "pinned_after_s": pin_s,
+                **workload.summary(ran, pinned, figures),
+            }
+            log(f"{label}: {result}")
+            return result
     finally:
-        stop_replicas([replica])
-        if added:
-            registry.remove_replica(replica.url)
         for name in pinned:
             registry.unpin(name)
 
