@@ -98,6 +98,10 @@ def _promoted(registry, name, v1, v2):
     promote(registry, v1, "production", reason="promoted")
 
 
+def _overridden(registry, name, v1, v2):
+    promote(registry, v1, "production", reason="the fix is needed now", override=True)
+
+
 @pytest.mark.parametrize(
     "move, ready, ended",
     [
@@ -106,7 +110,8 @@ def _promoted(registry, name, v1, v2):
         (_withdrawn, False, WindowStatus.ROLLED_BACK),
         (_withdrawn, True, WindowStatus.ROLLED_BACK),
         (_promoted, True, WindowStatus.PROMOTED),
-        (_promoted, False, WindowStatus.SUPERSEDED),  # promoted before its window decided
+        (_overridden, True, WindowStatus.PROMOTED),
+        (_overridden, False, WindowStatus.SUPERSEDED),  # promoted before its window decided
     ],
     ids=lambda v: getattr(v, "__name__", None) or str(v),
 )

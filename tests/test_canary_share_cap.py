@@ -338,4 +338,5 @@ def test_init_copies_the_cap_into_the_database_and_audits_each_change(tmp_path, 
             ).all()
     finally:
         engine.dispose()
-    assert cap == [0.3] and [tuple(c) for c in changes] == [("0.5", "0.3")]
+    # the window thresholds init fixes beside the cap (migration 0015), each written once
+    assert cap == [0.3] and [tuple(c) for c in changes] == [("0.5", "0.3"), (None, "canary_thresholds")]

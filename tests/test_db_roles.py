@@ -248,7 +248,7 @@ def test_training_registers_through_the_application_but_cannot_promote(fresh, se
     assert registry_snapshot(fresh.settings(), artifacts=False) == before
 
 
-def test_signing_validates_signs_watches_and_withdraws_a_canary_but_cannot_register(fresh, seeded_bundles):
+def test_signing_validates_signs_opens_and_withdraws_a_canary_but_cannot_judge_it_or_register(fresh, seeded_bundles):
     with fresh.open() as owner:
         v2 = owner.register_adapter(seeded_bundles[1], NAME).version.version_id
     with fresh.open("signing") as signing:
@@ -258,7 +258,10 @@ def test_signing_validates_signs_watches_and_withdraws_a_canary_but_cannot_regis
         assert signing.resolve_stage(NAME, "canary") == v2
         window, created = signing.open_canary_window(v2)  # supersedes v1's window
         assert created and signing.canary_window(fresh.window_id).status == WindowStatus.SUPERSEDED
-        signing.record_canary_observation(observation(window.id, Verdict.ROLLBACK))
+        with pytest.raises(PermissionDenied, match="loragate_signing"):
+            signing.record_canary_observation(observation(window.id, Verdict.READY))
+        assert signing.canary_window(window.id).status == WindowStatus.OPEN
+        assert not signing.canary_observations(window.id)
         rollback(signing, NAME, "canary")  # deletes the pointer
         signing.close_canary_window(window.id, WindowStatus.ROLLED_BACK, "roles test")
         assert signing.get_version(v2).stage == "rolled_back" and signing.get_adapter(NAME).canary is None
@@ -268,9 +271,10 @@ def test_signing_validates_signs_watches_and_withdraws_a_canary_but_cannot_regis
     assert registry_snapshot(fresh.settings(), artifacts=False) == before
 
 
-def test_activation_signs_off_and_promotes_to_production_but_cannot_record_a_validation(fresh):
+def test_activation_judges_signs_off_and_promotes_to_production_but_cannot_record_a_validation(fresh):
     with fresh.open("activation") as activation:
-        activation.record_canary_observation(observation(fresh.window_id, Verdict.READY))
+        activation.record_canary_observation(observation(fresh.window_id, Verdict.READY))  # the evaluator's function
+        assert activation.canary_window(fresh.window_id).status == WindowStatus.READY
         activation.request_approval(fresh.window_id, "flow-run-1")
         reviewer = Registry.open(fresh.settings("activation").model_copy(update={"token": fresh.reviewer_token}))
         with reviewer:

@@ -223,7 +223,7 @@ def test_a_window_over_with_too_few_live_requests_is_undecided_and_withdrawn_lea
     assert observation.verdict == Verdict.UNDECIDED, observation.reasons
     assert observation.reasons[0] == "window over undecided: its live traffic could not decide it"
     assert any("of 10 requests needed" in r for r in observation.reasons), observation.reasons
-    closed = withdraw_canary(fleet.registry, deployment.window, "canary undecided: too few", undecided=True)
+    closed = withdraw_canary(fleet.registry, deployment.window, "canary undecided: too few")
     assert closed.status == WindowStatus.UNDECIDED and fleet.registry.get_adapter(fleet.name).canary is None
     for user in USERS:
         for replica in productions(fleet):
@@ -285,9 +285,7 @@ def test_a_tenant_of_twenty_users_ramps_within_the_cap_then_ends_undecided_with_
     needed = observation.live["coverage"]
     assert needed["needed"] > 1000 and needed["canary_requests"] == answered_by.count(fleet.v2) and not needed["met"]
     assert any("canary requests needed to catch errors 2x production's at 80% power" in r for r in observation.reasons)
-    closed = withdraw_canary(
-        fleet.registry, ramped, "canary undecided: " + "; ".join(observation.reasons), undecided=True
-    )
+    closed = withdraw_canary(fleet.registry, ramped, "canary undecided: " + "; ".join(observation.reasons))
     shown = canary_evidence_markdown(closed, fleet.registry.canary_observations(ramped.id))
     assert "**Undecided:**" in shown and f"of {needed['needed']} needed" in shown
 

@@ -50,7 +50,7 @@ def test_a_replicas_figures_stay_bounded_after_1000_windows_and_keep_the_active_
         most = most_own = 0
         for n in range(WINDOWS):
             if n:
-                fleet.registry.close_canary_window(window.id, WindowStatus.UNDECIDED, "the next window")
+                fleet.registry.close_canary_window(window.id, WindowStatus.ROLLED_BACK, "the next window")
                 window, created = fleet.registry.open_canary_window(fleet.v2, 0.5)
                 assert created
                 client.refresh_routes()

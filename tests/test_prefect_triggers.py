@@ -46,6 +46,7 @@ NOTICES = {
     events.CANARY_STARTED,
     events.CANARY_ROLLED_BACK,
     events.CANARY_UNDECIDED,
+    events.CANARY_OVERRIDDEN,
     events.SIGNOFF_REJECTED,
     events.PROMOTED,
     events.ROLLED_BACK,

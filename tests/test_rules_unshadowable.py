@@ -233,5 +233,13 @@ def test_a_migrating_user_who_cannot_revoke_temporary_stops_saying_what_to_run_a
     # what it says, run as whom it says, lets the same user migrate to the end
     with in_database.connect() as conn:
         conn.execute(text(statement))
+    with pytest.raises(DBAPIError) as stopped:  # the evaluator role, made by someone else (0015)
+        migrate.upgrade(migrating)
+    first = str(stopped.value.orig).splitlines()[0]
+    grant = f"GRANT loragate_evaluator TO {migrator}"
+    assert first.startswith(f"run {grant} as a superuser"), first
+    assert migrate.current_revision(migrating) is None
+    with in_database.connect() as conn:
+        conn.execute(text(grant))
     migrate.upgrade(migrating)
     assert migrate.current_revision(migrating) == migrate.HEAD

@@ -25,7 +25,7 @@ from loragate.registry.rules.verdict import judge
 from loragate.registry.settings import Settings
 from loragate.tasks.canary_moves import ramp_canary, withdraw_canary
 from tests.support.moves import promote
-from tests.support.registries import mark_validated
+from tests.support.registries import mark_validated, record_verdict
 
 NAME = "acme/tiny-llama/support"
 DAY = 86_400.0
@@ -225,10 +225,11 @@ def test_a_ramp_the_registry_refuses_leaves_the_window_at_its_share_and_fails_no
 def test_an_undecided_window_withdraws_its_version_unproven_and_may_be_canaried_again(windowed):
     registry, v1, opened = windowed
     reason = "canary undecided: live: 40 of 3358 canary requests needed"
-    closed = withdraw_canary(registry, opened, reason, undecided=True)
-    assert closed.status == WindowStatus.UNDECIDED and closed.reason == reason and closed.share == 0.0
+    record_verdict(registry, opened.id, Verdict.UNDECIDED, reason)  # the evaluation ends it undecided
+    closed = withdraw_canary(registry, opened, reason)
+    assert closed.status == WindowStatus.UNDECIDED and closed.reason == reason
     assert registry.get_adapter(NAME).canary is None
-    assert registry.active_canary_window(NAME) is None
+    assert registry.active_canary_window(NAME) is None  # the routes read active windows only: no share
     shown = canary_evidence_markdown(closed, [])
     assert "status **undecided**" in shown and "withdrawn unproven" in shown and "40 of 3358" in shown
     with pytest.raises(IllegalTransition):  # a closed window never opens again, nor is it promoted

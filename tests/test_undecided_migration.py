@@ -11,9 +11,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from loragate.registry.db import migrate
-from loragate.registry.rules.canary import WindowStatus
+from loragate.registry.rules.canary import Verdict, WindowStatus
 from tests.support.moves import promote
-from tests.support.registries import mark_validated, sql_engine
+from tests.support.registries import mark_validated, record_verdict, sql_engine
 
 NAME = "acme/tiny-llama/support"
 
@@ -26,7 +26,7 @@ def windowed(cataloged, seeded_bundles):
     mark_validated(registry, v1)
     promote(registry, v1, "canary")
     undecided, _ = registry.open_canary_window(v1)
-    registry.close_canary_window(undecided.id, WindowStatus.UNDECIDED, "12 of 3358 canary requests")
+    record_verdict(registry, undecided.id, Verdict.UNDECIDED, "12 of 3358 canary requests")
     rolled_back, _ = registry.open_canary_window(v1)
     registry.close_canary_window(rolled_back.id, WindowStatus.ROLLED_BACK, "out of band")
     registry.open_canary_window(v1)

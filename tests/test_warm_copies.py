@@ -18,7 +18,6 @@ import pytest
 import loragate.tasks.fleet
 from kit.corpus import bound_to
 from loragate.registry.errors import ErrorCode, ReplicaError
-from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.rules.fleet import ActionKind, adapter_of, qualified_name, version_path
 from loragate.registry.storage.resolver_index import adapter_entries, read_index, replace_entries
 from loragate.tasks.canary_moves import deploy_canary, promote_canary
@@ -28,6 +27,7 @@ from loragate.tasks.replicas import ReplicaClient
 from loragate.tasks.warm_copies import settle_warm_copies
 from tests.support.commands import main_with_tokens, role_tokens
 from tests.support.fleet import SUPPORT_PROMPT, admin_client, make_fleet, record_passed, served
+from tests.support.registries import mark_ready
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ def promote_live(fleet, version: str) -> str | None:
     warm canary, production moved, the replaced version kept warm); returns the replaced."""
     deployment = deploy_canary(fleet.registry, version)
     assert deployment.window.share == 0.5
-    fleet.registry.close_canary_window(deployment.window.id, WindowStatus.READY, "the window is ready")
+    mark_ready(fleet.registry, deployment.window.id)
     _, previous, _ = promote_canary(fleet.registry, version, "signed off")
     return previous
 

@@ -20,7 +20,6 @@ import pytest
 
 from kit import basekit, corpus, modelkit
 from loragate.registry.errors import ErrorCode, IllegalTransition
-from loragate.registry.rules.canary import WindowStatus
 from loragate.registry.service import Registry
 from loragate.tasks.validation.policy import ValidationPolicy
 from loragate.tasks.validation.scan import scan_weights
@@ -28,7 +27,7 @@ from tests import test_gate_quality
 from tests.support.commands import role_tokens
 from tests.support.moves import promote
 from tests.support.prefect_env import client_env, prefect_server_fixture, wait_for_state  # noqa: F401  (a fixture)
-from tests.support.registries import sign
+from tests.support.registries import mark_ready, sign
 from tests.test_gate_quality import _cli, _register
 
 SUPPORT = "acme/deep-llama/support"
@@ -119,7 +118,7 @@ def test_a_review_verdict_reaches_production_only_with_an_acknowledgement(
 
     # the sign-off from a shell is refused before anything resumes
     window, _ = registry.open_canary_window(vid)
-    registry.close_canary_window(window.id, WindowStatus.READY, "in band")
+    mark_ready(registry, window.id)
     registry.request_approval(window.id, str(uuid.uuid4()))
     registry.create_token("activation", "alice")
     rc, _, err = _cli(registry, monkeypatch, capsys, "approve", vid)
@@ -161,7 +160,7 @@ def test_the_promote_flow_asks_again_when_an_approval_does_not_acknowledge_a_sca
     sign(registry, vid)
     promote(registry, vid, "canary")
     window, _ = registry.open_canary_window(vid)
-    registry.close_canary_window(window.id, WindowStatus.READY, "in band")
+    mark_ready(registry, window.id)
     _, alice = registry.create_token("activation", "alice")
     worker_secrets({Role.ACTIVATION: role_tokens(registry)["activation"]})
 

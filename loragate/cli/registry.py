@@ -147,7 +147,24 @@ def _with_window(payload: dict[str, Any], text: str, window: Any) -> tuple[dict[
     return payload, f"{text}\n  canary window {window.id}: {window.status.value}, {window.share:.2%} of live requests"
 
 
+def announce_override(name: str, version_id: str, window_id: int, reason: str) -> None:
+    """A person's override on the Prefect event feed, beside the audit log's record: the
+    users live in the Prefect UI. Only where a Prefect server is configured (a shell
+    without one has the audit log alone); sent before the command returns, within 10 s."""
+    import os
+
+    if not os.environ.get("PREFECT_API_URL"):
+        return
+    from prefect.events.worker import EventsWorker
+
+    from loragate.flows.events import CANARY_OVERRIDDEN, announce
+
+    announce(CANARY_OVERRIDDEN, name, version_id=version_id, window_id=window_id, reason=reason)
+    EventsWorker.drain_all(timeout=10, at_exit=False)
+
+
 def cmd_promote(args: argparse.Namespace) -> int:
+    from loragate.registry.rules.canary import WindowStatus
     from loragate.tasks.canary_moves import CanaryDeployment, promote_to_production, put_on_canary
 
     window = None
@@ -167,7 +184,10 @@ def cmd_promote(args: argparse.Namespace) -> int:
                 reason=args.reason,
                 progress=progress_printer(args),
                 acknowledge_scan_review=args.acknowledge_scan_review,
+                override=args.override,
             )
+    if args.override and window is not None and window.status == WindowStatus.SUPERSEDED:
+        announce_override(name, args.version, window.id, args.reason)
     payload = {**_plan_payload(name, plan), "replicas": report}
     text = f"{name}: {args.to} -> {args.version}" if payload["changed"] else f"{name}: {args.version} already {args.to}"
     emit(args, *_with_window(payload, text + _deployed(report), window))
@@ -237,6 +257,12 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
         "--acknowledge-scan-review",
         action="store_true",
         help="promote to production a version whose weight scan asked for review (recorded in the audit log)",
+    )
+    p.add_argument(
+        "--override",
+        action="store_true",
+        help="promote to production a canary whose window has not decided yet: needs --reason; the audit log "
+        "and the Prefect event feed record both",
     )
     p.set_defaults(func=cmd_promote)
 

@@ -126,7 +126,7 @@ def _act_on(window: CanaryWindow, observed: Any) -> dict[str, str]:
         )
     elif observation.verdict == Verdict.UNDECIDED:
         reason = "canary undecided: " + "; ".join(observation.reasons)
-        withdrawn = withdraw_canary(window.id, reason, undecided=True)
+        withdrawn = withdraw_canary(window.id, reason)  # its observation ended it undecided
         events.announce(events.CANARY_UNDECIDED, window.adapter_name, version_id=window.version_id, reason=reason)
         notify_task(notify.undecided(window.adapter_name, window.version_id, withdrawn["back_to"], reason))
     elif observation.verdict == Verdict.READY:

@@ -21,6 +21,8 @@ CANARY_STARTED = "loragate.canary.started"
 CANARY_READY = "loragate.canary.ready"
 CANARY_ROLLED_BACK = "loragate.canary.rolled-back"
 CANARY_UNDECIDED = "loragate.canary.undecided"
+# a person promoted a canary to production before its window decided (``promote --override``)
+CANARY_OVERRIDDEN = "loragate.canary.overridden"
 SIGNOFF_REJECTED = "loragate.promotion.rejected"
 PROMOTED = "loragate.adapter.promoted"
 ROLLED_BACK = "loragate.adapter.rolled-back"

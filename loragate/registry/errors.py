@@ -32,6 +32,8 @@ class ErrorCode(StrEnum):
     ILLEGAL_TRANSITION = "illegal_transition"
     VALIDATION_REQUIRED = "validation_required"
     SCAN_REVIEW_UNACKNOWLEDGED = "scan_review_unacknowledged"
+    # production for a canary whose window has not decided, without a person's override
+    OVERRIDE_REQUIRED = "override_required"
     NOT_INITIALIZED = "not_initialized"
     # live traffic: a canary share outside [0, 1]; feedback that names no known request or outcome
     INVALID_SHARE = "invalid_share"

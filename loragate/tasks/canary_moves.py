@@ -177,15 +177,11 @@ def withdraw_from_canary(
 
 
 def _withdraw(
-    registry: Registry, window: CanaryWindow, reason: str, progress: Progress, *, undecided: bool = False
+    registry: Registry, window: CanaryWindow, reason: str, progress: Progress
 ) -> tuple[CanaryWindow, Plan, list[dict[str, Any]]]:
     current = registry.canary_window(window.id)
     if current.status in ACTIVE and current.share > 0:
         registry.set_canary_share(window.id, 0.0, reason=reason[:200])
-    if undecided and current.status == WindowStatus.OPEN:
-        # ended undecided before the pointer moves, so the move (which ends an active
-        # window as rolled back) finds it ended and the record says what happened
-        registry.close_canary_window(window.id, WindowStatus.UNDECIDED, reason)
     plan, report = withdraw_from_canary(registry, window.adapter_name, window.version_id, reason, progress)
     # the move ended the window (rolled_back) in its own transaction, as a move that took the
     # canary away meanwhile ended it its own way; one still active outlived its canary
@@ -196,14 +192,12 @@ def _withdraw(
     return after, plan, report
 
 
-def withdraw_canary(
-    registry: Registry, window: CanaryWindow, reason: str, progress: Progress = quiet, *, undecided: bool = False
-) -> CanaryWindow:
+def withdraw_canary(registry: Registry, window: CanaryWindow, reason: str, progress: Progress = quiet) -> CanaryWindow:
     """Auto-rollback: the canary gets 0 % of live traffic on every replica at once, then is
-    withdrawn, and its window closes -- ``rolled_back``, or ``undecided`` for a window over
-    without the live requests its verdict needs (the version withdrawn unproven, not failed:
-    it may be canaried again with more traffic or a longer window)."""
-    closed, _, _ = _withdraw(registry, window, reason, progress, undecided=undecided)
+    withdrawn, and its window closes ``rolled_back`` -- unless its verdict ended it already:
+    ``undecided``, over without the live requests its verdict needs (the version withdrawn
+    unproven, not failed: it may be canaried again with more traffic or a longer window)."""
+    closed, _, _ = _withdraw(registry, window, reason, progress)
     return closed
 
 
@@ -299,12 +293,13 @@ def promote_to_production(
     reason: str | None = None,
     acknowledge_scan_review: bool = False,
     progress: Progress = quiet,
+    override: bool = False,
 ) -> tuple[Plan, list[dict[str, Any]], CanaryWindow | None]:
     """``loragate promote VERSION --to production``: a person's own move (``promote_and_switch``),
     which ends the version's active canary window in its transaction as the gate's promotion
-    does -- a ready window ``promoted``; one still observing ``superseded`` (promoted before
-    its window decided, on that person's word). Returns (plan, replicas' report, the window
-    the move ended, or None where it ended none).
+    does -- a ready window ``promoted``; one still observing ``superseded``, only on that
+    person's explicit ``override`` with a reason (promoted before its window decided).
+    Returns (plan, replicas' report, the window the move ended, or None where it ended none).
 
     Raises: as ``promote_and_switch``.
     """
@@ -316,6 +311,7 @@ def promote_to_production(
         reason=reason,
         progress=progress,
         acknowledge_scan_review=acknowledge_scan_review,
+        override=override,
     )
     ended = registry.canary_window(active[-1].id) if active and not plan.empty else None
     return plan, report, ended if ended is not None and ended.status not in ACTIVE else None

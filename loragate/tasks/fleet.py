@@ -315,9 +315,11 @@ def promote_and_switch(
     progress: Progress = quiet,
     acknowledge_scan_review: bool = False,
     ahead: AheadOfTheMove | None = None,
+    override: bool = False,
 ) -> tuple[Plan, list[dict[str, Any]]]:
     """Promote a version and switch the stage's replicas to it, together (production for a
-    version under weight-scan review only with ``acknowledge_scan_review``). ``ahead``: a
+    version under weight-scan review only with ``acknowledge_scan_review``, for a canary
+    whose window still observes only with a person's ``override``). ``ahead``: a
     change made once the copies are ready, just before the move, and undone with the
     replicas should the move not commit.
 
@@ -340,6 +342,7 @@ def promote_and_switch(
         reason=reason,
         acknowledge_scan_review=acknowledge_scan_review,
         copies=copies.signed_copies(),
+        override=override,
     ) as move:
         pass  # entering switched the replicas under the adapter's lock; leaving commits
     switch.after_commit()

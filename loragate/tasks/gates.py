@@ -165,11 +165,9 @@ def observe_canary(
     retry_delay_seconds=RETRY_DELAYS_S,
     retry_condition_fn=outage_only,
 )
-def withdraw_canary(window_id: int, reason: str, undecided: bool = False) -> dict[str, Any]:
+def withdraw_canary(window_id: int, reason: str) -> dict[str, Any]:
     with registry_as(Role.ACTIVATION) as registry:
-        window = canary_moves.withdraw_canary(
-            registry, registry.canary_window(window_id), reason, progress=_progress(), undecided=undecided
-        )
+        window = canary_moves.withdraw_canary(registry, registry.canary_window(window_id), reason, progress=_progress())
         production = registry.get_adapter(window.adapter_name).production
     return {"window": window.as_dict(), "back_to": production}
 

@@ -130,10 +130,24 @@ MATRIX = [
         LIFECYCLE,
     ),
     (
+        # who waits for the sign-off: the promotion, on the release pool (0015)
         "await-a-sign-off",
         "UPDATE canary_windows SET approval_flow_run_id = 'probe' WHERE id = :window_id",
-        LIFECYCLE,
+        frozenset({"activation"}),
     ),
+    # a verdict's moves are the evaluator's function's alone (0015): no role moves a window
+    # to ready or undecided, or writes an observation, but through it
+    ("mark-a-window-ready", "UPDATE canary_windows SET status = 'ready' WHERE id = :window_id", NOBODY),
+    (
+        "end-a-window-undecided",
+        "UPDATE canary_windows SET status = 'undecided', closed_at = now() WHERE id = :window_id",
+        NOBODY,
+    ),
+    ("loosen-a-windows-thresholds", "UPDATE canary_windows SET thresholds = '{}' WHERE id = :window_id", NOBODY),
+    ("read-a-window", "SELECT id, status, thresholds, share, approval_flow_run_id FROM canary_windows", EVERYONE),
+    # each window's bucket secret is the replicas' (0015): SELECT * names it too
+    ("read-a-windows-bucket-key", "SELECT bucket_key FROM canary_windows", NOBODY),
+    ("read-every-column-of-a-window", "SELECT * FROM canary_windows", NOBODY),
     # the live-traffic share of a running window (migration 0011), up to the cap (0012): every
     # user only by activation applying a person's sign-off, and the fixture's code is unused
     ("change-a-canary-share", "UPDATE canary_windows SET share = 0.5 WHERE id = :window_id", LIFECYCLE),
@@ -143,8 +157,16 @@ MATRIX = [
         "observe-a-canary",
         "INSERT INTO canary_observations (window_id, at, verdict, observation) "
         "VALUES (:window_id, now(), 'continue', '{}')",
-        LIFECYCLE,
+        NOBODY,
     ),
+    (
+        "observe-a-canary-through-the-evaluators-function",
+        "SELECT * FROM public.loragate_record_observation(:window_id, "
+        'CAST(\'{"verdict": "continue", "at": "2026-01-01T00:00:00+00:00"}\' AS jsonb), \'probe\')',
+        frozenset({"activation"}),
+    ),
+    ("rewrite-an-observation", "UPDATE canary_observations SET verdict = 'ready'", NOBODY),
+    ("erase-an-observation", "DELETE FROM canary_observations", NOBODY),
     # approval codes: nobody writes one directly -- activation issues and uses them only through
     # migration 0009's functions, which check the token's and the code's secrets
     (

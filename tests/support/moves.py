@@ -14,10 +14,15 @@ from loragate.tasks.fleet import promote_and_switch, rollback_and_switch
 
 
 def promote(
-    registry: Registry, version_id: str, to: str, reason: str | None = None, acknowledge_scan_review: bool = False
+    registry: Registry,
+    version_id: str,
+    to: str,
+    reason: str | None = None,
+    acknowledge_scan_review: bool = False,
+    override: bool = False,
 ) -> Plan:
     plan, _ = promote_and_switch(
-        registry, version_id, to, reason=reason, acknowledge_scan_review=acknowledge_scan_review
+        registry, version_id, to, reason=reason, acknowledge_scan_review=acknowledge_scan_review, override=override
     )
     return plan
 

@@ -22,10 +22,16 @@ IN_PROCESS = Principal.in_process("tester")
 def mark_ready(registry: Registry, window_id: int) -> None:
     """An in-band observation that makes a canary window ready for its sign-off, without
     probing replicas."""
+    record_verdict(registry, window_id, Verdict.READY, "ok")
+
+
+def record_verdict(registry: Registry, window_id: int, verdict: Verdict, reason: str) -> None:
+    """The evaluation's observation of an open window with ``verdict`` (the only way a
+    window becomes ready or undecided), without probing replicas."""
     side = SideStats(20, 0, 50.0, 100.0)
     monitors = [Monitor("p95_ms", 1.0, 2.0, True)]
     registry.record_canary_observation(
-        Observation(window_id, datetime.now(UTC), side, side, 0.0, [], Verdict.READY, monitors, ["ok"])
+        Observation(window_id, datetime.now(UTC), side, side, 0.0, [], verdict, monitors, [reason])
     )
 
 

@@ -1,14 +1,14 @@
 """The canary watch: a window per version on canary (open, ready for sign-off, then
-promoted, rolled back, rejected or superseded), the observations judged in it, and the
-flow run waiting for its sign-off (the decision itself is ``db/approvals.py``). A window's
-status moves only along ``WINDOW_MOVES``, each move a compare-and-set on the status it was
-read at. Each window gets a random ``bucket_key`` when it opens, which the replicas key
-users' buckets with; nothing here ever reads it back. The share of live requests a window
-answers, once it is open, is ``db/canary_share.py``'s."""
+promoted, rolled back, rejected or superseded) and the flow run waiting for its sign-off
+(the decision itself is ``db/approvals.py``). A window's status moves only along
+``WINDOW_MOVES``, each move a compare-and-set on the status it was read at; the moves a
+verdict makes come with its observation (``db/canary_verdicts.py``). Each window gets a
+random ``bucket_key`` when it opens, which the replicas key users' buckets with; nothing
+here ever reads it back. The share of live requests a window answers, once it is open, is
+``db/canary_share.py``'s."""
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 from datetime import datetime
 from typing import Any
@@ -24,20 +24,20 @@ from loragate.registry.errors import ConcurrentUpdate, IllegalTransition, NotFou
 from loragate.registry.records.adapters import utcnow
 from loragate.registry.rules.canary import (
     ACTIVE,
+    VERDICT_MOVES,
     WINDOW_MOVES,
     CanaryThresholds,
     CanaryWindow,
-    Monitor,
-    Observation,
-    SideStats,
-    Verdict,
     WindowStatus,
+    override_required,
     window_end,
 )
 from loragate.registry.rules.lifecycle import Pointer
 
 # the unique index over an adapter's active windows (schema.py, migration 0008)
 ONE_ACTIVE_WINDOW = "uq_canary_windows_one_active"
+# a window as the roles read it: every column but the replicas' bucket secret (0015)
+WINDOW_COLUMNS = tuple(c for c in canary_windows.c if c.name != "bucket_key")
 
 
 def window_from_row(row: Any) -> CanaryWindow:
@@ -52,25 +52,6 @@ def window_from_row(row: Any) -> CanaryWindow:
         reason=row.reason,
         approval_flow_run_id=row.approval_flow_run_id,
         share=row.share,
-    )
-
-
-def _observation_from_dict(data: dict[str, Any], observation_id: int) -> Observation:
-    return Observation(
-        id=observation_id,
-        window_id=data["window_id"],
-        at=utc(datetime.fromisoformat(data["at"])),
-        canary=SideStats.from_dict(data["canary"]),
-        production=SideStats.from_dict(data["production"]),
-        drift=data["drift"],
-        drifted_cases=list(data["drifted_cases"]),
-        verdict=Verdict(data["verdict"]),
-        monitors=[Monitor(**m) for m in data["monitors"]],
-        reasons=list(data["reasons"]),
-        live=data.get("live"),
-        pairs_ms=tuple((float(c), float(p)) for c, p in data.get("pairs_ms") or ()),
-        probe_evidence=data.get("probe_evidence"),
-        latency_evidence=data.get("latency_evidence"),
     )
 
 
@@ -111,7 +92,7 @@ class CanaryRepository:
                         f"{version_id} is not the canary of {name}: promote it to canary first", field="version_id"
                     )
                 active = conn.execute(
-                    select(canary_windows)
+                    select(*WINDOW_COLUMNS)
                     .where(
                         canary_windows.c.adapter_name == name,
                         canary_windows.c.status.in_([s.value for s in ACTIVE]),
@@ -135,7 +116,7 @@ class CanaryRepository:
                     at=now,
                     details={"window_id": window_id, "thresholds": thresholds.as_dict(), "share": share},
                 )
-                row = conn.execute(select(canary_windows).where(canary_windows.c.id == window_id)).one()
+                row = conn.execute(select(*WINDOW_COLUMNS).where(canary_windows.c.id == window_id)).one()
             return window_from_row(row), True
 
         return self.db.retrying(attempt)
@@ -168,18 +149,31 @@ class CanaryRepository:
         self, conn: Connection, row: Any, to: WindowStatus, reason: str | None, actor: str, now: datetime
     ) -> bool:
         """Move a window's status under its current value (compare and set); False when it
-        was already there. Raises IllegalTransition for a move the table forbids."""
+        was already there. Raises IllegalTransition for a move the table forbids, or one only
+        a verdict makes (``record_observation``)."""
         current = WindowStatus(row.status)
         if current == to:
             return False
+        if to in VERDICT_MOVES.values():
+            raise IllegalTransition(
+                f"canary window {row.id} of {row.version_id} becomes {to.value} only with the evaluation's "
+                "observation that decides it",
+                field="status",
+            )
         if to not in WINDOW_MOVES.get(current, frozenset()):
             raise IllegalTransition(
                 f"canary window {row.id} of {row.version_id} is {current.value}, it cannot become {to.value}",
                 field="status",
             )
+        self.set_status(conn, row, to, reason, now)
+        self.audit_move(conn, row, current, to, reason, actor, now)
+        return True
+
+    @staticmethod
+    def set_status(conn: Connection, row: Any, to: WindowStatus, reason: str | None, now: datetime) -> None:
         done = conn.execute(
             update(canary_windows)
-            .where(canary_windows.c.id == row.id, canary_windows.c.status == current.value)
+            .where(canary_windows.c.id == row.id, canary_windows.c.status == row.status)
             .values(
                 status=to.value,
                 reason=reason,
@@ -188,6 +182,17 @@ class CanaryRepository:
         ).rowcount
         if done != 1:
             raise ConcurrentUpdate(f"canary window {row.id} changed meanwhile", field="status")
+
+    def audit_move(
+        self,
+        conn: Connection,
+        row: Any,
+        current: WindowStatus,
+        to: WindowStatus,
+        reason: str | None,
+        actor: str,
+        now: datetime,
+    ) -> None:
         self.db.audit(
             conn,
             actor=actor,
@@ -201,7 +206,6 @@ class CanaryRepository:
             at=now,
             details={"window_id": row.id},
         )
-        return True
 
     def end_departed(
         self,
@@ -214,13 +218,20 @@ class CanaryRepository:
         reason: str | None,
         actor: str,
         now: datetime,
+        override: bool = False,
     ) -> None:
         """In a pointer move's transaction, under the adapter's lock: every active window of
         ``name`` whose version is not ``canary`` (the pointer as the move leaves it) ends as
         ``window_end`` says -- so no window is active for a version that is not the canary,
-        whoever moves the pointer and whatever happens to the caller afterwards."""
+        whoever moves the pointer and whatever happens to the caller afterwards. A window
+        still observing is promoted past (``superseded``) only on a person's ``override``.
+
+        Raises:
+            IllegalTransition: OVERRIDE_REQUIRED, ``promoted`` is a version whose window is
+                still open and ``override`` was not given (the move rolls back).
+        """
         departed = conn.execute(
-            select(canary_windows).where(
+            select(*WINDOW_COLUMNS).where(
                 canary_windows.c.adapter_name == name,
                 canary_windows.c.status.in_([s.value for s in ACTIVE]),
             )
@@ -229,6 +240,8 @@ class CanaryRepository:
             if row.version_id == canary:
                 continue
             status = WindowStatus(row.status)
+            if row.version_id == promoted and status == WindowStatus.OPEN and not override:
+                raise override_required(row.id, row.version_id)
             ended = window_end(status, promoted=row.version_id == promoted, withdrawn=withdrawn)
             why = reason or f"{row.version_id} left canary ({ended.value})"
             self.move_in(conn, row, ended, why, actor, now)
@@ -247,13 +260,14 @@ class CanaryRepository:
 
         return self.db.retrying(attempt)
 
-    def window_row(self, conn: Connection, window_id: int) -> Any:
-        """The window's row, read in ``conn``'s transaction.
+    def window_row(self, conn: Connection, window_id: int, *, lock: bool = False) -> Any:
+        """The window's row, read in ``conn``'s transaction (``lock``: held to its end).
 
         Raises:
             NotFound: no such window.
         """
-        row = conn.execute(select(canary_windows).where(canary_windows.c.id == window_id)).first()
+        query = select(*WINDOW_COLUMNS).where(canary_windows.c.id == window_id)
+        row = conn.execute(query.with_for_update() if lock else query).first()
         if row is None:
             raise NotFound(f"no canary window {window_id}", field="window_id")
         return row
@@ -270,7 +284,7 @@ class CanaryRepository:
         adapter_name: str | None = None,
         least_recently_observed: bool = False,
     ) -> list[CanaryWindow]:
-        query = select(canary_windows)
+        query = select(*WINDOW_COLUMNS)
         if least_recently_observed:
             # never observed first, then by the latest observation: a window an evaluation had
             # no time for (``canary-evaluate``'s budget) is the next one's first
@@ -290,38 +304,6 @@ class CanaryRepository:
             query = query.where(canary_windows.c.version_id == version_id)
         with self.db.reader.connect() as conn:
             return [window_from_row(r) for r in conn.execute(query)]
-
-    def record_observation(self, observation: Observation, actor: str) -> Observation:
-        """Store an observation; a ROLLBACK or READY verdict is audited with the window's move
-        to READY (the rollback's own move is made by whoever withdraws the canary).
-
-        Raises:
-            NotFound: no such window.
-        """
-        with self.db.write() as conn:
-            row = self.window_row(conn, observation.window_id)
-            observation_id = conn.execute(
-                insert(canary_observations)
-                .values(
-                    window_id=observation.window_id,
-                    at=observation.at,
-                    verdict=observation.verdict.value,
-                    observation=observation.as_dict(),
-                )
-                .returning(canary_observations.c.id)
-            ).scalar_one()
-            if observation.verdict == Verdict.READY and row.status == WindowStatus.OPEN.value:
-                self.move_in(conn, row, WindowStatus.READY, "; ".join(observation.reasons), actor, observation.at)
-        return dataclasses.replace(observation, id=observation_id)
-
-    def observations(self, window_id: int) -> list[Observation]:
-        with self.db.reader.connect() as conn:
-            rows = conn.execute(
-                select(canary_observations.c.id, canary_observations.c.observation)
-                .where(canary_observations.c.window_id == window_id)
-                .order_by(canary_observations.c.id)
-            )
-            return [_observation_from_dict(r.observation, r.id) for r in rows]
 
     def set_approval_run(self, window_id: int, flow_run_id: str, replacing: str | None, actor: str) -> CanaryWindow:
         """Record which paused flow run waits for this window's sign-off (what ``loragate

@@ -3,13 +3,16 @@
 
 The operator sets a limit in the settings; ``loragate init`` -- the owner's path, the one the
 Kubernetes migrations Job runs -- copies it here, so the rules Postgres enforces on the
-roles' users need nothing from any process's environment. Today one limit: the largest
-share of an adapter's live requests a canary may answer without a person's sign-off. The
-application checks its setting; the database checks this row. A process whose setting
-differs from the row is held to the lower of the two.
+roles' users need nothing from any process's environment. Two limits: the largest share
+of an adapter's live requests a canary may answer without a person's sign-off (the
+application checks its setting, the database this row: a process whose setting differs is
+held to the lower of the two), and the thresholds a canary window is judged by (0015): a
+window a role's user opens takes these, whatever the opener's settings said.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlalchemy import insert, select, update
 
@@ -52,5 +55,28 @@ class LimitsRepository:
                 from_value=None if before is None else repr(before),
                 to_value=repr(value),
                 details={"limit": "canary_max_share", "from": before, "to": value},
+            )
+        return True
+
+    def set_canary_thresholds(self, thresholds: dict[str, Any], actor: str) -> bool:
+        """Write the thresholds every window a role's user opens is held to, from the
+        operator's settings, audited with what they replaced; the same again writes nothing.
+        The row must exist (migration 0012 writes it; ``set_canary_max_share`` before this)."""
+        with self.db.write() as conn:
+            before = conn.execute(
+                select(registry_limits.c.canary_thresholds).where(registry_limits.c.id == ROW)
+            ).scalar()
+            if before == thresholds:
+                return False
+            conn.execute(
+                update(registry_limits).where(registry_limits.c.id == ROW).values(canary_thresholds=thresholds)
+            )
+            self.db.audit(
+                conn,
+                actor=actor,
+                action="registry_limit",
+                adapter_name=None,
+                to_value="canary_thresholds",
+                details={"limit": "canary_thresholds", "from": before, "to": thresholds},
             )
         return True

@@ -122,16 +122,22 @@ class ClaimedAdapter:
     _repository: PointerRepository
     changed: bool = field(default=False, init=False)
 
-    def apply(self, plan: Plan, *, actor: str, reason: str | None, details: dict | None = None) -> None:
+    def apply(
+        self, plan: Plan, *, actor: str, reason: str | None, details: dict | None = None, override: bool = False
+    ) -> None:
         """Write the plan: stage changes (each only from the stage planned from), pointers,
         and its audit event. A plan that writes nothing leaves the claim unchanged.
+        ``override``: a person's, promoting past a window still observing.
 
         Raises:
             ConcurrentUpdate: a version changed stage since it was read.
+            IllegalTransition: OVERRIDE_REQUIRED (``CanaryRepository.end_departed``).
         """
         if plan.writes_nothing:
             return
-        self._repository.write_plan(self._conn, self, plan, actor=actor, reason=reason, details=details)
+        self._repository.write_plan(
+            self._conn, self, plan, actor=actor, reason=reason, details=details, override=override
+        )
         self.changed = True
 
     def record(self, write: Callable[[Connection], T]) -> T:
@@ -275,9 +281,11 @@ class PointerRepository:
         actor: str,
         reason: str | None,
         details: dict | None,
+        override: bool = False,
     ) -> None:
         """Raises:
         ConcurrentUpdate: a version changed stage since the claim read it.
+        IllegalTransition: OVERRIDE_REQUIRED (``CanaryRepository.end_departed``).
         """
         now = utcnow()
         if plan.stage_changes:
@@ -310,6 +318,7 @@ class PointerRepository:
                 at=now,
                 details={
                     **(details or {}),
+                    **({"override": True} if override else {}),
                     "stage_changes": [[v, a.value, b.value] for v, a, b in plan.stage_changes],
                 },
             )
@@ -324,6 +333,7 @@ class PointerRepository:
                 reason=reason,
                 actor=actor,
                 now=now,
+                override=override,
             )
 
 

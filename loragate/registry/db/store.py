@@ -10,7 +10,8 @@ is stored in ``db/canary.py``, not in a file of everything.
     store.access        tokens, keys, signatures                (db/access.py)
     store.golden        golden sets                             (db/validation.py)
     store.validation    validation runs                         (db/validation.py)
-    store.canary        windows, observations, sign-off claims  (db/canary.py)
+    store.canary        windows and their sign-off claims       (db/canary.py)
+    store.canary_verdicts  observations and the verdict's moves (db/canary_verdicts.py)
     store.canary_share  a window's share of live requests       (db/canary_share.py)
     store.approvals     approval codes issued and redeemed      (db/approvals.py)
     store.sign_offs     the codes production moves spend        (db/sign_offs.py)
@@ -28,6 +29,7 @@ from loragate.registry.db.approvals import ApprovalRepository
 from loragate.registry.db.audit import AuditRepository
 from loragate.registry.db.canary import CanaryRepository
 from loragate.registry.db.canary_share import CanaryShareRepository
+from loragate.registry.db.canary_verdicts import CanaryVerdictRepository
 from loragate.registry.db.catalog import CatalogRepository
 from loragate.registry.db.database import DEFAULT_LIMITS, Database, SessionLimits, make_engine
 from loragate.registry.db.fleet import FleetRepository
@@ -53,6 +55,7 @@ class SqlStore:
         self.validation = ValidationRunRepository(self.db)
         self.canary = CanaryRepository(self.db)
         self.canary_share = CanaryShareRepository(self.db, self.canary)
+        self.canary_verdicts = CanaryVerdictRepository(self.db, self.canary)
         self.approvals = ApprovalRepository(self.db, self.canary)
         self.sign_offs = SignOffRepository(self.db, self.approvals)
         self.limits = LimitsRepository(self.db)

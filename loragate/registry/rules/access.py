@@ -2,7 +2,8 @@
 
 Five roles split the pipeline so that no single credential can take an adapter from a
 training job to traffic: ``training`` registers, ``signing`` validates, signs and moves
-staging→canary, ``activation`` promotes canary→production, rolls back and signs off,
+staging→canary, ``activation`` judges canaries (the evaluation runs as it), promotes
+canary→production, rolls back and signs off,
 ``fleet`` makes the replicas serve what the pointers say (reconcile, replicas in and out of
 the fleet, the hot pins the traffic watch chooses), and ``admin`` manages tokens, keys, bases
 and the fleet, and pins adapters.
@@ -56,7 +57,8 @@ class Action(StrEnum):
     VALIDATE = "validate"  # record a shadow-validation result
     SIGN = "sign"
     PROMOTE_CANARY = "promote to canary"
-    WATCH_CANARY = "run the canary watch"  # windows and their observations
+    WATCH_CANARY = "run the canary watch"  # open windows, their shares and sign-off claims
+    JUDGE_CANARY = "record a canary verdict"  # observations and the moves they decide
     WITHDRAW_CANARY = "withdraw a canary"
     PROMOTE_PRODUCTION = "promote to production"
     ROLLBACK_PRODUCTION = "roll back production"
@@ -80,6 +82,7 @@ PERMISSIONS: dict[Role, frozenset[Action]] = {
             Action.ROLLBACK_PRODUCTION,
             Action.APPROVE,
             Action.WATCH_CANARY,
+            Action.JUDGE_CANARY,
             Action.WITHDRAW_CANARY,
         }
     ),

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from loragate.registry.errors import IllegalTransition
+from loragate.registry.errors import ErrorCode, IllegalTransition
 from loragate.registry.rules.power import Detection
 from loragate.registry.rules.sequential import rule_alpha
 from loragate.registry.rules.significance import mann_whitney_greater, wilcoxon_greater
@@ -75,6 +75,25 @@ class Verdict(StrEnum):
     ROLLBACK = "rollback"
     READY = "ready"
     UNDECIDED = "undecided"  # over, and its traffic could not decide it (``rules/power.py``)
+
+
+# the window moves only a verdict makes, stored with its observation in one statement (on
+# Postgres the evaluator's function, migration 0015): no other caller moves a window there
+VERDICT_MOVES: dict[Verdict, WindowStatus] = {
+    Verdict.READY: WindowStatus.READY,
+    Verdict.UNDECIDED: WindowStatus.UNDECIDED,
+}
+
+
+def override_required(window_id: int, version_id: str) -> IllegalTransition:
+    """The refusal of production for a version whose window is still observing: only a
+    person's explicit override, with a reason, promotes past a verdict not given yet."""
+    return IllegalTransition(
+        f"canary window {window_id} of {version_id} is still observing: production before its verdict is "
+        "an override (--override with a --reason)",
+        code=ErrorCode.OVERRIDE_REQUIRED,
+        field="override",
+    )
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from loragate.registry.errors import (
 from loragate.registry.records.adapters import utcnow
 from loragate.registry.rules.access import Action, TokenKind, TokenRecord
 from loragate.registry.rules.approvals import ApprovalCode, Decision, PresentedCode, Redemption, check_ttl, issue_code
-from loragate.registry.rules.canary import CanaryWindow
+from loragate.registry.rules.canary import CanaryWindow, WindowStatus, override_required
 from loragate.registry.rules.lifecycle import Plan, Pointer, ValidationStatus, check_scan_acknowledged
 from loragate.registry.rules.text import check_text
 from loragate.registry.service.validation import ValidationMixin
@@ -62,7 +62,7 @@ class ApprovalMixin(ValidationMixin):
             return (principal.token_id, principal.holder, principal.token_secret)
         return None
 
-    def _sign_off_ahead(self, version_id: str, *, acknowledged: bool) -> str | None:
+    def _sign_off_ahead(self, version_id: str, *, acknowledged: bool, override: bool = False) -> str | None:
         """A person's own move of production to ``version_id``: their sign-off committed in a
         transaction of its own before the move, so that a production replica which admits a
         version only by a pointer or a person's redeemed code (a fleet started without
@@ -76,7 +76,8 @@ class ApprovalMixin(ValidationMixin):
         Raises:
             PermissionDenied: the caller may not promote this adapter, or (Postgres) the
                 database does not take the token.
-            IllegalTransition: SCAN_REVIEW_UNACKNOWLEDGED.
+            IllegalTransition: SCAN_REVIEW_UNACKNOWLEDGED; OVERRIDE_REQUIRED, the version's
+                window is still observing and ``override`` was not given.
         """
         signer = self._own_signer()
         if signer is None:
@@ -86,6 +87,10 @@ class ApprovalMixin(ValidationMixin):
         pointers = self._store.pointers.adapter(version.name)
         if pointers.canary != version_id or version.validation_status != ValidationStatus.PASSED:
             return None
+        if not override:  # refused before a code is signed; the move decides again under its lock
+            still_open = self._store.canary.windows(statuses=(WindowStatus.OPEN,), version_id=version_id)
+            if still_open:
+                raise override_required(still_open[0].id, version_id)
         if not acknowledged:
             scan = self.scan_under_review(version_id)
             check_scan_acknowledged(version_id, scan.describe() if scan else None, acknowledged=False)

@@ -182,18 +182,23 @@ class CanaryMixin(RegistryBase):
         return windows[-1]
 
     def record_canary_observation(self, observation: Observation) -> Observation:
-        """Store an observation; a READY verdict moves the window to ready.
+        """Store the evaluation's observation of an open window; a READY verdict moves it to
+        ready, an UNDECIDED one ends it undecided (the only way to either). The evaluation's
+        role alone judges a canary (``JUDGE_CANARY``; on Postgres the evaluator's function,
+        migration 0015).
 
         Raises:
             NotFound: no such window.
+            IllegalTransition: the window is not open.
+            PermissionDenied: the caller's role does not judge canaries.
         """
         window = self._store.canary.window(observation.window_id)
-        return self._store.canary.record_observation(
-            observation, self._authorize(Action.WATCH_CANARY, window.adapter_name)
+        return self._store.canary_verdicts.record_observation(
+            observation, self._authorize(Action.JUDGE_CANARY, window.adapter_name)
         )
 
     def canary_observations(self, window_id: int) -> list[Observation]:
-        return self._store.canary.observations(window_id)
+        return self._store.canary_verdicts.observations(window_id)
 
     def close_canary_window(self, window_id: int, status: WindowStatus, reason: str | None) -> CanaryWindow:
         """Move a window to ``status`` (already there: no-op).
@@ -202,7 +207,8 @@ class CanaryMixin(RegistryBase):
             InvalidInput: INVALID_TEXT, a reason that is not one line of printable text.
             NotFound: no such window.
             IllegalTransition: the window cannot move there (a promoted window cannot be
-                rolled back through its canary, say).
+                rolled back through its canary, say), or only a verdict moves it there
+                (ready, undecided: ``record_canary_observation``).
         """
         check_text(reason, field="reason")
         actor = self._authorize(Action.WATCH_CANARY, self._store.canary.window(window_id).adapter_name)

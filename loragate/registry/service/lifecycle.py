@@ -122,11 +122,14 @@ class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
         reason: str | None = None,
         acknowledge_scan_review: bool = False,
         copies: Mapping[str, Path] | None = None,
+        override: bool = False,
     ) -> Iterator[PointerMove]:
         """Move the canary or production pointer to ``version_id`` and ``switch`` the
         replicas with it (already there: an empty plan, and nothing is written). A version
         whose weight scan asked for review reaches production only with
-        ``acknowledge_scan_review``, which the audit log records. ``copies``: local copies of
+        ``acknowledge_scan_review``, which the audit log records; a canary whose window is
+        still observing only with ``override`` and a ``reason`` (the audit records both, and
+        the window ends ``superseded`` with the reason). ``copies``: local copies of
         versions' bundles (version -> directory, a replica's, made before the lock) that the
         production signature is verified on instead of the stored blobs fetched under the
         lock -- the same bytes, as the blobs are checked against the same digests. Any of
@@ -135,16 +138,18 @@ class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
         Raises:
             TypeError: ``switch`` is not a ``ReplicaSwitch``.
             InvalidInput: ILLEGAL_TRANSITION for a target that is not canary or production;
-                INVALID_TEXT for a reason that is not one line of printable text.
+                INVALID_TEXT for a reason that is not one line of printable text; an
+                ``override`` without a reason (field ``reason``).
             IllegalTransition: the lifecycle forbids the move (VALIDATION_REQUIRED;
-                SCAN_REVIEW_UNACKNOWLEDGED for production under scan review unacknowledged).
+                SCAN_REVIEW_UNACKNOWLEDGED for production under scan review unacknowledged;
+                OVERRIDE_REQUIRED for production past a window still observing).
             NotFound: no such version.
             PermissionDenied: the caller may not move this adapter's pointer; APPROVAL_REQUIRED,
                 a token's move to production with no person's sign-off to consume.
             IntegrityFailure: ARTIFACT_CORRUPTED, a blob of the version is missing or damaged.
             SignatureInvalid: production without a valid signature.
         """
-        planned = partial(self._planned_promotion, version_id, to, reason, acknowledge_scan_review, copies)
+        planned = partial(self._planned_promotion, version_id, to, reason, acknowledge_scan_review, copies, override)
         with self._with_replicas(switch, planned) as move:
             yield move
 
@@ -216,16 +221,23 @@ class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
         reason: str | None,
         acknowledge_scan_review: bool,
         copies: Mapping[str, Path] | None,
+        override: bool = False,
     ) -> Iterator[PointerMove]:
         """The bare promotion (no replicas): private, so only a move with its switch opens it."""
         target = _pointer(to, "to")
         check_text(reason, field="reason")
+        if override and not (reason and reason.strip()):
+            raise InvalidInput(
+                "an override says why: give a --reason", code=ErrorCode.ILLEGAL_TRANSITION, field="reason"
+            )
+        if override:
+            reason = f"override: {reason}"
         action = Action.PROMOTE_PRODUCTION if target == Pointer.PRODUCTION else Action.PROMOTE_CANARY
         principal = self.principal
         if target == Pointer.PRODUCTION and acknowledge_scan_review and self.scan_under_review(version_id):
             reason = f"{reason}; weight-scan review acknowledged" if reason else "weight-scan review acknowledged"
         own_code = (
-            self._sign_off_ahead(version_id, acknowledged=acknowledge_scan_review)
+            self._sign_off_ahead(version_id, acknowledged=acknowledge_scan_review, override=override)
             if target == Pointer.PRODUCTION
             else None
         )
@@ -234,7 +246,7 @@ class LifecycleMixin(ApprovalMixin, SigningMixin, ValidationMixin):
             plan = plan_promotion(claim.pointers, claim.states[version_id], target, claim.states)
             self._verify_targets(plan, claim, acknowledge_scan_review, copies)
             sign_off = self._consume_sign_off(claim, plan, own_code)
-            claim.apply(plan, actor=principal.actor, reason=reason, details=sign_off)
+            claim.apply(plan, actor=principal.actor, reason=reason, details=sign_off, override=override)
             yield PointerMove(plan, claim.name, principal.actor, reason, claim)
 
     @contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 from loragate.registry.db.database import SessionLimits
 from loragate.registry.db.store import SqlStore
 from loragate.registry.rules.access import IssuedToken, Principal, Role, issue_token
+from loragate.registry.rules.canary import CanaryThresholds
 from loragate.registry.service.access import AccessMixin
 from loragate.registry.service.approvals import ApprovalMixin
 from loragate.registry.service.canary import CanaryMixin
@@ -81,6 +82,7 @@ class Registry(
         self._store.upgrade_schema()
         actor = f"{self.settings.actor} (loragate init)"
         self._store.limits.set_canary_max_share(self.settings.canary_max_share, actor)
+        self._store.limits.set_canary_thresholds(CanaryThresholds.from_settings(self.settings).as_dict(), actor)
         self._artifacts.ensure()
         if any(t.role == Role.ADMIN and t.active for t in self._store.access.tokens()):
             return None
