@@ -83,12 +83,13 @@ OPERATIONS: dict[str, tuple[Action, Callable[[World, Registry], object]]] = {
     "open a canary window": (Action.WATCH_CANARY, lambda w, r: r.open_canary_window(w.versions[2])),
     "pin a base": (Action.MANAGE_BASES, lambda w, r: r.add_base(w.base, "tiny-llama-2")),
     "add a replica": (
-        Action.MANAGE_FLEET,
+        Action.MANAGE_REPLICAS,
         lambda w, r: r.add_replica("http://127.0.0.1:8", "tiny-llama", "production", str(w.tmp / "a")),
     ),
-    "remove a replica": (Action.MANAGE_FLEET, lambda w, r: r.remove_replica("http://127.0.0.1:9")),
+    "remove a replica": (Action.MANAGE_REPLICAS, lambda w, r: r.remove_replica("http://127.0.0.1:9")),
     "pin an adapter": (Action.PIN_ADAPTERS, lambda w, r: r.pin(NAME)),
-    "replace the hot pins": (Action.MANAGE_FLEET, lambda w, r: r.replace_hot_pins([NAME])),
+    # the empty set: this world's base has no production replica, so no room for a hot pin
+    "replace the hot pins": (Action.MANAGE_FLEET, lambda w, r: r.replace_hot_pins([])),
     "create a token": (Action.MANAGE_TOKENS, lambda w, r: r.create_token("training", "someone")),
     "list tokens": (Action.MANAGE_TOKENS, lambda w, r: r.list_tokens()),
     "revoke a token": (Action.MANAGE_TOKENS, lambda w, r: r.revoke_token(w.victim)),
@@ -110,8 +111,8 @@ ALLOWED = {
     "withdraw the canary": {Role.SIGNING, Role.ACTIVATION},
     "open a canary window": {Role.SIGNING, Role.ACTIVATION},
     "pin a base": {Role.ADMIN},
-    "add a replica": {Role.FLEET, Role.ADMIN},
-    "remove a replica": {Role.FLEET, Role.ADMIN},
+    "add a replica": {Role.ADMIN},  # a person's: every evaluation believes a replica's figures
+    "remove a replica": {Role.ADMIN},
     "pin an adapter": {Role.ADMIN},  # a person's decision: the traffic watch pins hot ones only
     "replace the hot pins": {Role.FLEET, Role.ADMIN},
     "create a token": {Role.ADMIN},

@@ -45,8 +45,9 @@ NAME = "acme/tiny-llama/support"
 SPARE_KEY = generate_key_pair()
 REVIEWER = "reviewer"  # holds an activation token: a production sign-off needs one
 # adapters without versions beside NAME (a person's pin): one pinned hot, one not pinned
-HOT_NAME = "acme/tiny-llama/hot"
-FREE_NAME = "acme/tiny-llama/free"
+# of the spare base, whose production replica gives hot pins room (the limit, migration 0016)
+HOT_NAME = "acme/spare-llama/hot"
+FREE_NAME = "acme/spare-llama/free"
 SIDE = SideStats(20, 0, 50.0, 100.0)
 
 
@@ -118,6 +119,7 @@ def populate(url: str, root: Path, tiny_base: Path, bundle: Path) -> Populated:
         # pointer moves below switch no replica (a dead one would refuse them)
         registry.add_base(str(tiny_base), "spare-llama")
         registry.add_replica("http://127.0.0.1:9", "spare-llama", "canary", str(root / "replica-adapters"))
+        registry.add_replica("http://127.0.0.1:8", "spare-llama", "production", str(root / "replica-adapters"))
         token, reviewer_token = registry.create_token("activation", REVIEWER)
         registry.pin(NAME)
     engine = make_engine(settings.database)
@@ -128,7 +130,7 @@ def populate(url: str, root: Path, tiny_base: Path, bundle: Path) -> Populated:
                     insert(adapters).values(
                         name=name,
                         namespace="acme",
-                        base="tiny-llama",
+                        base="spare-llama",
                         task=name.rsplit("/", 1)[1],
                         created_at=datetime.now(UTC),
                     )
@@ -309,20 +311,26 @@ def test_admin_manages_bases_fleet_pins_tokens_and_keys_but_cannot_promote(fresh
     assert registry_snapshot(fresh.settings(), artifacts=False) == before
 
 
-def test_fleet_reconciles_and_manages_replicas_but_can_mint_no_token_and_move_no_pointer(fresh, tmp_path):
-    """What the fleet pool's worker connects as: replicas in and out, reconcile holding each
-    adapter's row, the hot pins replaced; a token (which a person's activation token would
-    be), a person's pin or a pointer move is refused by the database itself, whatever the
-    application was told."""
+def test_fleet_reconciles_and_pins_hot_but_adds_no_replica_mints_no_token_and_moves_no_pointer(fresh, tmp_path):
+    """What the fleet pool's worker connects as: reconcile holding each adapter's row, the
+    hot pins replaced; which replicas there are is a person's (migration 0016: the grant is
+    gone, the raw SQL is in the role matrix), and a token (which a person's activation token
+    would be), a person's pin or a pointer move is refused by the database itself, whatever
+    the application was told."""
     from loragate.tasks.reconcile import reconcile_fleet
 
     with fresh.open("fleet") as fleet:
-        fleet.add_replica("http://127.0.0.1:11", "tiny-llama", "production", str(tmp_path / "replica"))
-        fleet.remove_replica("http://127.0.0.1:9")
+        with pytest.raises(PermissionDenied, match="permission denied for table replicas"):
+            fleet.add_replica("http://127.0.0.1:11", "tiny-llama", "production", str(tmp_path / "replica"))
+        with pytest.raises(PermissionDenied, match="permission denied for table replicas"):
+            fleet.remove_replica("http://127.0.0.1:9")
         with fleet.holding_adapter(NAME) as held:
             assert held is not None and held.canary == fresh.v1
-        states = reconcile_fleet(fleet)  # nothing listens at :11: unreachable, and nothing refused
-        assert [(s.replica.url, s.reachable) for s in states] == [("http://127.0.0.1:11", False)]
+        states = reconcile_fleet(fleet)  # nothing listens at :8 or :9: unreachable, and nothing refused
+        assert sorted((s.replica.url, s.reachable) for s in states) == [
+            ("http://127.0.0.1:8", False),
+            ("http://127.0.0.1:9", False),
+        ]
         assert fleet.replace_hot_pins([NAME, FREE_NAME]) == ([FREE_NAME], [HOT_NAME])  # NAME stays a person's
         before = registry_snapshot(fresh.settings(), artifacts=False)
         with pytest.raises(PermissionDenied, match="loragate_fleet"):

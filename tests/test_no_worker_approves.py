@@ -16,11 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sqlalchemy import select
 
 from loragate.local.pipeline import POOLS
-from loragate.registry.db.schema import audit_events
-from loragate.registry.db.store import make_engine
 from loragate.registry.rules.access import PERMISSIONS, Action, Role
 from loragate.registry.rules.canary import Observation, SideStats, Verdict
 from loragate.registry.service import Registry
@@ -100,6 +97,11 @@ def fleet_cli(catalogued_cli, tmp_path, seeded_bundles):
         ["approve-code", "{version}", "--rollback"],
         ["promote", "{version}", "--to", "production"],
         ["key", "add", "{public_key}", "--role", "signing", "--holder", "mallory"],
+        # which replicas there are: a person's (a rogue replica's figures would decide verdicts)
+        ["fleet", "add", "http://127.0.0.1:9", "--base", "tiny-llama", "--role", "production", "--adapter-dir", "/x"],
+        ["fleet", "remove", "http://127.0.0.1:9"],
+        ["replicas", "up", "--base", "tiny-llama", "--vllm-python", "{python}"],
+        ["replicas", "down"],
     ],
     ids=lambda a: " ".join(a[:3]),
 )
@@ -110,30 +112,21 @@ def test_a_fleet_token_mints_no_token_and_signs_nothing_off(fleet_cli, tmp_path,
     public_key = tmp_path / "mallory.pub"
     public_key.write_bytes(generate_key_pair().public_pem)
     before = registry_snapshot(settings)
-    result = run(*[a.format(version=version, public_key=public_key) for a in argv])
+    result = run(*[a.format(version=version, public_key=public_key, python=sys.executable) for a in argv])
     assert result.returncode == 3, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: permission denied: "), lines
     assert registry_snapshot(settings) == before
 
 
-def test_a_fleet_token_adds_reconciles_and_removes_replicas(fleet_cli, tmp_path):
+def test_a_fleet_token_reconciles_the_replicas_a_person_added(fleet_cli, tmp_path):
     run, _, settings = fleet_cli
-    adapters = str(tmp_path / "adapters")
-    added = run(
-        "fleet", "add", "http://127.0.0.1:9", "--base", "tiny-llama", "--role", "canary", "--adapter-dir", adapters
-    )
-    assert added.returncode == 0, added.stderr
+    with Registry.open(settings, principal=IN_PROCESS) as registry:  # a person's act (0016)
+        registry.add_replica("http://127.0.0.1:9", "tiny-llama", "canary", str(tmp_path / "adapters"))
     assert [r["url"] for r in json.loads(run("fleet", "list", "--json").stdout)] == ["http://127.0.0.1:9"]
-    assert run("fleet", "remove", "http://127.0.0.1:9").returncode == 0
-    # every adapter held under its lock, the audit written: as fleet, no admin needed
+    # every adapter held under its lock, as fleet, no admin needed: nothing listens at :9, so
+    # the replica is reported unreachable (exit 1), not refused
     reconciled = run("fleet", "reconcile", "--json")
-    assert reconciled.returncode == 0, reconciled.stderr
-    engine = make_engine(settings.database)
-    try:
-        with engine.connect() as conn:
-            query = select(audit_events.c.actor).where(audit_events.c.action.in_(("fleet_add", "fleet_remove")))
-            actors = conn.execute(query).scalars().all()
-    finally:
-        engine.dispose()
-    assert len(actors) == 2 and all("(fleet token " in a for a in actors), actors
+    assert reconciled.returncode == 1 and "permission" not in reconciled.stderr, reconciled.stderr
+    [state] = json.loads(reconciled.stdout)
+    assert (state["url"], state["reachable"]) == ("http://127.0.0.1:9", False)

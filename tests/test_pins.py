@@ -31,6 +31,14 @@ def named(cataloged, seeded_bundles) -> Registry:
     return registry
 
 
+@pytest.fixture
+def roomy(named, tmp_path) -> Registry:
+    """``named`` with a production replica of room for the setting's 10 hot pins: no hot pin
+    goes in without one (the limit, in the database too since migration 0016)."""
+    named.add_replica("http://10.0.0.9:8000", "tiny-llama", "production", str(tmp_path), max_loras=32)
+    return named
+
+
 def in_production(registry: Registry, name: str) -> str:
     [version] = [v.version_id for v in registry.list_versions(name)]
     mark_validated(registry, version)
@@ -68,53 +76,53 @@ def test_a_name_the_registry_does_not_know_is_refused_naming_it(named, name, cod
     assert named.pins() == [] and audit_count(named) == before
 
 
-def test_unpin_removes_a_persons_or_a_hot_pin_and_refuses_one_not_pinned(named):
-    named.pin(NAMES[0])
-    named.replace_hot_pins([NAMES[1]])
-    assert named.unpin(NAMES[0]).source == PinSource.OPERATOR
-    assert named.unpin(NAMES[1]).source == PinSource.HOT
-    assert named.pins() == []
+def test_unpin_removes_a_persons_or_a_hot_pin_and_refuses_one_not_pinned(roomy):
+    roomy.pin(NAMES[0])
+    roomy.replace_hot_pins([NAMES[1]])
+    assert roomy.unpin(NAMES[0]).source == PinSource.OPERATOR
+    assert roomy.unpin(NAMES[1]).source == PinSource.HOT
+    assert roomy.pins() == []
     with pytest.raises(NotFound) as refused:
-        named.unpin(NAMES[0])
+        roomy.unpin(NAMES[0])
     assert (refused.value.code, refused.value.field) == (ErrorCode.NOT_FOUND, "name")
-    assert [e.action for e in named.history(NAMES[1]) if e.action in ("pin", "unpin")] == ["pin", "unpin"]
+    assert [e.action for e in roomy.history(NAMES[1]) if e.action in ("pin", "unpin")] == ["pin", "unpin"]
 
 
-def test_replacing_the_hot_pins_never_touches_a_persons(named):
-    named.pin(NAMES[0])
-    assert named.replace_hot_pins([NAMES[0], NAMES[1]]) == ([NAMES[1]], [])
-    assert sources(named) == {NAMES[0]: "operator", NAMES[1]: "hot"}
-    assert named.replace_hot_pins([NAMES[2]]) == ([NAMES[2]], [NAMES[1]])
-    assert named.replace_hot_pins([NAMES[2]]) == ([], [])  # the same set: nothing written
-    assert named.replace_hot_pins([]) == ([], [NAMES[2]])
-    assert sources(named) == {NAMES[0]: "operator"}
-    before = audit_count(named)
+def test_replacing_the_hot_pins_never_touches_a_persons(roomy):
+    roomy.pin(NAMES[0])
+    assert roomy.replace_hot_pins([NAMES[0], NAMES[1]]) == ([NAMES[1]], [])
+    assert sources(roomy) == {NAMES[0]: "operator", NAMES[1]: "hot"}
+    assert roomy.replace_hot_pins([NAMES[2]]) == ([NAMES[2]], [NAMES[1]])
+    assert roomy.replace_hot_pins([NAMES[2]]) == ([], [])  # the same set: nothing written
+    assert roomy.replace_hot_pins([]) == ([], [NAMES[2]])
+    assert sources(roomy) == {NAMES[0]: "operator"}
+    before = audit_count(roomy)
     with pytest.raises(NotFound) as refused:
-        named.replace_hot_pins([NAMES[3], NOBODY])
+        roomy.replace_hot_pins([NAMES[3], NOBODY])
     assert (refused.value.code, refused.value.field) == (ErrorCode.UNKNOWN_ADAPTER, "name") and NOBODY in str(
         refused.value
     )
-    assert sources(named) == {NAMES[0]: "operator"} and audit_count(named) == before
+    assert sources(roomy) == {NAMES[0]: "operator"} and audit_count(roomy) == before
 
 
-def test_a_person_pinning_a_hot_adapter_makes_the_pin_theirs(named):
-    named.replace_hot_pins([NAMES[0]])
-    pin, changed = named.pin(NAMES[0])
+def test_a_person_pinning_a_hot_adapter_makes_the_pin_theirs(roomy):
+    roomy.replace_hot_pins([NAMES[0]])
+    pin, changed = roomy.pin(NAMES[0])
     assert changed and pin.source == PinSource.OPERATOR
-    assert named.replace_hot_pins([]) == ([], [])
-    assert sources(named) == {NAMES[0]: "operator"}
-    events = [(e.action, e.from_value, e.to_value) for e in named.history(NAMES[0]) if e.action == "pin"]
+    assert roomy.replace_hot_pins([]) == ([], [])
+    assert sources(roomy) == {NAMES[0]: "operator"}
+    events = [(e.action, e.from_value, e.to_value) for e in roomy.history(NAMES[0]) if e.action == "pin"]
     assert events == [("pin", None, "hot"), ("pin", "hot", "operator")]
 
 
-def test_two_replacements_at_once_leave_one_of_the_two_sets(named):
+def test_two_replacements_at_once_leave_one_of_the_two_sets(roomy):
     """Each round two registries (connections of their own) replace the hot set at once:
     the database serialises them, so the set left is either one, never a mix."""
-    others = [Registry.open(named.settings, principal=IN_PROCESS) for _ in range(2)]
+    others = [Registry.open(roomy.settings, principal=IN_PROCESS) for _ in range(2)]
     sets = [sorted(NAMES[:2]), sorted(NAMES[2:])]
     try:
         for round_ in range(8):
-            named.replace_hot_pins(sets[round_ % 2] + [NAMES[round_ % 4]])
+            roomy.replace_hot_pins(sets[round_ % 2] + [NAMES[round_ % 4]])
             barrier = threading.Barrier(2)
             errors: list[BaseException] = []
 
@@ -131,7 +139,7 @@ def test_two_replacements_at_once_leave_one_of_the_two_sets(named):
             for t in threads:
                 t.join()
             assert errors == []
-            assert sorted(sources(named)) in sets, f"round {round_}: a mix"
+            assert sorted(sources(roomy)) in sets, f"round {round_}: a mix"
     finally:
         for registry in others:
             registry.close()
@@ -140,6 +148,7 @@ def test_two_replacements_at_once_leave_one_of_the_two_sets(named):
 def test_the_plan_counts_the_pins_production_serves_and_fleet_add_refuses_a_replica_too_small(named, tmp_path):
     for name in NAMES[:3]:
         in_production(named, name)
+    named.add_replica("http://10.0.0.1:8000", "tiny-llama", "production", str(tmp_path), max_loras=4)
     named.pin(NAMES[0])
     named.replace_hot_pins([NAMES[1]])
     named.pin(NAMES[3])  # not in production: it takes no slot yet
@@ -151,7 +160,7 @@ def test_the_plan_counts_the_pins_production_serves_and_fleet_add_refuses_a_repl
         named.add_replica("http://10.0.0.2:8000", "tiny-llama", "production", str(tmp_path), max_loras=1)
     assert (refused.value.code, refused.value.field) == (ErrorCode.INVALID_SETTING, "max_loras")
     assert "2 pinned + 0 warm" in refused.value.message and "not added" in refused.value.message
-    assert named.list_replicas() == [] and audit_count(named) == before
+    assert [r.url for r in named.list_replicas()] == ["http://10.0.0.1:8000"] and audit_count(named) == before
     named.add_replica("http://10.0.0.3:8000", "tiny-llama", "canary", str(tmp_path), max_loras=1)  # pins nothing
     named.add_replica("http://10.0.0.2:8000", "tiny-llama", "production", str(tmp_path), max_loras=2)
     assert named.hot_pin_limits() == {"tiny-llama": 1}  # 2 slots - 0 warm - 1 free

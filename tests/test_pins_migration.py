@@ -19,11 +19,12 @@ REPLICA_READ = "SELECT adapter_name FROM adapter_pins"  # what the replicas run
 
 
 @pytest.fixture
-def pinned(cataloged, seeded_bundles):
-    """NAME pinned by a person, OTHER hot; the owner's engine."""
+def pinned(cataloged, seeded_bundles, tmp_path):
+    """NAME pinned by a person, OTHER hot (a production replica gives it room); the owner's engine."""
     from tests.support.registries import sql_engine
 
     registry, _ = cataloged
+    registry.add_replica("http://10.0.0.9:8000", "tiny-llama", "production", str(tmp_path), max_loras=32)
     registry.register_adapter(seeded_bundles[0], NAME)
     registry.register_adapter(seeded_bundles[1], OTHER)
     registry.pin(NAME)

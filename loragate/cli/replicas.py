@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from loragate.cli.output import EXIT_OK, emit, open_registry, progress_printer
 from loragate.registry.errors import DeployFailed, ErrorCode, InvalidInput, NotFound
+from loragate.registry.rules.access import Action
 
 if TYPE_CHECKING:
     from loragate.registry.service import Registry
@@ -45,6 +46,7 @@ def cmd_replicas_up(args: argparse.Namespace) -> int:
     if args.vllm_python and not python.is_file():
         raise InvalidInput(f"--vllm-python {python} is not a file", code=ErrorCode.INVALID_SETTING, field="vllm_python")
     with open_registry(args) as reg:
+        reg.principal.require(Action.MANAGE_REPLICAS)  # before anything starts: a person's act
         pins = [b for b in reg.list_bases(args.base) if args.commit in (None, b.base_model_commit)]
         if len(pins) != 1:
             raise InvalidInput(
@@ -151,6 +153,7 @@ def cmd_replicas_down(args: argparse.Namespace) -> int:
 
     stopped = []
     with open_registry(args) as reg:
+        reg.principal.require(Action.MANAGE_REPLICAS)  # before anything stops
         for r in recorded_replicas(_state_dir(args), args.url):
             outcome = r.stop()
             with contextlib.suppress(NotFound):  # removed from the fleet already

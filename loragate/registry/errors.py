@@ -28,6 +28,7 @@ class ErrorCode(StrEnum):
     INVALID_GOLDEN_SET = "invalid_golden_set"
     NOT_FOUND = "not_found"
     UNKNOWN_ADAPTER = "unknown_adapter"  # a name no adapter of the registry has (pinning one)
+    HOT_PINS_OVER_LIMIT = "hot_pins_over_limit"  # more hot pins of a base than its limit leaves
     ALREADY_EXISTS = "already_exists"
     ILLEGAL_TRANSITION = "illegal_transition"
     VALIDATION_REQUIRED = "validation_required"

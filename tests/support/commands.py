@@ -25,15 +25,15 @@ COMMAND_ROLES = {
     "approve-code": "activation",
     "base": "admin",
     "fleet": "fleet",
-    "replicas": "fleet",
+    "replicas": "admin",  # up and down add and remove replicas: a person's (migration 0016)
     "gc": "admin",
     "token": "admin",
     "key": "admin",
 }
 
 
-# a person's pins: admin, where the rest of `fleet` is the fleet role's
-ADMIN_FLEET_COMMANDS = ("pin", "unpin")
+# a person's pins and which replicas there are: admin, where the rest of `fleet` is the fleet role's
+ADMIN_FLEET_COMMANDS = ("pin", "unpin", "add", "remove")
 
 
 def role_for(argv) -> str | None:

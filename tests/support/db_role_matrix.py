@@ -248,9 +248,9 @@ MATRIX = [
         "INSERT INTO replicas (url, base_model_id, base_model_commit, role, adapter_dir, max_lora_rank, max_loras, "
         "served_model_name, created_at, created_by) VALUES ('http://127.0.0.1:10', 'tiny-llama', :base_commit, "
         "'production', '/srv/adapters', 16, 4, 'tiny-llama', now(), 'probe')",
-        frozenset({"admin", "fleet"}),
+        frozenset({"admin"}),  # a person's: every evaluation believes a replica's figures (0016)
     ),
-    ("remove-a-replica", "DELETE FROM replicas", frozenset({"admin", "fleet"})),
+    ("remove-a-replica", "DELETE FROM replicas", frozenset({"admin"})),
     # pinned adapters (migration 0014): the fleet's traffic watch replaces the hot pins; a
     # person's pin (operator) only admin writes -- grants per column, a trigger per row
     (

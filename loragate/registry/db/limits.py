@@ -3,11 +3,12 @@
 
 The operator sets a limit in the settings; ``loragate init`` -- the owner's path, the one the
 Kubernetes migrations Job runs -- copies it here, so the rules Postgres enforces on the
-roles' users need nothing from any process's environment. Two limits: the largest share
+roles' users need nothing from any process's environment. Three limits: the largest share
 of an adapter's live requests a canary may answer without a person's sign-off (the
 application checks its setting, the database this row: a process whose setting differs is
-held to the lower of the two), and the thresholds a canary window is judged by (0015): a
-window a role's user opens takes these, whatever the opener's settings said.
+held to the lower of the two), the thresholds a canary window is judged by (0015): a
+window a role's user opens takes these, whatever the opener's settings said, and the most
+pins of a base a hot pin may join (0016, held to the lower of it and the setting too).
 """
 
 from __future__ import annotations
@@ -78,5 +79,30 @@ class LimitsRepository:
                 adapter_name=None,
                 to_value="canary_thresholds",
                 details={"limit": "canary_thresholds", "from": before, "to": thresholds},
+            )
+        return True
+
+    def hot_pins(self) -> int | None:
+        """The hot-pin limit the database holds every role's user to; None before init wrote it."""
+        with self.db.reader.connect() as conn:
+            found = conn.execute(select(registry_limits.c.hot_pins).where(registry_limits.c.id == ROW)).scalar()
+        return None if found is None else int(found)
+
+    def set_hot_pins(self, value: int, actor: str) -> bool:
+        """Write the hot-pin limit from ``LORAGATE_HOT_PINS``, audited with what it replaced;
+        the same again writes nothing. The row must exist (``set_canary_max_share`` first)."""
+        with self.db.write() as conn:
+            before = conn.execute(select(registry_limits.c.hot_pins).where(registry_limits.c.id == ROW)).scalar()
+            if before == value:
+                return False
+            conn.execute(update(registry_limits).where(registry_limits.c.id == ROW).values(hot_pins=value))
+            self.db.audit(
+                conn,
+                actor=actor,
+                action="registry_limit",
+                adapter_name=None,
+                from_value=None if before is None else repr(before),
+                to_value=repr(value),
+                details={"limit": "hot_pins", "from": before, "to": value},
             )
         return True

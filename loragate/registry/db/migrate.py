@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-HEAD = "0015"
+HEAD = "0016"
 
 
 def _config(connection: Connection | None) -> Config:

@@ -246,6 +246,8 @@ registry_limits = Table(
     Column("canary_max_share", Float, nullable=False),
     # the thresholds a window opened by a role's user is held to (0015); none: the opener's
     Column("canary_thresholds", Json, nullable=True),
+    # the most pins of a base a hot pin may join (0016); none: no hot pin
+    Column("hot_pins", Integer, nullable=True),
     CheckConstraint("id = 1", name="ck_registry_limits_one_row"),
     CheckConstraint("canary_max_share >= 0 AND canary_max_share <= 1", name="ck_registry_limits_canary_max_share"),
 )

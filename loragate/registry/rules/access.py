@@ -4,9 +4,9 @@ Five roles split the pipeline so that no single credential can take an adapter f
 training job to traffic: ``training`` registers, ``signing`` validates, signs and moves
 staging→canary, ``activation`` judges canaries (the evaluation runs as it), promotes
 canary→production, rolls back and signs off,
-``fleet`` makes the replicas serve what the pointers say (reconcile, replicas in and out of
-the fleet, the hot pins the traffic watch chooses), and ``admin`` manages tokens, keys, bases
-and the fleet, and pins adapters.
+``fleet`` makes the replicas serve what the pointers say (reconcile, the hot pins the traffic
+watch chooses), and ``admin`` manages tokens, keys, bases and the fleet -- which replicas are
+in it is a person's decision -- and pins adapters.
 
 ``admin`` is a person's role and lives on no worker: it can mint any token, a person's
 activation token included, so whoever holds it can sign off a production move. The
@@ -65,7 +65,8 @@ class Action(StrEnum):
     APPROVE = "sign off a production promotion"
     MANAGE_TOKENS = "manage tokens"
     MANAGE_KEYS = "manage signing keys"
-    MANAGE_FLEET = "manage the fleet"
+    MANAGE_FLEET = "manage the fleet"  # reconcile, the hot pins; never which replicas there are
+    MANAGE_REPLICAS = "add or remove a replica"  # a person's: every evaluation believes its figures
     PIN_ADAPTERS = "pin adapters"  # a person's pins; the traffic watch's hot pins are MANAGE_FLEET
     MANAGE_BASES = "manage base models"
     COLLECT_GARBAGE = "collect garbage"
@@ -93,6 +94,7 @@ PERMISSIONS: dict[Role, frozenset[Action]] = {
             Action.MANAGE_TOKENS,
             Action.MANAGE_KEYS,
             Action.MANAGE_FLEET,
+            Action.MANAGE_REPLICAS,
             Action.PIN_ADAPTERS,
             Action.MANAGE_BASES,
             Action.COLLECT_GARBAGE,

@@ -60,9 +60,10 @@ class FleetMixin(ResidencyMixin):
                 (field ``max_lora_rank``) below the rank of a version it would serve;
                 UNKNOWN_BASE for a base or commit that is not pinned.
             AlreadyExists: the URL is in the fleet with another configuration.
-            PermissionDenied: neither the fleet role nor admin.
+            PermissionDenied: not the admin role (a replica's figures decide verdicts: which
+                replicas there are is a person's act, migration 0016).
         """
-        actor = self._authorize(Action.MANAGE_FLEET)
+        actor = self._authorize(Action.MANAGE_REPLICAS)
         try:
             parsed = urllib.parse.urlsplit(url)
             parsed.port  # noqa: B018 (raises on a port that is not a number)
@@ -132,8 +133,9 @@ class FleetMixin(ResidencyMixin):
     def remove_replica(self, url: str) -> Replica:
         """Raises:
         NotFound: no replica with that URL.
+        PermissionDenied: not the admin role.
         """
-        return self._store.fleet.remove(url.rstrip("/"), self._authorize(Action.MANAGE_FLEET))
+        return self._store.fleet.remove(url.rstrip("/"), self._authorize(Action.MANAGE_REPLICAS))
 
     def list_replicas(self, base_model_id: str | None = None) -> list[Replica]:
         return self._store.fleet.replicas(base_model_id)

@@ -83,6 +83,7 @@ class Registry(
         actor = f"{self.settings.actor} (loragate init)"
         self._store.limits.set_canary_max_share(self.settings.canary_max_share, actor)
         self._store.limits.set_canary_thresholds(CanaryThresholds.from_settings(self.settings).as_dict(), actor)
+        self._store.limits.set_hot_pins(self.settings.hot_pins, actor)
         self._artifacts.ensure()
         if any(t.role == Role.ADMIN and t.active for t in self._store.access.tokens()):
             return None
