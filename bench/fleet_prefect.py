@@ -56,6 +56,7 @@ from loragate.registry.rules.access import Role
 from loragate.registry.rules.fleet import version_path
 from loragate.tasks.credentials import SECRETS_DIR_VARIABLE, write_pool_secrets
 from loragate.tasks.fleet import promote_and_switch
+from loragate.tasks.replicas import replica_admin_key
 
 TARGET_S = 3.0
 RUN_DEADLINE_S = 180.0
@@ -84,6 +85,7 @@ def one_rollback(server: PrefectServer, setup: Setup, urls: list[str], adapter_d
 
     serving, previous = setup.production(), setup.previous()
     expected = version_path(str(adapter_dir), setup.name, previous)
+    admin_key = replica_admin_key(setup.registry.settings) or ""  # replicas_obey put it under the home
     code = rollback_code(setup, person_token, serving)
     parameters = {"name": setup.name, "expected_version": serving, "reason": "bench incident", "code": code}
     served_at = None
@@ -94,7 +96,7 @@ def one_rollback(server: PrefectServer, setup: Setup, urls: list[str], adapter_d
         end = time.monotonic() + RUN_DEADLINE_S
         polls = 0
         while True:
-            if served_at is None and all(serving_path(url, setup.name) == expected for url in urls):
+            if served_at is None and all(serving_path(url, setup.name, admin_key) == expected for url in urls):
                 served_at = time.time()
             # the run's state every 0.5 s only: the server it asks is the one the worker
             # claims the run through, on the same cores
@@ -113,7 +115,7 @@ def one_rollback(server: PrefectServer, setup: Setup, urls: list[str], adapter_d
         raise SystemExit(f"bench: rollback run {run_id} ended {run.state.name}: {run.state.message}")
     if setup.production() != previous:
         raise SystemExit(f"bench: production is {setup.production()} after the rollback, not {previous}")
-    if served_at is None and all(serving_path(url, setup.name) == expected for url in urls):
+    if served_at is None and all(serving_path(url, setup.name, admin_key) == expected for url in urls):
         served_at = completed
     return {
         "serving_s": None if served_at is None else round(served_at - created, 3),

@@ -22,6 +22,7 @@ import httpx
 from kit.postgres import admin_engine, drop_database, pg_url
 from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
 from loragate.local.replica_secrets import write_replica_secrets
+from loragate.tasks.replicas import ADMIN_KEY_HEADER
 from loragate.tasks.secret_files import ADMIN_KEY_FILE, HOME_REPLICA_SECRETS_DIR, REGISTRY_URL_FILE
 
 
@@ -223,13 +224,18 @@ def one_production_replica(
     return replica, replica.url, adapter_dir
 
 
-def serving_path(url: str, name: str) -> str | None:
-    """The path the replica serves ``name`` from (its model card's root), if it serves it."""
+def model_cards(url: str, admin_key: str) -> list[dict[str, Any]]:
+    """The replica's ``/v1/models`` as the fleet reads it: with the key (a keyless read lists
+    the base alone); [] when it cannot be read."""
     try:
-        cards = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+        return httpx.get(f"{url}/v1/models", headers={ADMIN_KEY_HEADER: admin_key}, timeout=10).json()["data"]
     except (httpx.HTTPError, ValueError, KeyError):
-        return None
-    return next((c["root"] for c in cards if c["id"] == name), None)
+        return []
+
+
+def serving_path(url: str, name: str, admin_key: str) -> str | None:
+    """The path the replica serves ``name`` from (its model card's root), if it serves it."""
+    return next((c["root"] for c in model_cards(url, admin_key) if c["id"] == name), None)
 
 
 @dataclass

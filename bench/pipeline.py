@@ -162,7 +162,9 @@ def event_hops(server: PrefectServer, since: float, name: str) -> list[dict[str,
             time.sleep(1.0)
 
 
-def trial(pipeline, registry: Registry, canary_url: str, adapter_dir: Path, bundle: Path, golden: Path) -> dict:
+def trial(
+    pipeline, registry: Registry, canary_url: str, adapter_dir: Path, bundle: Path, golden: Path, admin_key: str
+) -> dict:
     from prefect.events.worker import EventsWorker
     from prefect.settings import temporary_settings
 
@@ -175,7 +177,7 @@ def trial(pipeline, registry: Registry, canary_url: str, adapter_dir: Path, bund
         EventsWorker.drain_all(timeout=30, at_exit=False)
     deadline = time.monotonic() + 300
     while True:
-        path = serving_path(canary_url, name)
+        path = serving_path(canary_url, name, admin_key)
         if path is not None:
             break
         if time.monotonic() > deadline:
@@ -272,7 +274,7 @@ def run_configuration(
         setup_s = time.monotonic() - t0
         log(f"{label}: every pool's worker online after {pipeline.wait_for_workers():.1f} s")
         for i in range(trials):
-            result = trial(pipeline, registry, canary.url, canary.adapter_dir, bundles[len(results)], golden)
+            result = trial(pipeline, registry, canary.url, canary.adapter_dir, bundles[len(results)], golden, admin_key)
             log(
                 f"{label} trial {i + 1}: {result['event_to_canary_serving_s']:.1f}s "
                 f"({result['minus_forward_passes_s']:.1f}s minus forward passes) {result['split']}"

@@ -54,13 +54,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench.delay_proxy import DelayProxy
 from bench.harness import (
     Databases,
     ServingReplica,
     emit,
+    model_cards,
     production_and_canary,
     replicas_obey,
     secrets_put_back,
@@ -103,12 +102,8 @@ def log(message: str) -> None:
     print(f"[bench/scale] {message}", file=sys.stderr, flush=True)
 
 
-def served_names(url: str) -> set[str]:
-    try:
-        cards = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
-    except (httpx.HTTPError, ValueError, KeyError):
-        return set()
-    return {c["id"] for c in cards}
+def served_names(url: str, admin_key: str) -> set[str]:
+    return {c["id"] for c in model_cards(url, admin_key)}
 
 
 def burst(
@@ -197,7 +192,7 @@ def burst(
 
         def all_on_canary() -> bool:
             now = time.monotonic() - t0
-            for name in served_names(canary_url) & set(names):
+            for name in served_names(canary_url, admin_key) & set(names):
                 seen.setdefault(name, now)
             return len(seen) == len(names)
 

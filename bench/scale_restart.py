@@ -32,6 +32,7 @@ from loragate.registry.settings import Settings
 from loragate.registry.storage.signing import generate_key_pair
 from loragate.tasks.fleet import promote_and_switch
 from loragate.tasks.reconcile import fleet_status, reconcile_fleet
+from loragate.tasks.replicas import ADMIN_KEY_HEADER
 from loragate.tasks.validation import ValidationPolicy, validate_versions
 
 BASE_ID = "tiny-llama"
@@ -86,14 +87,15 @@ def registry_with_production(
     return registry, database
 
 
-def _answers_with_production(url: str, name: str, path: str, deadline: float) -> float:
+def _answers_with_production(url: str, name: str, path: str, deadline: float, admin_key: str) -> float:
     """Seconds until ``name`` answers a completion and is served from ``path``."""
     t0 = time.monotonic()
     with httpx.Client(base_url=url, timeout=60) as client:
         while time.monotonic() < deadline:
             try:
                 done = client.post("/v1/completions", json={"model": name, "prompt": "hi", "max_tokens": 1})
-                cards = client.get("/v1/models").json()["data"] if done.status_code == 200 else []
+                keyed = {ADMIN_KEY_HEADER: admin_key}  # a keyless read lists the base alone
+                cards = client.get("/v1/models", headers=keyed).json()["data"] if done.status_code == 200 else []
             except (httpx.HTTPError, ValueError, KeyError):
                 cards = []
             if any(c["id"] == name and c.get("root") == path for c in cards):
@@ -108,7 +110,7 @@ def restart_case(base_dir: Path, bundle: Path, golden: Path, work: Path, k: int)
     registry, database = registry_with_production(work, base_dir, bundle, golden, k)
     setup_s = time.monotonic() - t0
     adapter_dir = work / f"restart-{k}-adapters"
-    secrets_dir, _ = replicas_obey(registry, work / f"restart-{k}-secrets")
+    secrets_dir, admin_key = replicas_obey(registry, work / f"restart-{k}-secrets")
     # the slots ``loragate fleet plan`` computes for K: with fewer cache entries than
     # adapters the residency guard answers most of them from the base after a restart, at its
     # 5 evictions a minute, and the replica is not sized for its fleet
@@ -140,7 +142,9 @@ def restart_case(base_dir: Path, bundle: Path, golden: Path, work: Path, k: int)
         deadline = time.monotonic() + ANSWER_DEADLINE_S
         t = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
-            firsts = list(pool.map(lambda n: _answers_with_production(replica.url, n, paths[n], deadline), paths))
+            firsts = list(
+                pool.map(lambda n: _answers_with_production(replica.url, n, paths[n], deadline, admin_key), paths)
+            )
         all_answer_s = time.monotonic() - t
         t = time.monotonic()
         states = reconcile_fleet(registry)

@@ -130,9 +130,17 @@ def test_every_answer_names_its_version_and_only_the_fleet_can_name_one(live):
     assert [(v["version"], v["requests"], v["accepted"], v["breaker"]) for v in mine] == [(live.v1, 1, 1, "closed")]
     # a whole answer has a latency; a first token is a stream's
     assert (len(mine[0]["latency_ms"]), len(mine[0]["ttft_ms"])) == (1, 0)
-    metrics = httpx.get(replica.url + "/metrics").text
+    metrics = httpx.get(replica.url + "/metrics", headers={ADMIN: _key(replica)}).text
     assert f'loragate_requests_total{{adapter="{live.name}",outcome="ok",version="{live.v1}"}}' in metrics
     assert "loragate_request_seconds_bucket" in metrics
+    # a keyless client of the port reads no tenant's name or version in either (keyless_reads)
+    keyless = httpx.get(replica.url + "/metrics").text
+    assert "vllm:" in keyless and live.name not in keyless and live.v1 not in keyless
+    assert "/tiny-llama/" not in keyless
+    models = httpx.get(replica.url + "/v1/models").json()["data"]
+    assert [m["parent"] for m in models] == [None]
+    keyed = httpx.get(replica.url + "/v1/models", headers={ADMIN: _key(replica)}).json()["data"]
+    assert live.name in {m["id"] for m in keyed}
 
 
 @pytest.mark.slow

@@ -16,7 +16,9 @@ the fleet: those calls carry the fleet's admin key (``admin_key``) in
 (``infra/vllm_plugin/loragate_resolver/admin_guard.py``); a replica refuses them without it
 (401, ``replica_refused``). Inference sends it only when the fleet asks as the fleet
 (``admin=True``: golden verification, canary probes): the replica's traffic split then
-passes the request through as named -- never split, counted as a user's, or faulted.
+passes the request through as named -- never split, counted as a user's, or faulted. The
+reads that name tenants (``/v1/models``, ``/metrics``) carry it too: without it a replica
+answers them less every adapter and version.
 
 Each attempt also has a total deadline, from connecting to its last byte: httpx's timeouts
 count per read, so a replica that drips a byte a second would hold the caller (and the
@@ -223,7 +225,8 @@ class ReplicaClient:
             return False
 
     def models(self) -> list[ServedModel]:
-        data = self._send("GET", "/v1/models", idempotent=True).json().get("data", [])
+        # with the key: a keyless read lists the base alone (the plugin's keyless_reads)
+        data = self._send("GET", "/v1/models", idempotent=True, admin=True).json().get("data", [])
         return [ServedModel(m["id"], m.get("root"), m.get("parent")) for m in data]
 
     def served_adapters(self) -> dict[str, str]:
@@ -327,7 +330,7 @@ class ReplicaClient:
 
     def metric(self, name: str) -> float:
         """The sum of one Prometheus counter over its label sets (e.g. prefix-cache hits)."""
-        text = self._send("GET", "/metrics", idempotent=True).text
+        text = self._send("GET", "/metrics", idempotent=True, admin=True).text  # keyless: no tenant's samples
         total = 0.0
         for line in text.splitlines():
             if line.startswith(name) and (line[len(name)] in " {"):

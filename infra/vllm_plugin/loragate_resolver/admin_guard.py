@@ -9,7 +9,9 @@ start-up and gives each route its kind (``surface``), then per request:
 
 - ``read``, ``split`` and ``inference`` routes pass; a qualified name (``name@version``) is
   refused on them unless loragate chose it (``qualified``): a request carrying the fleet's
-  admin key runs as chosen (probes and verifications of warm copies);
+  admin key runs as chosen (probes and verifications of warm copies); without the key,
+  ``/v1/models`` and ``/metrics`` answer less every tenant's name and version
+  (``keyless_reads``);
 - ``load`` and ``unload`` need the admin secret in its own header, ``X-Loragate-Admin-Key``
   (a client's ``Authorization: Bearer`` never counts), compared in constant time with
   ``admin-key`` in the replica's secrets directory (``LORAGATE_REPLICA_SECRETS_DIR``,
@@ -45,7 +47,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from loragate_resolver import qualified, registry_reader, verified
+from loragate_resolver import keyless_reads, qualified, registry_reader, verified
 from loragate_resolver.surface import OPEN_KINDS, Kind, Surface
 
 HEADER = b"x-loragate-admin-key"
@@ -101,6 +103,8 @@ class AdminGuard:
             if header(scope, HEADER) is not None and self._check_key(scope) is None:
                 with qualified.chosen():  # the fleet's own request (a probe, a verification)
                     return await self.app(scope, receive, send)
+            if path in keyless_reads.TENANT_READS and scope["type"] == "http":
+                return await keyless_reads.serve_without_tenants(self.app, scope, receive, send, path)
             return await self.app(scope, receive, send)
         refusal = self._refused(scope, kind, path)
         if refusal is None and kind == Kind.LOAD:
