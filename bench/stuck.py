@@ -43,7 +43,7 @@ from loragate.registry.rules.fleet import version_path
 from loragate.registry.service import Registry
 from loragate.tasks.fleet import promote_and_switch, rollback_and_switch
 from loragate.tasks.reconcile import reconcile_fleet
-from loragate.tasks.replicas import ReplicaClient
+from loragate.tasks.replicas import ReplicaClient, replica_admin_key
 from loragate.tasks.validation import ValidationPolicy, validate_versions
 
 ROLLBACK_AFTER_S = 2.0
@@ -63,8 +63,9 @@ def timed(work: Any) -> dict[str, Any]:
 def served_versions(setup: Setup, urls: list[str], adapter_dir: Path, v3: str) -> dict[str, str | None]:
     paths = {version_path(str(adapter_dir), setup.name, v): v for v in (setup.v1, setup.v2, v3)}
     found = {}
+    admin_key = replica_admin_key(setup.registry.settings)  # keyless, /v1/models lists the base alone
     for url in urls:
-        with ReplicaClient(url) as client:
+        with ReplicaClient(url, admin_key=admin_key) as client:
             found[url] = paths.get(client.served_adapters().get(setup.name, ""))
     return found
 

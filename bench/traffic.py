@@ -49,8 +49,9 @@ from bench.traffic_clients import ADMIN_HEADER
 from bench.traffic_cost import bench_cost
 from bench.traffic_moves import ROLLBACK_TARGET_S, bench_rollback, bench_withdraw
 from bench.traffic_split import bench_split
+from kit.verdicts import record_verdict
 from loragate.local.replica import VllmReplica, start_replicas, stop_replicas
-from loragate.registry.rules.canary import WindowStatus
+from loragate.registry.rules.canary import Verdict
 from loragate.registry.rules.fleet import version_path
 from loragate.tasks.canary_moves import deploy_canary, promote_canary
 from loragate.tasks.fleet import promote_and_switch
@@ -291,7 +292,7 @@ def main() -> None:
             # the canary promoted as the pipeline does: all traffic to it, then production,
             # the replaced version kept warm for a rollback
             share(0.5)
-            registry.close_canary_window(window.id, WindowStatus.READY, "bench: ready")
+            record_verdict(registry, window.id, Verdict.READY, "bench: ready")  # as the evaluation does
             promote_canary(registry, setup.v2, "bench", log)
             log("rollback under load: routing change vs reload")
             result["rollback"] = bench_rollback(setup, urls, args.move_rounds, args.load_threads, args.command, log)

@@ -41,8 +41,7 @@ from loragate.registry.service import Registry
 from loragate.registry.settings import Settings
 from loragate.registry.storage.resolver_index import index_entry, read_index
 from loragate.tasks.fleet import promote_and_switch
-from loragate.tasks.replicas import ReplicaClient
-from tests.support.fleet import point_replicas
+from tests.support.fleet import point_replicas, served
 from tests.support.pointer_story import POINTER_MOVES, Story, replay
 from tests.support.registries import IN_PROCESS, mark_validated, sign
 
@@ -190,7 +189,7 @@ def test_32_concurrent_promotes_and_rollbacks_tell_one_story(
         last_before = registry.history(name)[-1].id
         adapter_dir = str(replica_adapters)
         path = {v: version_path(adapter_dir, name, v) for v in (v1, v2, v3)}
-        served_before = {r.url: _served(r.url, name) for r in replicas.values()}
+        served_before = {r.url: _served(r, name) for r in replicas.values()}
         assert served_before == {r.url: path[v2] if r.role == "canary" else path[v1] for r in replicas.values()}
 
         tokens = {role: registry.create_token(role, f"racer-{role}")[1] for role in ("activation", "signing")}
@@ -298,7 +297,7 @@ def test_32_concurrent_promotes_and_rollbacks_tell_one_story(
         index = read_index(adapter_dir)["roles"]
         for r in replicas.values():
             wanted = after.production if r.role == "production" else (after.canary or after.production)
-            serves = _served(r.url, name)
+            serves = _served(r, name)
             assert serves == path[wanted], (r.url, r.role, serves, wanted)
             assert fleet_story[r.url] == wanted, (r.url, r.role, fleet_story[r.url], wanted)
             assert index[r.role][name] == index_entry(wanted, path[wanted], registry.bundle_digests(wanted))
@@ -337,6 +336,5 @@ def test_32_concurrent_promotes_and_rollbacks_tell_one_story(
         registry.close()
 
 
-def _served(url: str, name: str) -> str | None:
-    with ReplicaClient(url) as client:
-        return client.served_adapters().get(name)
+def _served(replica, name: str) -> str | None:
+    return served(replica).get(name)

@@ -19,7 +19,7 @@ from loragate.registry.errors import ReplicaError
 from loragate.registry.rules.fleet import version_path
 from loragate.registry.storage.resolver_index import index_entry, replace_entries
 from loragate.tasks.replicas import ADMIN_KEY_HEADER, ReplicaClient
-from tests.support.fleet import SUPPORT_PROMPT, admin_client, answer
+from tests.support.fleet import SUPPORT_PROMPT, admin_client, answer, served
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ def test_a_replica_refuses_loads_and_unloads_without_the_fleets_admin_key_and_ke
     )
     # inference needs no admin key, and production serves what it served
     assert answer(url, live.name) == before
-    assert live.name in {m.id for m in ReplicaClient(url).models()}
+    assert live.name in served(live.replicas["prod-a"])
 
 
 def test_with_the_admin_key_a_load_of_bytes_the_registry_did_not_record_is_refused(live, support_bundle):
@@ -102,7 +102,7 @@ def test_the_resolver_refuses_a_production_entry_a_volume_writer_pointed_at_an_u
         with ReplicaClient(replica.url) as client:
             served = client.complete(live.name, SUPPORT_PROMPT, 32)
         assert (served.version, served.text.strip()) == (live.v1, before)
-        assert live.name not in {m.id for m in ReplicaClient(replica.url).models()}
+        assert live.name not in served(replica)
     finally:
         replace_entries(adapter_dir, live.name, entries)
     assert answer(replica.url, live.name) == before  # the real entry resolves again

@@ -10,7 +10,9 @@ import json
 import pytest
 
 from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
 from loragate.tasks.replicas import ReplicaClient
+from tests.support.fleet import admin_client
 from tests.support.moves import promote
 from tests.support.registries import IN_PROCESS
 
@@ -42,7 +44,6 @@ def test_replicas_up_exits_1_when_a_replica_it_started_cannot_be_given_verified_
     catalogued_cli, tmp_path, seeded_bundles
 ):
     from loragate.registry.digests import digest_of_hex
-    from loragate.registry.settings import Settings
     from tests.support.registries import artifact_store, mark_validated
 
     name = "acme/tiny-llama/support"
@@ -61,7 +62,8 @@ def test_replicas_up_exits_1_when_a_replica_it_started_cannot_be_given_verified_
         assert "deploy_failed" in line and "artifact_corrupted" in line and "127.0.0.1" in line, line
         listed = json.loads(catalogued_cli("fleet", "list", "--json").stdout)
         assert [r["role"] for r in listed] == ["canary"], "the replica is up and in the fleet, for reconcile"
-        with ReplicaClient(listed[0]["url"]) as client:
+        home = Settings(home=tmp_path / "home")  # keyed: a keyless read lists the base alone
+        with Registry.open(home, principal=IN_PROCESS) as registry, admin_client(registry, listed[0]["url"]) as client:
             assert name not in client.served_adapters(), "nothing unverified was loaded"
     finally:
         assert catalogued_cli("replicas", "down").returncode == 0

@@ -29,7 +29,9 @@ POLICY = ValidationPolicy.from_settings(Settings())
 
 @pytest.fixture
 def replica(replicas):
-    with ReplicaClient(replicas["prod-a"].url) as client:
+    # the fleet's key: keyless, /v1/models lists the base alone
+    key = (replicas["prod-a"].secrets_dir / "admin-key").read_text()
+    with ReplicaClient(replicas["prod-a"].url, admin_key=key) as client:
         yield client
 
 

@@ -226,6 +226,19 @@ def test_no_roles_user_reads_a_windows_bucket_key(canary, role):
         engine.dispose()
 
 
+@pytest.mark.parametrize("role", ROLES)
+def test_every_read_of_the_windows_the_pipeline_makes_runs_as_each_roles_user(canary, role):
+    """The reads every pool makes of the windows (what waits between gates: the advance
+    sweep, as fleet; the windows and their observations: the evaluation, the UI) name no
+    bucket key, so none is refused: an ``EXISTS (SELECT *)`` once was."""
+    as_role = canary.settings.model_copy(update={"database_url": role_url(canary.url, role)})
+    with Registry.open(as_role, principal=IN_PROCESS) as registry:
+        registry.waiting()
+        assert [w.id for w in registry.canary_windows()] == [canary.window_id]
+        assert [o.verdict for o in registry.canary_observations(canary.window_id)] == [Verdict.CONTINUE]
+        assert registry.latest_canary_window(canary.version_id).id == canary.window_id
+
+
 def test_migration_0015_goes_down_and_up_again_with_observations_in_place(canary):
     owner = make_engine(make_url(canary.url))
     signing = as_user(canary.url, "signing")

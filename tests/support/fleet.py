@@ -78,7 +78,9 @@ def admin_client(registry: Registry, url: str, retries: int = 2) -> ReplicaClien
 
 
 def served(replica) -> dict[str, str]:
-    with ReplicaClient(replica.url) as client:
+    """What the replica serves, read as the fleet reads it: with its key (a keyless read of
+    ``/v1/models`` lists the base alone)."""
+    with ReplicaClient(replica.url, admin_key=(replica.secrets_dir / "admin-key").read_text()) as client:
         return client.served_adapters()
 
 

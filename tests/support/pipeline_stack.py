@@ -102,7 +102,8 @@ class Stack:
         return window.approval_flow_run_id if window.status == WindowStatus.READY else None
 
     def served(self, key: str) -> dict[str, str]:
-        with ReplicaClient(self.replicas[key].url) as client:
+        replica = self.replicas[key]  # read with its key: keyless, /v1/models lists the base alone
+        with ReplicaClient(replica.url, admin_key=(replica.secrets_dir / "admin-key").read_text()) as client:
             return client.served_adapters()
 
     def serves_version(self, key: str, name: str, version: str, path: str) -> bool:

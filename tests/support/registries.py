@@ -6,11 +6,11 @@ did not change.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
+from kit.verdicts import record_verdict
 from loragate.registry.rules.access import Principal
-from loragate.registry.rules.canary import Monitor, Observation, SideStats, Verdict
+from loragate.registry.rules.canary import Verdict
 from loragate.registry.service import Registry
 from loragate.registry.settings import Settings
 from loragate.registry.storage.signing import generate_key_pair
@@ -23,16 +23,6 @@ def mark_ready(registry: Registry, window_id: int) -> None:
     """An in-band observation that makes a canary window ready for its sign-off, without
     probing replicas."""
     record_verdict(registry, window_id, Verdict.READY, "ok")
-
-
-def record_verdict(registry: Registry, window_id: int, verdict: Verdict, reason: str) -> None:
-    """The evaluation's observation of an open window with ``verdict`` (the only way a
-    window becomes ready or undecided), without probing replicas."""
-    side = SideStats(20, 0, 50.0, 100.0)
-    monitors = [Monitor("p95_ms", 1.0, 2.0, True)]
-    registry.record_canary_observation(
-        Observation(window_id, datetime.now(UTC), side, side, 0.0, [], verdict, monitors, [reason])
-    )
 
 
 def open_sqlite_registry(tmp_path: Path) -> Registry:

@@ -171,6 +171,11 @@ class CanaryRepository:
 
     @staticmethod
     def set_status(conn: Connection, row: Any, to: WindowStatus, reason: str | None, now: datetime) -> None:
+        """The window of ``row`` moved to ``to`` in ``conn``, compared and set on the status read.
+
+        Raises:
+            ConcurrentUpdate: the window's status changed since ``row`` was read.
+        """
         done = conn.execute(
             update(canary_windows)
             .where(canary_windows.c.id == row.id, canary_windows.c.status == row.status)

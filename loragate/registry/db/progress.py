@@ -48,7 +48,9 @@ class ProgressRepository:
             select(_v.c.version_id, adapters.c.name, adapters.c.base, validated_at.label("since"))
             .select_from(_v.join(adapters, adapters.c.id == _v.c.adapter_id))
             .where(_STAGING, _v.c.validation_status == ValidationStatus.PASSED.value)
-            .where(~exists().where(canary_windows.c.version_id == _v.c.version_id), ~newer_candidate)
+            # one column, not EXISTS (SELECT *): no role reads a window's bucket key (0015)
+            .where(~select(canary_windows.c.id).where(canary_windows.c.version_id == _v.c.version_id).exists())
+            .where(~newer_candidate)
         )
         ready_at = (
             select(func.max(canary_observations.c.at))
