@@ -236,8 +236,11 @@ def run_configuration(
         "LORAGATE_CANARY_WINDOW_S": "3600",
         **polls,
     }
-    settings = Settings(
-        home=home, database_url=settings_env["LORAGATE_DATABASE_URL"], artifacts=settings_env["LORAGATE_ARTIFACTS"]
+    settings = Settings(  # init writes the windows' thresholds from these: the pools' window length
+        home=home,
+        database_url=settings_env["LORAGATE_DATABASE_URL"],
+        artifacts=settings_env["LORAGATE_ARTIFACTS"],
+        canary_window_s=float(settings_env["LORAGATE_CANARY_WINDOW_S"]),
     )
     registry = Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
     registry.init()

@@ -142,7 +142,11 @@ def burst(
         "LORAGATE_CANARY_WINDOW_S": f"{canary_window_s:g}",
         "LORAGATE_ADVANCE_AFTER_S": "10" if drop_canary_trigger else "120",
     }
-    settings = Settings(home=home, database_url=registry_url, artifacts=env["LORAGATE_ARTIFACTS"])
+    # the owner's init writes the thresholds every window the canary pool opens is held to
+    # (migration 0015): the same window length as the pools'
+    settings = Settings(
+        home=home, database_url=registry_url, artifacts=env["LORAGATE_ARTIFACTS"], canary_window_s=canary_window_s
+    )
     registry = Registry.open(settings, check_schema=False, principal=Principal.in_process("bench"))
     pipeline = None
     proxies = contextlib.ExitStack()

@@ -100,8 +100,8 @@ def test_the_resolver_refuses_a_production_entry_a_volume_writer_pointed_at_an_u
         # the forged entry is never served; the client is not refused either: the traffic
         # split answers from production's own path (name@version), as the registry says
         with ReplicaClient(replica.url) as client:
-            served = client.complete(live.name, SUPPORT_PROMPT, 32)
-        assert (served.version, served.text.strip()) == (live.v1, before)
+            answered = client.complete(live.name, SUPPORT_PROMPT, 32)
+        assert (answered.version, answered.text.strip()) == (live.v1, before)
         assert live.name not in served(replica)
     finally:
         replace_entries(adapter_dir, live.name, entries)
