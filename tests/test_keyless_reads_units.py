@@ -6,20 +6,13 @@ On a real replica: tests/test_replica_surface.py."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
-from fastapi.testclient import TestClient
+from loragate_resolver import keyless_reads
 
-PLUGIN_DIR = Path(__file__).resolve().parents[1] / "infra" / "vllm_plugin"
-if str(PLUGIN_DIR) not in sys.path:
-    sys.path.insert(0, str(PLUGIN_DIR))
-from loragate_resolver import admin_guard, keyless_reads, qualified  # noqa: E402
+from tests.support.guard import KEY, guarded_client
 
-KEY = "k" * 43
 NAME = "acme/tiny-llama/support"
 VERSION = "20261203_083939_ffa1a6b44e32"
 MODELS = {
@@ -58,16 +51,8 @@ def _app() -> FastAPI:
 
 @pytest.fixture
 def guarded(tmp_path, monkeypatch):
-    secrets = tmp_path / "secrets"
-    secrets.mkdir()
-    (secrets / "admin-key").write_text(KEY)
-    monkeypatch.setenv("LORAGATE_REPLICA_SECRETS_DIR", str(secrets))
-    monkeypatch.setenv("LORAGATE_ADAPTER_DIR", str(tmp_path / "adapters"))
-    monkeypatch.setenv("LORAGATE_REPLICA_ROLE", "production")
-    monkeypatch.setattr(qualified, "install", lambda: True)  # no vLLM here: its table is not patched
     app = _app()
-    app.add_middleware(admin_guard.AdminGuard)
-    with TestClient(app) as client:
+    with guarded_client(app, tmp_path, monkeypatch) as client:
         yield client
 
 

@@ -5,20 +5,13 @@ real replicas: tests/test_replica_surface.py and tests/test_replica_admin.py."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from fastapi import FastAPI
-from fastapi.testclient import TestClient
-
-PLUGIN_DIR = Path(__file__).resolve().parents[1] / "infra" / "vllm_plugin"
-if str(PLUGIN_DIR) not in sys.path:
-    sys.path.insert(0, str(PLUGIN_DIR))
 from loragate_resolver import admin_guard, qualified, registry_reader  # noqa: E402
 from loragate_resolver.surface import KINDS, Kind  # noqa: E402
 
-KEY = "k" * 43
+from tests.support.guard import KEY, guarded_client
+
 NAME = "acme/tiny-llama/support"
 FILES = {"adapter_model.safetensors": "a" * 64}
 
@@ -57,16 +50,8 @@ def _app() -> FastAPI:
 
 @pytest.fixture
 def guarded(tmp_path, monkeypatch):
-    secrets = tmp_path / "secrets"
-    secrets.mkdir()
-    (secrets / "admin-key").write_text(KEY)
-    monkeypatch.setenv("LORAGATE_REPLICA_SECRETS_DIR", str(secrets))
-    monkeypatch.setenv("LORAGATE_ADAPTER_DIR", str(tmp_path / "adapters"))
-    monkeypatch.setenv("LORAGATE_REPLICA_ROLE", "production")
-    monkeypatch.setattr(qualified, "install", lambda: True)  # no vLLM here: its table is not patched
     app = _app()
-    app.add_middleware(admin_guard.AdminGuard)
-    with TestClient(app) as client:
+    with guarded_client(app, tmp_path, monkeypatch) as client:
         yield client, app.state.seen
 
 

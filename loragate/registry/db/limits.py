@@ -38,49 +38,13 @@ class LimitsRepository:
         """Write the cap from the operator's setting, audited with what it replaced; the
         same value again writes nothing. True when it changed. The owner's alone: no role's
         user may write the row (a Postgres refusal is PermissionDenied)."""
-        with self.db.write() as conn:
-            before = conn.execute(
-                select(registry_limits.c.canary_max_share).where(registry_limits.c.id == ROW)
-            ).scalar()
-            if before == value:
-                return False
-            if before is None:
-                conn.execute(insert(registry_limits).values(id=ROW, canary_max_share=value))
-            else:
-                conn.execute(update(registry_limits).where(registry_limits.c.id == ROW).values(canary_max_share=value))
-            self.db.audit(
-                conn,
-                actor=actor,
-                action="registry_limit",
-                adapter_name=None,
-                from_value=None if before is None else repr(before),
-                to_value=repr(value),
-                details={"limit": "canary_max_share", "from": before, "to": value},
-            )
-        return True
+        return self._set("canary_max_share", value, actor, shown=repr(value))
 
     def set_canary_thresholds(self, thresholds: dict[str, Any], actor: str) -> bool:
         """Write the thresholds every window a role's user opens is held to, from the
         operator's settings, audited with what they replaced; the same again writes nothing.
         The row must exist (migration 0012 writes it; ``set_canary_max_share`` before this)."""
-        with self.db.write() as conn:
-            before = conn.execute(
-                select(registry_limits.c.canary_thresholds).where(registry_limits.c.id == ROW)
-            ).scalar()
-            if before == thresholds:
-                return False
-            conn.execute(
-                update(registry_limits).where(registry_limits.c.id == ROW).values(canary_thresholds=thresholds)
-            )
-            self.db.audit(
-                conn,
-                actor=actor,
-                action="registry_limit",
-                adapter_name=None,
-                to_value="canary_thresholds",
-                details={"limit": "canary_thresholds", "from": before, "to": thresholds},
-            )
-        return True
+        return self._set("canary_thresholds", thresholds, actor, shown="canary_thresholds")
 
     def hot_pins(self) -> int | None:
         """The hot-pin limit the database holds every role's user to; None before init wrote it."""
@@ -91,18 +55,28 @@ class LimitsRepository:
     def set_hot_pins(self, value: int, actor: str) -> bool:
         """Write the hot-pin limit from ``LORAGATE_HOT_PINS``, audited with what it replaced;
         the same again writes nothing. The row must exist (``set_canary_max_share`` first)."""
+        return self._set("hot_pins", value, actor, shown=repr(value))
+
+    def _set(self, limit: str, value: Any, actor: str, *, shown: str) -> bool:
+        """One limit of the row written (the row itself, for the first), audited as
+        ``registry_limit`` with what it replaced; the same value again writes nothing."""
+        column = registry_limits.c[limit]
         with self.db.write() as conn:
-            before = conn.execute(select(registry_limits.c.hot_pins).where(registry_limits.c.id == ROW)).scalar()
-            if before == value:
+            found = conn.execute(select(registry_limits.c.id, column).where(registry_limits.c.id == ROW)).first()
+            before = None if found is None else found[1]
+            if found is not None and before == value:
                 return False
-            conn.execute(update(registry_limits).where(registry_limits.c.id == ROW).values(hot_pins=value))
+            if found is None:
+                conn.execute(insert(registry_limits).values(id=ROW, **{limit: value}))
+            else:
+                conn.execute(update(registry_limits).where(registry_limits.c.id == ROW).values(**{limit: value}))
             self.db.audit(
                 conn,
                 actor=actor,
                 action="registry_limit",
                 adapter_name=None,
-                from_value=None if before is None else repr(before),
-                to_value=repr(value),
-                details={"limit": "hot_pins", "from": before, "to": value},
+                from_value=None if before is None or limit == "canary_thresholds" else repr(before),
+                to_value=shown,
+                details={"limit": limit, "from": before, "to": value},
             )
         return True
