@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError
 from loragate.registry.db import migrate
 from loragate.registry.errors import ErrorCode, InvalidInput
 from loragate.registry.service import Registry
+from loragate.registry.settings import Settings
 from tests.support.registries import IN_PROCESS, audit_count, sql_engine
 from tests.test_db_roles import db_user_url
 
@@ -26,15 +27,19 @@ INSERT_HOT = text("INSERT INTO adapter_pins (adapter_name, source, pinned_by) VA
 INSERT_PERSONS = text("INSERT INTO adapter_pins (adapter_name, source, pinned_by) VALUES (:n, 'operator', 'probe')")
 
 
-@pytest.fixture
-def tenants(cataloged, seeded_bundles, tmp_path) -> Registry:
+def with_tenants(registry: Registry, seeded_bundles, tmp_path) -> Registry:
     """Seven adapters of tiny-llama, none pinned; one production replica of 3 slots, so the
     base has room for 2 hot pins (its slots less one free; no warm copy)."""
-    registry, _ = cataloged
     for n, name in enumerate(NAMES):
         registry.register_adapter(seeded_bundles[n % len(seeded_bundles)], name)
     registry.add_replica("http://127.0.0.1:9", "tiny-llama", "production", str(tmp_path / "a"), max_loras=3)
     return registry
+
+
+@pytest.fixture
+def tenants(cataloged, seeded_bundles, tmp_path) -> Registry:
+    """``with_tenants`` on SQLite and on Postgres."""
+    return with_tenants(cataloged[0], seeded_bundles, tmp_path)
 
 
 def hot(engine: Engine) -> list[str]:
@@ -63,14 +68,22 @@ def test_a_process_whose_setting_is_above_the_databases_limit_is_held_to_the_low
 
 
 @pytest.fixture
-def on_postgres(tenants):
-    if tenants.settings.database_url.startswith("sqlite"):
-        pytest.skip("SQLite has no users: the application holds the rule")
+def on_postgres(pg_template, tiny_base, seeded_bundles, tmp_path):
+    """``with_tenants`` on Postgres alone (SQLite has no users: there the application holds
+    the rule), the owner's engine and the fleet's and admin's users'."""
+    settings = Settings(
+        home=tmp_path / "home", database_url=pg_template(), artifacts=str(tmp_path / "artifacts"), actor="tester"
+    )
+    registry = Registry.open(settings, check_schema=False, principal=IN_PROCESS)
+    registry.init()
+    registry.add_base(str(tiny_base), "tiny-llama")
+    tenants = with_tenants(registry, seeded_bundles, tmp_path)
     owner = sql_engine(tenants)
-    users = {r: create_engine(db_user_url(tenants.settings.database_url, r)) for r in ("fleet", "admin")}
+    users = {r: create_engine(db_user_url(settings.database_url, r)) for r in ("fleet", "admin")}
     yield tenants, owner, users
     for engine in (owner, *users.values()):
         engine.dispose()
+    registry.close()
 
 
 @pytest.mark.parametrize("role", ["fleet", "admin"])
