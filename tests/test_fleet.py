@@ -87,7 +87,12 @@ def test_a_client_looping_through_a_switch_sees_no_error_and_only_old_or_new(fle
     try:
         time.sleep(1.0)
         fleet.promote(fleet.v2, "production")
-        time.sleep(1.0)
+        # until the clients see the new version (the routes reach a loaded replica within a
+        # second, on a busy machine later): a fixed second after the move was a timing window
+        deadline = time.monotonic() + 60
+        while not (seen and seen[-1] == outputs[fleet.v2]) and time.monotonic() < deadline and not errors:
+            time.sleep(0.1)
+        time.sleep(0.5)  # and on: the last answer must still be the new version's
     finally:
         stop.set()
         for t in clients:
