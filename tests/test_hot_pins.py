@@ -1,6 +1,7 @@
 """The traffic watch's hot pins (``tasks/hot_pins.py``) over a real registry (SQLite and
-Postgres) whose production replicas' figures a test writes: each adapter's requests of the
-last 15 minutes summed over the production replicas, the busiest pinned within what each
+Postgres) whose production replicas' figures a test writes: each adapter's pinning demand of
+the last 15 minutes (answered requests, at most five a user) summed over the production
+replicas, never its raw request count, the busiest pinned within what each
 replica's slots leave beside a person's pins, the pins replaced only when the set changed,
 a base with an unreadable replica left as it was; ``loragate fleet watch`` does the same."""
 
@@ -22,7 +23,7 @@ from tests.support.registries import audit_count, mark_validated
 PRODUCTION = ["http://127.0.0.1:9101", "http://127.0.0.1:9102"]
 CANARY = "http://127.0.0.1:9201"
 SUPPORT, TICKETS, BILLING, SEARCH = (f"acme/tiny-llama/{t}" for t in ("support", "tickets", "billing", "search"))
-# per production replica: the requests each adapter's split finished in the last 15 minutes
+# per production replica: each adapter's answered requests of the last 15 minutes, five a user at most
 BUSY = {SUPPORT: 10, TICKETS: 50, BILLING: 20, SEARCH: 0}
 
 
@@ -54,7 +55,10 @@ def figures(monkeypatch):
         read.append(client.url)
         if client.url in down:
             raise ReplicaError(f"replica {client.url} unreachable", code=ErrorCode.REPLICA_UNAVAILABLE, field="url")
-        rates = {a: {"requests": counts[a], "fallbacks": 0} for a in adapters if counts.get(a)}
+        # the raw request count is a flood's: ten times the demand, and never what pins
+        rates = {
+            a: {"requests": 10 * counts[a], "fallbacks": 0, "pinning": counts[a]} for a in adapters if counts.get(a)
+        }
         return {"versions": [], "routes": {}, "alerts": [], "fallback_15m_by_adapter": rates}
 
     monkeypatch.setattr(ReplicaClient, "traffic", traffic)
@@ -70,7 +74,7 @@ def hot(registry: Registry) -> list[str]:
     return sorted(p.name for p in registry.pins() if p.source == "hot")
 
 
-def test_requests_are_summed_over_the_production_replicas_only(fleet, figures):
+def test_pinning_demand_is_summed_over_the_production_replicas_only(fleet, figures):
     _, down, read = figures
     watched = watch_fleet(fleet)
     assert sorted(set(read)) == PRODUCTION

@@ -25,6 +25,16 @@ def _app() -> FastAPI:
         seen.append(("/v1/completions", qualified.allowed(f"{NAME}@v1")))
         return {"ok": True}
 
+    @app.post("/v1/responses")  # an inference route outside the split
+    async def responses() -> dict:
+        seen.append(("/v1/responses", qualified.allowed(NAME)))
+        return {"ok": True}
+
+    @app.post("/invocations")
+    async def invocations() -> dict:
+        seen.append(("/invocations", qualified.allowed(NAME)))
+        return {"ok": True}
+
     @app.post("/adapters")
     async def sagemaker_loader() -> dict:
         seen.append(("/adapters", True))
@@ -45,6 +55,7 @@ def _app() -> FastAPI:
         return {}
 
     app.state.seen = seen
+    app.state.openai_serving_models = type("Models", (), {"is_base_model": staticmethod(lambda n: n == "tiny-llama")})()
     return app
 
 
@@ -90,6 +101,40 @@ def test_only_the_fleets_key_lets_a_request_reach_a_qualified_name(guarded):
     client.post("/v1/completions", json={}, headers={"x-loragate-admin-key": "not-it"})
     client.post("/v1/completions", json={}, headers={"x-loragate-admin-key": KEY})
     assert [allowed for p, allowed in seen if p == "/v1/completions"] == [False, False, True]
+
+
+def test_no_adapter_answers_a_keyless_client_on_an_inference_route_outside_the_split(guarded):
+    client, seen = guarded
+    client.post("/v1/completions", json={})
+    client.post("/v1/responses", json={})
+    client.post("/v1/responses", json={}, headers={"x-loragate-admin-key": KEY})
+    assert [(p, allowed) for p, allowed in seen if p != "/v1/completions"] == [
+        ("/v1/responses", False),
+        ("/v1/responses", True),
+    ]
+
+
+# (headers, body, status, the field refused) of a keyless /invocations
+INVOCATIONS = [
+    ({"X-Amzn-SageMaker-Adapter-Identifier": NAME}, {"prompt": "hi"}, 400, "x-amzn-sagemaker-adapter-identifier"),
+    ({"x-amzn-sagemaker-adapter-identifier": ""}, {"prompt": "hi"}, 400, "x-amzn-sagemaker-adapter-identifier"),
+    ({}, {"model": NAME, "prompt": "hi"}, 400, "model"),
+    ({}, {"model": f"{NAME}@v1", "prompt": "hi"}, 400, "model"),
+    ({}, {"model": ["tiny-llama"], "prompt": "hi"}, 400, "model"),
+    ({}, {"model": "tiny-llama", "prompt": "hi"}, 200, None),
+    ({}, {"prompt": "hi"}, 200, None),
+]
+
+
+@pytest.mark.parametrize(("headers", "body", "status", "field"), INVOCATIONS)
+def test_invocations_answers_the_base_only_and_refuses_naming_anything_else(guarded, headers, body, status, field):
+    client, seen = guarded
+    answered = client.post("/invocations", json=body, headers=headers)
+    assert answered.status_code == status
+    if field is not None:
+        assert answered.json()["error"]["param"] == field and not seen
+    else:
+        assert seen == [("/invocations", False)]  # reached, and still no adapter there
 
 
 def test_the_table_names_the_sagemaker_loader_and_vllms_other_state_changing_routes_refused():

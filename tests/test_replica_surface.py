@@ -177,3 +177,40 @@ def test_no_client_reaches_a_version_by_naming_it_on_any_inference_route(previou
             got = httpx.post(replica.url + route, json={"model": warm, **BODIES[route]}, timeout=60)
             assert not _answered_as(got, warm, v1_text), f"{route} answered a client as {warm}"
     assert shown_refusing >= RESOLVING, f"the control resolved the name only on {sorted(shown_refusing)}"
+
+
+def test_no_client_reaches_an_adapter_past_the_split_on_any_inference_route(live_v1):
+    """An adapter answers a client only through the split and its residency guard: on every
+    other inference route its plain name resolves nothing (the fleet's request, the control,
+    loads it on the same route with the same body), and SageMaker's ``/invocations`` refuses a
+    header or a body naming anything but the base -- the loads past the guard's cap it once made."""
+    replica, name = live_v1.replicas["prod-a"], live_v1.name
+    fleet_headers = {ADMIN_KEY_HEADER: _key(replica)}
+    routes = [r["path"] for r in _surface(replica)["routes"] if r["kind"] == "inference"]
+    routes = [r for r in routes if r not in NAMES_NO_MODEL]
+    assert "/invocations" in routes
+    shown_refusing = set()
+    with admin_client(live_v1.registry, replica.url) as fleet:
+        for route in routes:
+            body = {"model": name, **BODIES[route]}
+            fleet.unload(name)
+            client = httpx.post(replica.url + route, json=body, timeout=60)
+            assert name not in served(replica), f"{route}: a client's request loaded {name} past the split"
+            assert client.status_code != 200 or client.json().get("model") != name, route
+            httpx.post(replica.url + route, json=body, headers=fleet_headers, timeout=60)
+            if name in served(replica):
+                shown_refusing.add(route)
+        fleet.unload(name)
+        header = "x-amzn-sagemaker-adapter-identifier"
+        for headers, body, field in (
+            ({header: name}, BODIES["/invocations"], header),
+            ({}, {"model": name, **BODIES["/invocations"]}, "model"),
+        ):
+            refused = httpx.post(replica.url + "/invocations", json=body, headers=headers, timeout=60)
+            assert (refused.status_code, refused.json()["error"]["param"]) == (400, field), refused.text
+            assert name not in served(replica)
+        base = httpx.post(replica.url + "/invocations", json=BODIES["/invocations"], timeout=60)
+        assert base.status_code == 200 and base.json()["model"] != name
+    # the split's own routes still answer the adapter
+    assert answer(replica.url, name)
+    assert shown_refusing >= RESOLVING - {"/v1/completions", "/v1/chat/completions"}, sorted(shown_refusing)

@@ -93,7 +93,8 @@ def test_a_replica_over_its_eviction_cap_answers_from_the_base_with_the_fallback
     assert headers[b"x-loragate-fallback"] == b"production_residency:eviction_cap"
     assert (refused, "p1", None) not in split.stats.versions  # no version is charged
     assert split.stats.versions[(refused, "base", None)].requests == 1
-    assert split.figures()["fallback_15m_by_adapter"][refused] == {"requests": 1, "fallbacks": 1}
+    # answered by the base: demand the pins count, as a request the adapter answered would be
+    assert split.figures()["fallback_15m_by_adapter"][refused] == {"requests": 1, "fallbacks": 1, "pinning": 1}
     assert sample("loragate_fallbacks_total", adapter=refused, reason="production_residency:eviction_cap") == before + 1
     assert served(refused) not in engine.lora_requests  # vLLM never saw it
 

@@ -14,6 +14,7 @@ from array import array
 import pytest
 from loragate_resolver import figures, registry_reader, routing
 from loragate_resolver.fallbacks import BUCKETS
+from loragate_resolver.fallbacks import USERS_KEPT as FALLBACK_USERS_KEPT
 from loragate_resolver.live_stats import (
     ENDED_WINDOW_KEEP_S,
     ENDED_WINDOWS_KEPT,
@@ -51,6 +52,46 @@ class Clock:
 
     def __call__(self) -> float:
         return self.at
+
+
+class Refusing(FakeVllm):
+    """Every version and the base refuse every request with 400: the client's own fault."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.statuses = type("EveryName", (dict,), {"get": lambda self, key, default=None: 400})()
+
+
+def test_pinning_counts_answered_requests_at_most_five_a_user_over_15_minutes(split_env):
+    split = _split(FakeVllm(), routing.Route(NAME, "p1"))
+    split.routes[OTHER] = routing.Route(OTHER, "q1")
+    for _ in range(60):
+        ask(split, user="flood")  # one caller's flood: five of its requests count
+    for i in range(3):
+        ask(split, user=f"real-{i}", model=OTHER)
+    split.app = Refusing()
+    for i in range(60):  # answered by no version: 60 free 400s buy nothing
+        assert ask(split, user=f"free-{i}")[0] == 400
+    rates = split.figures()["fallback_15m_by_adapter"]
+    assert (rates[NAME]["requests"], rates[NAME]["pinning"]) == (120, 5)
+    assert rates[OTHER]["pinning"] == 3
+
+
+def test_pinning_demand_forgets_requests_older_than_15_minutes_and_stays_bounded_in_users():
+    wall = Clock(60 * 100_000.0)
+    stats = LiveStats(clock=wall)
+    for i in range(FALLBACK_USERS_KEPT + 100):
+        stats.finished(NAME, False, f"u{i}", answered=True)
+    assert len(stats.pinning.users[NAME]) == FALLBACK_USERS_KEPT
+    assert stats.fallback_rates()[NAME]["pinning"] == FALLBACK_USERS_KEPT
+    wall.at += 10 * 60
+    stats.finished(NAME, False, "late", answered=True)
+    stats.finished(NAME, False, "late", answered=False)  # an unanswered request counts for nothing
+    wall.at += 5 * 60 + 1
+    assert stats.fallback_rates()[NAME]["pinning"] == 1
+    wall.at += 15 * 60
+    stats.prune({})
+    assert stats.pinning.users == {}
 
 
 # -- the query -------------------------------------------------------------------------------
@@ -113,7 +154,10 @@ def test_no_query_serves_the_whole_document_as_the_sync_figures_give_it(split_en
 def test_one_adapter_falling_back_does_not_show_on_another(split_env):
     split = two_adapters(split_env)
     rates = split.figures()["fallback_15m_by_adapter"]
-    assert rates == {NAME: {"requests": 3, "fallbacks": 3}, OTHER: {"requests": 3, "fallbacks": 0}}
+    assert rates == {
+        NAME: {"requests": 3, "fallbacks": 3, "pinning": 3},
+        OTHER: {"requests": 3, "fallbacks": 0, "pinning": 3},
+    }
     assert split.figures()["fallback_15m"] == {"requests": 6, "fallbacks": 3}  # the replica's sum, as before
 
 
@@ -123,9 +167,12 @@ def test_fallback_minutes_older_than_15_are_dropped_and_at_most_15_kept_per_adap
     stats.finished(NAME, True)
     wall.at += (BUCKETS - 1) * 60  # the 15th minute: still in
     stats.finished(OTHER, False)
-    assert stats.fallback_rates() == {NAME: {"requests": 1, "fallbacks": 1}, OTHER: {"requests": 1, "fallbacks": 0}}
+    assert stats.fallback_rates() == {
+        NAME: {"requests": 1, "fallbacks": 1, "pinning": 0},
+        OTHER: {"requests": 1, "fallbacks": 0, "pinning": 0},
+    }
     wall.at += 60
-    assert stats.fallback_rates() == {OTHER: {"requests": 1, "fallbacks": 0}}
+    assert stats.fallback_rates() == {OTHER: {"requests": 1, "fallbacks": 0, "pinning": 0}}
     assert stats.fallback_rate() == {"requests": 1, "fallbacks": 0}
     for _ in range(100):  # a busy adapter, minute after minute
         stats.finished(OTHER, False)

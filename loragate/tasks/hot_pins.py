@@ -2,12 +2,13 @@
 the figures the traffic watch reads every minute (``tasks/traffic_watch.py``).
 
 An adapter's recent requests: what each production replica of its base reports for it in
-``fallback_15m_by_adapter[name].requests`` -- every request the replica's split finished for
-the adapter over its last 15 minutes (one-minute buckets: 14 to 15 minutes), whichever version
-answered it -- summed over those replicas. The watch reads them already (``view=alerts``):
-no read more. From them ``choose_hot`` (``rules/pinning.py``) picks each base's hot set within
-its limit (``Registry.hot_pin_limits``) beside the operator's pins of its adapters in
-production, and the registry's hot pins are replaced only when the set changed. A base one of
+``fallback_15m_by_adapter[name].pinning`` -- the requests the replica's split finished for the
+adapter over its last 15 minutes that some version or the base answered, at most five of each
+user's (a refused request, or one caller's flood, buys no slot) -- summed over those replicas.
+The watch reads them already (``view=alerts``): no read more. From them ``choose_hot``
+(``rules/pinning.py``) picks each base's hot set within its limit (``Registry.hot_pin_limits``)
+beside the operator's pins of its adapters in production, and the registry's hot pins are
+replaced only when the set changed. A base one of
 whose production replicas could not be read keeps its hot pins as they are: its counts are
 partial, and a fleet that could not be read at all must not lose every pin at once.
 """
@@ -40,15 +41,16 @@ class HotPins:
 
 
 def recent_requests(figures: LiveFigures, names: Iterable[str]) -> tuple[dict[str, int], list[str]]:
-    """Each adapter's requests over the last 15 minutes, summed over the production replicas
-    of its base that were read, and the bases of which a production replica was not."""
+    """Each adapter's pinning demand over the last 15 minutes (answered requests, at most five
+    a user), summed over the production replicas of its base that were read, and the bases
+    of which a production replica was not."""
     requests: dict[str, int] = {}
     unread: set[str] = set()
     for name in names:
         part = figures.of(name)
         if part.unreadable:
             unread.add(AdapterName.parse(name).base)
-        counts = (d.get("fallback_15m_by_adapter", {}).get(name, {}).get("requests", 0) for d in part.documents)
+        counts = (d.get("fallback_15m_by_adapter", {}).get(name, {}).get("pinning", 0) for d in part.documents)
         requests[name] = sum(int(c) for c in counts)
     return requests, sorted(unread)
 

@@ -11,7 +11,9 @@ start-up and gives each route its kind (``surface``), then per request:
   refused on them unless loragate chose it (``qualified``): a request carrying the fleet's
   admin key runs as chosen (probes and verifications of warm copies); without the key,
   ``/v1/models`` and ``/metrics`` answer less every tenant's name and version
-  (``keyless_reads``);
+  (``keyless_reads``), an ``inference`` route resolves no adapter at all (the split's two
+  routes do), and ``/invocations`` refuses a request naming anything but the base
+  (``invocations``);
 - ``load`` and ``unload`` need the admin secret in its own header, ``X-Loragate-Admin-Key``
   (a client's ``Authorization: Bearer`` never counts), compared in constant time with
   ``admin-key`` in the replica's secrets directory (``LORAGATE_REPLICA_SECRETS_DIR``,
@@ -47,7 +49,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from loragate_resolver import keyless_reads, qualified, registry_reader, verified
+from loragate_resolver import invocations, keyless_reads, qualified, registry_reader, verified
 from loragate_resolver.surface import OPEN_KINDS, Kind, Surface
 
 HEADER = b"x-loragate-admin-key"
@@ -105,7 +107,18 @@ class AdminGuard:
                     return await self.app(scope, receive, send)
             if path in keyless_reads.TENANT_READS and scope["type"] == "http":
                 return await keyless_reads.serve_without_tenants(self.app, scope, receive, send, path)
-            return await self.app(scope, receive, send)
+            if kind != Kind.INFERENCE:
+                return await self.app(scope, receive, send)
+            if path == invocations.PATH and scope["type"] == "http":
+                body, too_large = await _read_body(receive, invocations.MAX_BODY_BYTES)
+                if too_large:
+                    return await _respond(send, *_error(413, "BadRequestError", "request body too large"))
+                why = invocations.refusal(scope.get("headers", []), body, invocations.base_names(scope.get("app")))
+                if why is not None:
+                    return await _respond(send, *_error(400, "BadRequestError", *why))
+                receive = _replay(body, receive)
+            with qualified.outside_split():  # no adapter answers past the split (qualified)
+                return await self.app(scope, receive, send)
         refusal = self._refused(scope, kind, path)
         if refusal is None and kind == Kind.LOAD:
             body, refusal = await self._checked_load(receive)
@@ -165,17 +178,9 @@ class AdminGuard:
         return None
 
     async def _checked_load(self, receive: Any) -> tuple[bytes, tuple[int, bytes] | None]:
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                return b"", _error(413, "BadRequestError", "load request too large")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        body, too_large = await _read_body(receive, MAX_BODY_BYTES)
+        if too_large:
+            return b"", _error(413, "BadRequestError", "load request too large")
         try:
             request = json.loads(body)
             name, lora_path = request["lora_name"], request["lora_path"]
@@ -192,6 +197,23 @@ class AdminGuard:
                 "lora_path",
             )
         return body, None
+
+
+async def _read_body(receive: Any, limit: int) -> tuple[bytes, bool]:
+    """The request's body, or (what was read, True) once it passes ``limit`` bytes."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return b"", True
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks), False
 
 
 def _replay(body: bytes, original: Any) -> Any:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from loragate_resolver.fallbacks import FALLBACK_WINDOW_S, FallbackMinutes
+from loragate_resolver.fallbacks import FALLBACK_WINDOW_S, FallbackMinutes, PinningDemand
 
 __all__ = ["FALLBACK_WINDOW_S", "LiveStats", "Reservoir", "UnitSample", "VersionStats"]
 
@@ -201,6 +201,7 @@ class LiveStats:
         self.versions: dict[Key, VersionStats] = {}
         self.alerts: deque[dict[str, Any]] = deque(maxlen=ALERTS_KEPT)
         self.fallbacks = FallbackMinutes()
+        self.pinning = PinningDemand()
         self.ended_windows_dropped = 0
         # a restarted replica's ids never repeat an earlier process's: the fleet announces a trip once
         self._boot = secrets.token_hex(6)
@@ -263,16 +264,26 @@ class LiveStats:
         """A request the breaker kept from ``version``: a fallback, not a request of its own."""
         self.of(adapter, version, window).fallbacks += 1
 
-    def finished(self, adapter: str, fell_back: bool) -> None:
-        self.fallbacks.add(adapter, fell_back, self.clock())
+    def finished(self, adapter: str, fell_back: bool, user: str | None = None, answered: bool = False) -> None:
+        """A request the split is done with; ``answered`` (by any version or the base) by
+        ``user``: it counts toward the adapter's pinning demand."""
+        now = self.clock()
+        self.fallbacks.add(adapter, fell_back, now)
+        if answered and user is not None:
+            self.pinning.add(adapter, user, now)
 
     def fallback_rate(self) -> dict[str, int]:
         """The replica's requests and fallbacks over the last 15 minutes, every adapter's."""
         return self.fallbacks.total(self.clock())
 
     def fallback_rates(self, adapters: frozenset[str] | None = None) -> dict[str, dict[str, int]]:
-        """The same per adapter (of ``adapters``; None: every one)."""
-        return self.fallbacks.by_adapter(self.clock(), adapters)
+        """The same per adapter (of ``adapters``; None: every one), with its ``pinning``
+        demand (``fallbacks.PinningDemand``)."""
+        now = self.clock()
+        rates = self.fallbacks.by_adapter(now, adapters)
+        for adapter, rate in rates.items():
+            rate["pinning"] = self.pinning.of(adapter, now)
+        return rates
 
     def production_p99(self, adapter: str, version: str) -> float | None:
         """p99 ms per token of ``version`` over every window, once it has enough samples;
@@ -343,6 +354,7 @@ class LiveStats:
             for pair in [p for p in cache if p not in pairs]:
                 del cache[pair]
         self.fallbacks.drop_idle(self.clock())
+        self.pinning.drop_idle(self.clock())
 
     def pairs(self) -> set[tuple[str, str]]:
         """The (adapter, version) pairs with an entry."""

@@ -14,6 +14,11 @@ the request it forwards and by the admin guard for the fleet's own requests (its
 middleware's task, or in tasks that copy its context. Installed from the plugin's
 ``register`` into the API server; another vLLM (no such class) is left as it is, and the
 admin guard refuses to treat the replica as guarded.
+
+The same table keeps every adapter, plain names included, from the inference routes outside
+the split (``outside_split()``, set by the admin guard for a keyless request on one of them):
+an adapter answers a client only where the split and the residency guard see the request,
+so no route loads adapters past the guard's cap or a tenant's share.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 QUALIFIER = "@"
 _chosen: ContextVar[bool] = ContextVar("loragate_qualified_chosen", default=False)
+_outside: ContextVar[bool] = ContextVar("loragate_outside_split", default=False)
 _installed = False
 
 log = logging.getLogger("loragate_resolver.qualified")
@@ -36,9 +42,11 @@ def is_qualified(name: object) -> bool:
 
 
 def allowed(name: object) -> bool:
-    """Whether this request may reach ``name``: any plain name; a qualified one only under
-    ``chosen()``."""
-    return not is_qualified(name) or _chosen.get()
+    """Whether this request may reach the adapter ``name``: under ``chosen()`` any; outside the
+    split none; otherwise any plain name."""
+    if _chosen.get():
+        return True
+    return not (_outside.get() or is_qualified(name))
 
 
 @contextlib.contextmanager
@@ -49,6 +57,16 @@ def chosen() -> Iterator[None]:
         yield
     finally:
         _chosen.reset(token)
+
+
+@contextlib.contextmanager
+def outside_split() -> Iterator[None]:
+    """The request run inside reached an inference route the split does not see."""
+    token = _outside.set(True)
+    try:
+        yield
+    finally:
+        _outside.reset(token)
 
 
 class GuardedAdapters(dict):

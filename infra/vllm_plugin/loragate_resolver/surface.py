@@ -7,8 +7,8 @@ every route one kind from ``KINDS``, keyed by the route's path template:
 
 - ``read``: answers without changing anything (health, models, metrics, version);
 - ``split``: inference the live split routes (``traffic.TrafficSplit``);
-- ``inference``: runs the model for a client, outside the split -- a qualified name
-  ``name@version`` is refused there (``qualified``), so the only way to a version is the split;
+- ``inference``: runs the model for a client, outside the split -- no adapter resolves there
+  without the fleet's key (``qualified``), so the only way to an adapter is the split;
 - ``load`` / ``unload``: the runtime LoRA API, for the fleet's key only, a load's bytes
   checked against the registry (``admin_guard``);
 - ``refused``: changes the server's state in a way loragate never asks for: refused to

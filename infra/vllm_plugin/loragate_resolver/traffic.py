@@ -55,7 +55,7 @@ from loragate_resolver import (
     traffic_flow,
 )
 from loragate_resolver.admin_guard import HEADER as ADMIN_HEADER
-from loragate_resolver.admin_guard import _error, _replay, _respond, header, key_matches
+from loragate_resolver.admin_guard import _error, _read_body, _replay, _respond, header, key_matches
 from loragate_resolver.base_probe import BaseProbe
 from loragate_resolver.breaker import OPEN, Breaker, Limits
 from loragate_resolver.figures import document, serve
@@ -382,19 +382,3 @@ async def _parsed(raw: bytes) -> tuple[Any, tuple[int, bytes] | None]:
         return json.loads(raw), None
     except (ValueError, RecursionError):
         return None, _error(400, "BadRequestError", "the request body is not a JSON document loragate can read")
-
-
-async def _read_body(receive: Any, limit: int) -> tuple[bytes, bool]:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return b"", True
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks), False

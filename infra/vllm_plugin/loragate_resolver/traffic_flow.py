@@ -203,7 +203,7 @@ async def answer(
         final = (step, attempt)
         break
     assert final is not None  # the last step always answers
-    _account(split, route, final, failures, reason, streaming, routing.unit(route, user))
+    _account(split, route, final, failures, reason, streaming, user)
 
 
 def _serving_table(scope: dict) -> dict | None:
@@ -320,9 +320,10 @@ def _account(
     failures: list[tuple[Step, int]],
     reason: str | None,
     streaming: bool,
-    unit: int | None = None,
+    user: str,
 ) -> None:
     adapter, (step, attempt) = route.adapter, final
+    unit = routing.unit(route, user)
     finished = time.perf_counter()
     # the answering version's own time: a version asked before it and failed is not in it
     latency_ms = (finished - attempt.began) * 1000
@@ -356,7 +357,7 @@ def _account(
         p99 = split.stats.production_p99(adapter, route.production) if judged else None
         slow = judged and p99 is not None and per_token is not None and per_token > 3 * p99
         _breaker(split, adapter, step, ok=not error, slow=slow)
-    split.stats.finished(adapter, reason is not None)
+    split.stats.finished(adapter, reason is not None, user, answered=good)
     if ttft_ms is not None and attempt.residency is not None:
         metrics.first_token_by_residency(adapter, attempt.residency, ttft_ms / 1000)
     metrics.request(
