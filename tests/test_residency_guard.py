@@ -65,6 +65,20 @@ REFUSALS = [
      ("cold", "b", None)),
     ("the-trailing-minute-holds-the-cap-already", 1, 0.0, 2, (), [(0, "a"), (1, "b"), (2, "c"), (3, "d")],
      ("refused", None, "eviction_cap")),
+    ("a-tenant-that-had-its-share-of-the-cap-is-refused-while-it-has-room", 1, 0.0, 4, (),
+     [(0, "a"), (1, "b"), (2, "c"), (3, "d"), (4, "b")], ("refused", None, "eviction_cap")),
+    ("and-a-tenant-short-of-its-share-still-loads", 1, 0.0, 4, (),
+     [(0, "a"), (1, "b"), (2, "c"), (3, "d"), (4, "b"), (5, "a")], ("cold", "d", None)),
+    ("a-copy-counts-to-its-adapters-share-of-the-cap", 1, 0.0, 2, (), [(0, "a"), (1, "b"), (2, "b@v2")],
+     ("refused", None, "eviction_cap")),
+    ("past-its-share-a-resident-used-just-now-goes-and-one-loaded-within-the-minimum-stays", 2, 30.0, 5, (),
+     [(0, "a"), (40, "b"), (41, "a"), (42, "c")], ("cold", "a", None)),
+    ("a-tenant-over-its-share-of-the-slots-is-protected-only-after-its-load", 2, 30.0, 5, (),
+     [(0, "a@v1"), (0, "a@v2"), (40, "a@v1"), (40, "a@v2"), (41, "c")], ("cold", "a@v1", None)),
+    ("within-its-share-a-tenant-keeps-its-slot-while-used-and-one-over-its-share-gives", 3, 30.0, 5, (),
+     [(0, "a"), (0, "b"), (0, "b@v2"), (40, "a"), (40, "b"), (40, "b@v2"), (41, "c")], ("cold", "b", None)),
+    ("tenants-within-their-share-keep-their-slots-while-used", 2, 30.0, 5, (),
+     [(0, "a"), (0, "b"), (40, "a"), (40, "b"), (41, "a@v2")], ("refused", None, "min_residency")),
     ("every-resident-pinned", 2, 0.0, 5, ("a", "b"), [(0, "a"), (0, "b"), (99, "c")],
      ("refused", None, "pinned_full")),
     ("a-pin-not-yet-admitted-takes-no-room", 2, 0.0, 5, ("p",), [(0, "a"), (0, "b")],
@@ -93,16 +107,42 @@ def test_a_cold_load_is_refused_only_where_no_resident_may_go(
 
 def test_the_eviction_cap_recovers_60_seconds_after_the_evictions_it_counts():
     g, clock = guard(capacity=1, evictions=2)
-    assert kinds(g, "a b") == [("cold", None, None), ("cold", "a", None)]
+    assert kinds(g, "a b") == [("cold", None, None), ("cold", "a", None)]  # b's eviction
     clock.at = 30.0
-    assert g.admit("c").evicted == "b"
+    assert g.admit("a").evicted == "b"  # a's
     clock.at = 59.9
-    assert g.admit("d").reason == "eviction_cap" and g.evictions_last_minute() == 2
+    assert g.admit("b").reason == "eviction_cap" and g.evictions_last_minute() == 2
     clock.at = 60.0
-    assert (g.admit("d").evicted, g.evictions_last_minute()) == ("c", 2)  # the one at 30 s still counts
-    assert g.admit("e").reason == "eviction_cap"
+    assert (g.admit("b").evicted, g.evictions_last_minute()) == ("a", 2)  # the one at 30 s still counts
+    assert g.admit("a").reason == "eviction_cap"
     clock.at = 90.0
-    assert g.admit("e").kind == "cold"
+    assert g.admit("a").kind == "cold"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_flood_over_four_adapters_never_sends_a_fifth_tenant_to_the_base_for_long(seed):
+    """The pentest's replica: 4 slots, the defaults (30 s, 5 a minute); a client's one-token
+    requests over 4 adapters every 0.36 s (192 in 70 s), and after its first minute a victim
+    asking every 7 s. The flood cannot spend the victim's share of the cap: more than half the
+    victim's requests find its adapter and it never waits a minute for it, where the
+    replica-wide rules refused it every time (95 of 95 here), and the cap still holds."""
+    rng = random.Random(seed)
+    g, clock = guard(capacity=4, min_residency_s=30.0, evictions=5)
+    flood = [f"flood-{i}" for i in range(4)]
+    victim_kinds, refused_since, longest = [], None, 0.0
+    for step in range(2000):  # 12 minutes
+        clock.at = step * 0.36
+        g.admit(rng.choice(flood))
+        if step >= 200 and step % 19 == 0:
+            kind = g.admit("victim").kind
+            victim_kinds.append(kind)
+            if kind == "refused":
+                refused_since = clock.at if refused_since is None else refused_since
+                longest = max(longest, clock.at - refused_since)
+            else:
+                refused_since = None
+    assert victim_kinds.count("refused") / len(victim_kinds) < 0.5 and longest < 60.0
+    assert g.evictions_last_minute() <= 5
 
 
 def test_a_request_with_no_later_version_is_never_refused_and_evicts_as_the_engine_would():

@@ -8,9 +8,18 @@ and evicts the least recently used. Under a spread of adapters wider than the ca
 request can be such a cold load. ``ResidencyGuard`` mirrors that LRU by the names requests
 send to vLLM and answers, before a request goes out, whether it is a ``hit`` (resident), a
 ``cold`` load with room or with an evictable victim, or ``refused``: every unpinned resident
-was used within ``min_residency_s`` (``min_residency``), the trailing 60 s already hold
-``evictions_per_minute`` evictions (``eviction_cap``), or every resident is pinned
-(``pinned_full``). The split answers a refused request from the next version or the base
+is protected (``min_residency``), the trailing 60 s already hold ``evictions_per_minute``
+evictions or this tenant's share of them (``eviction_cap``), or every resident is pinned
+(``pinned_full``).
+
+Each tenant -- an adapter, its ``name@version`` copies counted to it -- has a share: of the
+unpinned slots and of the minute's evictions, each divided equally among the tenants asked
+for in the trailing minute. A resident is protected for ``min_residency_s`` after its load,
+and for ``min_residency_s`` after its last use while its tenant holds no more than its share
+of the slots; and a tenant's loads that evict are at most its share of the minute's cap (one
+at least). So one tenant's burst (or a few adapters' flood) neither keeps every slot from
+another tenant nor spends the whole cap before it. The victim is the least recently used
+unprotected resident. The split answers a refused request from the next version or the base
 (``engine_cache``). Pinned names are never victims; a pinned name counts against the
 capacity only once admitted. The model is a prediction: it never sees requests that bypass
 the split, so ``reconcile`` corrects it from the engine's own list. With no known capacity
@@ -89,8 +98,11 @@ class ResidencyGuard:
         self.clock = clock
         # name -> its last use, least recent first; -inf: joined from the engine, use unknown
         self._resident: OrderedDict[str, float] = OrderedDict()
+        self._loaded: dict[str, float] = {}  # name -> when its load was admitted
         self._pinned: frozenset[str] = frozenset()
-        self._evictions: deque[float] = deque(maxlen=_EVICTION_TIMES)
+        # (when, the tenant whose cold load evicted), oldest first
+        self._evictions: deque[tuple[float, str]] = deque(maxlen=_EVICTION_TIMES)
+        self._asked: OrderedDict[str, float] = OrderedDict()  # tenant -> last asked, oldest first
         self._counts: OrderedDict[str, Counts] = OrderedDict()
         self._totals = Counts()
         self._cold = array("d")  # seconds, a ring of the newest COLD_SAMPLES
@@ -105,6 +117,11 @@ class ResidencyGuard:
         unpinned resident goes, however recent."""
         now = self.clock()
         counts = self._touch(lora_name, now)
+        tenant = tenant_of(lora_name)
+        self._asked[tenant] = now
+        self._asked.move_to_end(tenant)
+        while len(self._asked) > COUNTED:
+            self._asked.popitem(last=False)
         if lora_name in self._resident:
             self._resident[lora_name] = now
             self._resident.move_to_end(lora_name)
@@ -113,7 +130,7 @@ class ResidencyGuard:
             return Admission(HIT)
         evicted: str | None = None
         if self.capacity is not None and len(self._resident) >= self.capacity:
-            evicted, reason = self._victim(now)
+            evicted, reason = self._victim(tenant, now)
             if evicted is None and refuse:
                 counts.refused += 1
                 self._totals.refused += 1
@@ -122,29 +139,51 @@ class ResidencyGuard:
                 evicted = next((n for n in self._resident if n not in self._pinned), None)
             if evicted is not None:
                 del self._resident[evicted]
-                self._evictions.append(now)
+                self._loaded.pop(evicted, None)
+                self._evictions.append((now, tenant))
                 self._touch(evicted, now).evictions += 1
                 self._totals.evictions += 1
         self._resident[lora_name] = now
+        self._loaded[lora_name] = now
         counts.misses += 1
         self._totals.misses += 1
         return Admission(COLD, evicted=evicted)
 
-    def _victim(self, now: float) -> tuple[str | None, str | None]:
-        """(the resident a cold load may evict, None) or (None, why none may go)."""
+    def _victim(self, tenant: str, now: float) -> tuple[str | None, str | None]:
+        """(the resident ``tenant``'s cold load may evict, None) or (None, why none may go)."""
         unpinned = [name for name in self._resident if name not in self._pinned]
         if not unpinned:
             return None, PINNED_FULL
-        victim = next((n for n in unpinned if now - self._resident[n] >= self.min_residency_s), None)
+        tenants = self._tenants_asked(now)
+        slot_share = len(unpinned) / tenants
+        held: dict[str, int] = {}
+        for name in unpinned:
+            held[tenant_of(name)] = held.get(tenant_of(name), 0) + 1
+
+        def protected(name: str) -> bool:
+            if now - self._loaded.get(name, -math.inf) < self.min_residency_s:
+                return True
+            return now - self._resident[name] < self.min_residency_s and held[tenant_of(name)] <= slot_share
+
+        victim = next((n for n in unpinned if not protected(n)), None)
         if victim is None:
             return None, MIN_RESIDENCY
         if self.evictions_last_minute(now) >= self.evictions_per_minute:
             return None, EVICTION_CAP
+        own = sum(1 for _, by in self._evictions if by == tenant)
+        if own >= max(1.0, self.evictions_per_minute / tenants):
+            return None, EVICTION_CAP
         return victim, None
+
+    def _tenants_asked(self, now: float) -> int:
+        """Tenants asked for in the trailing minute (at least the one asking now)."""
+        while self._asked and now - next(iter(self._asked.values())) >= EVICTION_WINDOW_S:
+            self._asked.popitem(last=False)
+        return max(1, len(self._asked))
 
     def evictions_last_minute(self, now: float | None = None) -> int:
         now = self.clock() if now is None else now
-        while self._evictions and now - self._evictions[0] >= EVICTION_WINDOW_S:
+        while self._evictions and now - self._evictions[0][0] >= EVICTION_WINDOW_S:
             self._evictions.popleft()
         return len(self._evictions)
 
@@ -168,6 +207,7 @@ class ResidencyGuard:
         """Names the engine does not hold after all (a load that failed): out, no eviction."""
         for name in names:
             self._resident.pop(name, None)
+            self._loaded.pop(name, None)
 
     def reconcile(self, resident_names: Iterable[str], grace_s: float = 0.0) -> None:
         """Make the model hold what the engine holds: names it no longer holds drop out (but
@@ -178,6 +218,7 @@ class ResidencyGuard:
         kept = set(held)
         for name in [n for n, used in self._resident.items() if n not in kept and now - used >= grace_s]:
             del self._resident[name]
+            self._loaded.pop(name, None)
         joined = [(n, -math.inf) for n in held if n not in self._resident]
         self._resident = OrderedDict([*joined, *self._resident.items()])
 
@@ -205,10 +246,12 @@ class ResidencyGuard:
         """Drop the counts of names unseen for ``IDLE_S``; with no known capacity, such names
         leave the model too (nothing else would bound it)."""
         now = self.clock()
+        self._tenants_asked(now)
         for name in [n for n, c in self._counts.items() if now - c.seen_at >= IDLE_S]:
             del self._counts[name]
             if self.capacity is None:
                 self._resident.pop(name, None)
+                self._loaded.pop(name, None)
 
     def asked(self) -> int:
         """Requests the guard has been asked about since it started."""
@@ -239,6 +282,11 @@ class ResidencyGuard:
                 name: counts.as_dict() for name, counts in self._counts.items() if adapters is None or adapters(name)
             }
         return document
+
+
+def tenant_of(lora_name: str) -> str:
+    """The adapter a name serves: a warm ``name@version`` copy counts to its adapter."""
+    return lora_name.split("@", 1)[0]
 
 
 def _quantile_ms(ordered: list[float], q: float) -> float | None:
