@@ -4,19 +4,20 @@ Counters (requests, errors, fallbacks, accepted, retried) and a uniform sample o
 ``SAMPLES`` of the window's latencies, times to first token and milliseconds per token (a
 ``Reservoir`` of C doubles: both versions' samples span the whole window, production's
 thousands a minute and the canary's few alike, in bounded memory; ``OUTSIDE_SAMPLES`` for an
-entry outside a window, which only the breaker's production p99 reads), and the texts of the
-last ``ANSWER_SAMPLES`` good non-streaming answers (every ``ANSWER_SAMPLE_EVERY``-th, each cut
-to ``ANSWER_SAMPLE_CHARS``) for the format check against the golden set's schemas; streamed
-answers are never sampled (the split does not keep their bodies). loragate reads them from
-every replica (``GET /loragate/traffic``: ``figures``) and aggregates them when it judges a
-window; a restarted replica starts from zero, which the reader sees as a smaller count, never
-as a wrong one. Feedback is kept by its request id's nonce (``feedback``: nonce -> ``a``ccepted
-or ``r``etried, at most ``FEEDBACK_IDS`` per entry): an id is counted once here, and the reader
-counts each nonce once across every replica, however many it was sent to. ``units``: per
-window entry, a sample of its users -- a user's keyed hash -> (requests, errors), kept where
-the hash has ``level`` leading zero bits, the level raised whenever more than ``UNITS`` are
-kept -- the same users on every replica, so the reader merges them exactly and judges the
-window by the unit the split randomises (loragate's ``rules/units.py``).
+entry outside a window, which only the breaker's production p99 reads), and a uniform sample of
+``ANSWER_SAMPLES`` texts of the good non-streaming answers over the window (of every
+``ANSWER_SAMPLE_EVERY``-th, each cut to ``ANSWER_SAMPLE_CHARS``) for the format check against
+the golden set's schemas; streamed answers are never sampled (the split does not keep their
+bodies). loragate reads them from every replica (``GET /loragate/traffic``: ``figures``) and
+aggregates them when it judges a window; a restarted replica starts from zero, which the reader
+sees as a smaller count, never as a wrong one. Feedback is kept by its request id's nonce
+(``feedback``: nonce -> ``a``ccepted or ``r``etried, at most ``FEEDBACK_IDS`` per entry): an id
+is counted once here, and the reader counts each nonce once across every replica, however many
+it was sent to. ``units``: per window entry, a sample of its users -- a user's keyed hash ->
+(requests, errors), kept where the hash has ``level`` leading zero bits, the level raised
+whenever more than ``UNITS`` are kept -- the same users on every replica, so the reader merges
+them exactly and judges the window by the unit the split randomises (loragate's
+``rules/units.py``).
 
 What is kept, and for how long (``prune``, on each read of the routing table): the entries of
 every route's active window and of every routed (adapter, version) outside a window; an entry
@@ -66,6 +67,7 @@ UNITS = 1024  # users kept per window entry: enough to estimate how their failur
 _HASH_BITS = 64
 
 Key = tuple[str, str, int | None]
+_ANSWER_RNG = random.SystemRandom()  # a client who knows the sequence could time its answers
 
 
 class Reservoir:
@@ -146,8 +148,9 @@ class VersionStats:
     latency_ms: Reservoir = field(init=False)
     ttft_ms: Reservoir = field(init=False)
     ms_per_token: Reservoir = field(init=False)
-    answers: deque = field(default_factory=lambda: deque(maxlen=ANSWER_SAMPLES))
+    answers: list = field(default_factory=list)  # a uniform sample of the texts offered
     texts_seen: int = 0
+    texts_offered: int = 0
     feedback: dict[str, str] = field(default_factory=dict)  # nonce -> "a" or "r"
     units: UnitSample = field(default_factory=UnitSample)
     last_at: float = 0.0  # monotonic: the entry's last request, which ``prune`` goes by
@@ -162,6 +165,17 @@ class VersionStats:
         self.errors += int(error)
         if unit is not None:
             self.units.add(unit, error)
+
+    def keep_answer(self, text: str) -> None:
+        """Algorithm R over the texts offered: every one kept with the same chance, so the
+        format check reads the whole window, not the latest answers a client chose."""
+        self.texts_offered += 1
+        if len(self.answers) < ANSWER_SAMPLES:
+            self.answers.append(text)
+            return
+        slot = _ANSWER_RNG.randrange(self.texts_offered)
+        if slot < ANSWER_SAMPLES:
+            self.answers[slot] = text
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -187,7 +201,7 @@ class VersionStats:
         taken = copy.copy(self)
         taken.latency_ms, taken.ttft_ms = self.latency_ms.copy(), self.ttft_ms.copy()
         taken.ms_per_token = self.ms_per_token.copy()
-        taken.answers, taken.feedback = deque(self.answers), dict(self.feedback)
+        taken.answers, taken.feedback = list(self.answers), dict(self.feedback)
         taken.units = self.units.copy() if self.window is not None else self.units
         return taken
 
@@ -242,7 +256,7 @@ class LiveStats:
         if text is not None:
             stats.texts_seen += 1
             if stats.texts_seen % ANSWER_SAMPLE_EVERY == 0:
-                stats.answers.append(text[:ANSWER_SAMPLE_CHARS])
+                stats.keep_answer(text[:ANSWER_SAMPLE_CHARS])
         stats.latency_ms.append(latency_ms)
         if ttft_ms is not None:
             stats.ttft_ms.append(ttft_ms)
