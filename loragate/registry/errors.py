@@ -50,6 +50,7 @@ class ErrorCode(StrEnum):
     REPLICA_UNAVAILABLE = "replica_unavailable"
     REPLICA_REFUSED = "replica_refused"
     REPLICA_UNKNOWN_ADAPTER = "replica_unknown_adapter"
+    REPLICA_UNVERIFIED = "replica_unverified"  # an answer no holder of the fleet's key signed
     DEPLOY_FAILED = "deploy_failed"
     # who may do what, and signatures
     PERMISSION_DENIED = "permission_denied"

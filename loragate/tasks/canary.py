@@ -32,10 +32,11 @@ from loragate.registry.rules.canary import CanaryWindow, Observation, SideStats,
 from loragate.registry.rules.fleet import qualified_name
 from loragate.registry.rules.formats import declared_schemas, schema_check
 from loragate.registry.rules.live import LiveJudgement, LiveStats, judge_live
+from loragate.registry.rules.replica_agreement import held_without_a_replica, judged_without_each, needs_agreement
 from loragate.registry.rules.verdict import judge, probe_error_evidence, probe_latency_evidence
 from loragate.registry.service import Registry
 from loragate.tasks.canary_moves import ramp_canary
-from loragate.tasks.live_figures import AdapterFigures, read_live_figures
+from loragate.tasks.live_figures import READ_FROM, AdapterFigures, read_live_figures
 from loragate.tasks.replicas import Completion, ReplicaClient, replica_client
 from loragate.tasks.routes import stage_replicas
 from loragate.tasks.traffic_watch import TrafficAlert, alerts_in, record_alerts
@@ -329,6 +330,16 @@ def _live_judgement(
         remaining_s=(window.ends_at - now).total_seconds(),
         look=look,
     )
+    if needs_agreement(judgement, len(documents)):
+
+        def judged(others: list[dict[str, Any]]) -> LiveJudgement:
+            # the window's figures so far, judged at once: earlier looks' evidence held all replicas'
+            versions = (window.version_id, production_version)
+            rest = LiveStats.from_replicas(others, window.adapter_name, window.id, *versions)
+            return judge_live(window.thresholds, rest, window.share)
+
+        without = judged_without_each(documents, judged, READ_FROM)
+        judgement = held_without_a_replica(judgement, without)
     if unreachable:
         judgement.not_ready_reasons.append(f"live figures of {len(unreachable)} replica(s) unreadable")
     return judgement, alerts

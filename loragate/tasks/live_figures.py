@@ -23,6 +23,9 @@ from loragate.tasks.routes import failures, on_each
 
 # adapters named in one read: a query string well under any server's line limit
 ADAPTERS_PER_READ = 64
+# the URL the fleet read a document from, added to each adapter's part (``LiveFigures.of``):
+# the replica's own ``replica`` field is its claim
+READ_FROM = "read_from"
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class LiveFigures:
     def of(self, name: str) -> AdapterFigures:
         urls = self.replicas_of_base.get(AdapterName.parse(name).base, [])
         return AdapterFigures(
-            [_part(self.documents[url], name) for url in urls if url in self.documents],
+            [{**_part(self.documents[url], name), READ_FROM: url} for url in urls if url in self.documents],
             [self.unreadable[url] for url in urls if url in self.unreadable],
         )
 

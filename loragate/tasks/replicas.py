@@ -11,10 +11,12 @@ An idempotent request that fails with ``replica_unavailable`` is tried again, ``
 times, after 0.2 s, 0.4 s, ... (``loragate.registry.retrying``); the last failure is raised as it was.
 
 The replica's admin API (load, unload, the live figures, the routing refresh) obeys only
-the fleet: those calls carry the fleet's admin key (``admin_key``) in
-``X-Loragate-Admin-Key``, the header loragate's plugin checks
+the fleet: those calls are signed with the fleet's admin key (``admin_key``), never sent
+with it (``replica_signatures``: a proxy at a registered URL learns nothing it can replay),
+and loragate's plugin checks the signature
 (``infra/vllm_plugin/loragate_resolver/admin_guard.py``); a replica refuses them without it
-(401, ``replica_refused``). Inference sends it only when the fleet asks as the fleet
+(401, ``replica_refused``). The live figures must come back signed by a holder of the key
+(``replica_unverified`` otherwise). Inference is signed only when the fleet asks as the fleet
 (``admin=True``: golden verification, canary probes): the replica's traffic split then
 passes the request through as named -- never split, counted as a user's, or faulted. The
 reads that name tenants (``/v1/models``, ``/metrics``) carry it too: without it a replica
@@ -29,6 +31,8 @@ waits longer than the deadline either.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +44,13 @@ import httpx
 from loragate.registry.errors import ErrorCode, PermissionDenied, ReplicaError
 from loragate.registry.retrying import tolerating_unavailable_replicas
 from loragate.registry.settings import Settings, env_var
+from loragate.tasks.replica_signatures import (
+    ANSWER_SIGNATURE_HEADER,
+    SIGNATURE_HEADER,
+    answer_signed,
+    sign_request,
+    signing_key,
+)
 from loragate.tasks.secret_files import ADMIN_KEY_FILE, HOME_REPLICA_SECRETS_DIR, REPLICA_ADMIN_KEY_FILE
 
 if TYPE_CHECKING:
@@ -129,8 +140,8 @@ class ReplicaClient:
         admin_key: str | None = None,
     ):
         self.url = url.rstrip("/")
-        # sent on load and unload only; never printed (not in repr, not in errors)
-        self._admin_headers = {ADMIN_KEY_HEADER: admin_key} if admin_key else {}
+        # what the fleet's requests are signed with; the key itself is never sent or printed
+        self._signing_key = signing_key(admin_key) if admin_key else None
         self.retries = retries
         self.deadline_s = deadline_s
         # ``transport``: tests answer from a function instead of a server
@@ -159,16 +170,25 @@ class ReplicaClient:
         """One request, tried again on ``replica_unavailable`` when it is idempotent; with
         the admin key when ``admin``."""
         attempts = 1 + (self.retries if idempotent else 0)
-        headers = self._admin_headers if admin else None
         retrying = tolerating_unavailable_replicas(attempts, step_s=RETRY_STEP_S)
-        return retrying(lambda: self._send_once(method, path, body, headers))
+        return retrying(lambda: self._send_once(method, path, body, admin))
 
-    def _send_once(
-        self, method: str, path: str, body: dict[str, Any] | None, extra_headers: dict[str, str] | None = None
-    ) -> httpx.Response:
+    def _send_once(self, method: str, path: str, body: dict[str, Any] | None, admin: bool = False) -> httpx.Response:
+        """One attempt; signed afresh (its own time and nonce) when ``admin``. The nonce is in
+        the response's ``extensions["loragate_nonce"]`` (``_signed_answer`` checks it)."""
         ends_at = time.monotonic() + self.deadline_s
+        content = json.dumps(body).encode() if body is not None else None
+        request = self._http.build_request(
+            method, path, content=content, headers={"content-type": "application/json"} if content else None
+        )
+        nonce = None
+        if admin and self._signing_key is not None:
+            request.headers[SIGNATURE_HEADER], nonce = sign_request(
+                self._signing_key, method, request.url.raw_path, content or b""
+            )
         try:
-            with self._http.stream(method, path, json=body, headers=extra_headers) as streamed:
+            streamed = self._http.send(request, stream=True)
+            with contextlib.closing(streamed):
                 chunks = []
                 for chunk in streamed.iter_bytes():
                     chunks.append(chunk)
@@ -182,7 +202,11 @@ class ReplicaClient:
             # the decoded body, so without the header saying how it was encoded
             headers = [(k, v) for k, v in streamed.headers.multi_items() if k.lower() != "content-encoding"]
             response = httpx.Response(
-                streamed.status_code, headers=headers, content=b"".join(chunks), request=streamed.request
+                streamed.status_code,
+                headers=headers,
+                content=b"".join(chunks),
+                request=streamed.request,
+                extensions={"loragate_nonce": nonce},
             )
         except httpx.TransportError as e:  # refused, reset, timed out
             raise ReplicaError(
@@ -312,8 +336,25 @@ class ReplicaClient:
         ``adapters``' when given, and no per-version figures when ``alerts_only``."""
         query = [("adapter", name) for name in adapters or []] + ([("view", "alerts")] if alerts_only else [])
         path = "/loragate/traffic" + (f"?{urlencode(query)}" if query else "")
-        data = self._send("GET", path, idempotent=True, admin=True).json()
+        data = self._signed_answer(self._send("GET", path, idempotent=True, admin=True), path).json()
         return data if isinstance(data, dict) else {}
+
+    def _signed_answer(self, response: httpx.Response, path: str) -> httpx.Response:
+        """``response`` when the replica signed it as the answer to the request sent: figures
+        that decide a verdict come from a holder of the fleet's key, not a proxy's invention."""
+        nonce = response.extensions.get("loragate_nonce")
+        presented = response.headers.get(ANSWER_SIGNATURE_HEADER)
+        if (
+            self._signing_key is None
+            or not nonce
+            or not answer_signed(self._signing_key, nonce, response.status_code, response.content, presented)
+        ):
+            raise ReplicaError(
+                f"replica {self.url} answered {path} without the signature of the fleet's key: not taken",
+                code=ErrorCode.REPLICA_UNVERIFIED,
+                field="url",
+            )
+        return response
 
     def refresh_routes(self) -> dict[str, Any]:
         """Make the replica read the registry's routing table now, not at its next refresh;

@@ -40,8 +40,6 @@ admin key (the API is closed), a refused route, or a load the registry refuses.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -49,7 +47,9 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from loragate_resolver import invocations, keyless_reads, qualified, registry_reader, verified
+from loragate_resolver import fleet_signature, invocations, keyless_reads, qualified, registry_reader, verified
+from loragate_resolver.fleet_signature import read_body as _read_body
+from loragate_resolver.fleet_signature import replay as _replay
 from loragate_resolver.surface import OPEN_KINDS, Kind, Surface
 
 HEADER = b"x-loragate-admin-key"
@@ -59,17 +59,6 @@ OUTAGE_GRACE_S = 300.0
 _ALLOWED_MAX = 4096
 
 log = logging.getLogger("loragate_resolver.admin_guard")
-
-
-def key_matches(presented: bytes | None, expected: str) -> bool:
-    """Constant time in the key's content (both sides hashed first: equal lengths)."""
-    if presented is None:
-        return False
-    return hmac.compare_digest(hashlib.sha256(presented).digest(), hashlib.sha256(expected.encode()).digest())
-
-
-def header(scope: dict, name: bytes) -> bytes | None:
-    return next((value for key, value in scope.get("headers", []) if key.lower() == name), None)
 
 
 def _error(status: int, kind: str, message: str, param: str | None = None) -> tuple[int, bytes]:
@@ -98,11 +87,14 @@ class AdminGuard:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
+        who, receive = await fleet_signature.decide(scope, receive, self.secrets_dir)
         if path == SURFACE_PATH and scope["type"] == "http":
-            return await _respond(send, *self._surface(scope))
+            status, body = self._surface(scope)
+            signed = fleet_signature.answer_headers(scope, status, body, self.secrets_dir)
+            return await _respond(send, status, body, signed)
         kind = self.surface.kind(scope) if self.surface is not None else Kind.UNKNOWN
         if kind is None or kind in OPEN_KINDS:
-            if header(scope, HEADER) is not None and self._check_key(scope) is None:
+            if who == fleet_signature.FLEET:
                 with qualified.chosen():  # the fleet's own request (a probe, a verification)
                     return await self.app(scope, receive, send)
             if path in keyless_reads.TENANT_READS and scope["type"] == "http":
@@ -170,12 +162,16 @@ class AdminGuard:
         return permission.files
 
     def _check_key(self, scope: dict) -> tuple[int, bytes] | None:
-        expected = registry_reader.read_secret(self.secrets_dir, registry_reader.ADMIN_KEY_FILE)
-        if expected is None:
+        """None for the fleet's request (``fleet_signature.decide`` ran first), else the refusal."""
+        who = fleet_signature.verdict(scope)
+        if who == fleet_signature.FLEET:
+            return None
+        closed = who == fleet_signature.CLOSED or (
+            registry_reader.read_secret(self.secrets_dir, registry_reader.ADMIN_KEY_FILE) is None
+        )
+        if closed:
             return _error(403, "PermissionDeniedError", "this replica has no admin key: its admin API is closed")
-        if not key_matches(header(scope, HEADER), expected):
-            return _error(401, "AuthenticationError", "the replica's admin API needs the fleet's admin key")
-        return None
+        return _error(401, "AuthenticationError", "the replica's admin API needs the fleet's key or signature")
 
     async def _checked_load(self, receive: Any) -> tuple[bytes, tuple[int, bytes] | None]:
         body, too_large = await _read_body(receive, MAX_BODY_BYTES)
@@ -199,38 +195,7 @@ class AdminGuard:
         return body, None
 
 
-async def _read_body(receive: Any, limit: int) -> tuple[bytes, bool]:
-    """The request's body, or (what was read, True) once it passes ``limit`` bytes."""
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return b"", True
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks), False
-
-
-def _replay(body: bytes, original: Any) -> Any:
-    """A ``receive`` that hands the app the body already read, then what the server sends."""
-    sent = False
-
-    async def receive() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await original()
-
-    return receive
-
-
-async def _respond(send: Any, status: int, body: bytes) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+async def _respond(send: Any, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -46,6 +46,7 @@ from typing import Any
 from loragate_resolver import (
     cpu_lora_ops,
     engine_cache,
+    fleet_signature,
     metrics,
     read_index,
     registry_reader,
@@ -54,11 +55,11 @@ from loragate_resolver import (
     routing,
     traffic_flow,
 )
-from loragate_resolver.admin_guard import HEADER as ADMIN_HEADER
-from loragate_resolver.admin_guard import _error, _read_body, _replay, _respond, header, key_matches
+from loragate_resolver.admin_guard import _error, _read_body, _replay, _respond
 from loragate_resolver.base_probe import BaseProbe
 from loragate_resolver.breaker import OPEN, Breaker, Limits
 from loragate_resolver.figures import document, serve
+from loragate_resolver.fleet_signature import header
 from loragate_resolver.live_stats import LiveStats
 
 SPLIT_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -237,18 +238,17 @@ class TrafficSplit:
             engine_cache.adopt(self, scope["app"])
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         method = scope.get("method")
+        _, receive = await fleet_signature.decide(scope, receive, self.secrets_dir)
         if path in (TRAFFIC_PATH, FEEDBACK_PATH, ROUTES_PATH):
-            return await _respond(send, *await self._own(scope, receive, path, method))
+            status, body = await self._own(scope, receive, path, method)
+            signed = fleet_signature.answer_headers(scope, status, body, self.secrets_dir)
+            return await _respond(send, status, body, signed)
         if method != "POST" or path not in SPLIT_PATHS or self._is_admin(scope):
             return await self.app(scope, receive, send)
         return await self._client(scope, receive, send)
 
     def _is_admin(self, scope: dict) -> bool:
-        presented = header(scope, ADMIN_HEADER)
-        if presented is None:
-            return False
-        expected = registry_reader.read_secret(self.secrets_dir, registry_reader.ADMIN_KEY_FILE)
-        return expected is not None and key_matches(presented, expected)
+        return fleet_signature.verdict(scope) == fleet_signature.FLEET
 
     async def _own(self, scope: dict, receive: Any, path: str, method: str | None) -> tuple[int, bytes]:
         """The middleware's own endpoints (module docstring of ``live_stats`` for the figures)."""
