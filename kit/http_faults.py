@@ -130,8 +130,8 @@ class FaultProxy:
                         content=body,
                         headers={
                             "content-type": self.headers.get("content-type", "application/json"),
-                            # the fleet's admin key on loads and unloads: a proxy passes it on
-                            **{k: v for k, v in self.headers.items() if k.lower() == "x-loragate-admin-key"},
+                            # the fleet's signature (or key) on its requests: a proxy passes it on
+                            **{k: v for k, v in self.headers.items() if k.lower().startswith("x-loragate-")},
                         },
                     )
                 content = upstream.content
@@ -139,11 +139,16 @@ class FaultProxy:
                     answer = upstream.json()
                     answer["choices"][0]["text"] = " garbled read"
                     content = json.dumps(answer).encode()
-                self._answer(upstream.status_code, content, upstream.headers.get("content-type", "text/plain"))
+                signed = [(k, v) for k, v in upstream.headers.items() if k.lower().startswith("x-loragate-")]
+                self._answer(upstream.status_code, content, upstream.headers.get("content-type", "text/plain"), signed)
 
-            def _answer(self, status: int, body: bytes, content_type: str) -> None:
+            def _answer(
+                self, status: int, body: bytes, content_type: str, extra: list[tuple[str, str]] | None = None
+            ) -> None:
                 self.send_response(status)
                 self.send_header("content-type", content_type)
+                for name, value in extra or []:
+                    self.send_header(name, value)
                 self.send_header("content-length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
