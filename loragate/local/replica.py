@@ -148,7 +148,7 @@ class VllmReplica(ReplicaConfig):
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent if self.die_with_parent else None,
+                    preexec_fn=_child_setup(self.niceness, self.die_with_parent),
                 )
             except OSError as e:  # not executable, not an interpreter
                 raise ReplicaError(
@@ -227,6 +227,20 @@ class VllmReplica(ReplicaConfig):
             raise ReplicaError(f"GET {self.url}{path}: {e.code}", code=code, field="url", status=e.code) from e
         except OSError as e:  # refused, reset, timed out (URLError is one)
             raise ReplicaError(f"GET {self.url}{path}: {e}", code=ErrorCode.REPLICA_UNAVAILABLE, field="url") from e
+
+
+def _child_setup(niceness: int, die_with_parent: bool) -> Callable[[], None] | None:
+    """What the child runs before exec: its lower CPU priority, and its death with us."""
+    if not niceness and not die_with_parent:
+        return None
+
+    def setup() -> None:
+        if niceness:
+            os.nice(niceness)
+        if die_with_parent:
+            _die_with_parent()
+
+    return setup
 
 
 def _die_with_parent() -> None:

@@ -28,6 +28,8 @@ from pathlib import Path
 from loragate.local.replica_secrets import REPLICA_SECRETS_VARIABLE
 from loragate.local.replica_split import split_environment, split_middleware
 
+# a rollback or a worker beside busy CPU replicas gets the cores first (docs/operations/fleet.md)
+REPLICA_NICENESS = 10
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = REPO / ".venv-vllm"
 DEFAULT_PYTHON = VLLM_VENV / "bin" / "python"
@@ -93,6 +95,9 @@ class ReplicaConfig:
     # tests and benchmarks: the replica goes when the process that started it goes, even
     # killed (no teardown runs then); `loragate replicas up` leaves them running
     die_with_parent: bool = False
+    # added to the process's CPU niceness: on a host it shares with the control plane (the
+    # kit, the demo, the tests) a replica's busy cores yield to the commands that steer it
+    niceness: int = REPLICA_NICENESS
     # the CPU ids its OpenMP threads are bound to ("0", "2-3"); None: vLLM's auto binding,
     # which puts every replica of a host on the same cores
     omp_cpus: str | None = None
