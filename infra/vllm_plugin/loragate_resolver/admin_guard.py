@@ -14,10 +14,11 @@ start-up and gives each route its kind (``surface``), then per request:
   (``keyless_reads``), an ``inference`` route resolves no adapter at all (the split's two
   routes do), and ``/invocations`` refuses a request naming anything but the base
   (``invocations``);
-- ``load`` and ``unload`` need the admin secret in its own header, ``X-Loragate-Admin-Key``
-  (a client's ``Authorization: Bearer`` never counts), compared in constant time with
-  ``admin-key`` in the replica's secrets directory (``LORAGATE_REPLICA_SECRETS_DIR``,
-  re-read per request so a rotated key takes effect); a load is also checked like a
+- ``load`` and ``unload`` need the fleet's signature made with the admin secret
+  (``X-Loragate-Signature``, what loragate sends: ``fleet_signature``) or the secret itself in
+  its own header, ``X-Loragate-Admin-Key`` (a client's ``Authorization: Bearer`` never
+  counts), checked in constant time against ``admin-key`` in the replica's secrets directory
+  (``LORAGATE_REPLICA_SECRETS_DIR``, re-read per request so a rotated key takes effect); a load is also checked like a
   resolver load (``loragate_resolver.verified``): the path must lie in the adapter directory
   and hold a version the registry lets this role serve under that name, byte for byte. So
   even the fleet's secret cannot load bytes the registry did not record;
