@@ -176,6 +176,10 @@ def test_no_client_reaches_a_version_by_naming_it_on_any_inference_route(previou
         for route in routes:
             got = httpx.post(replica.url + route, json={"model": warm, **BODIES[route]}, timeout=60)
             assert not _answered_as(got, warm, v1_text), f"{route} answered a client as {warm}"
+        # SageMaker's header names it too: refused, never the warm copy's answer
+        named = {"x-amzn-sagemaker-adapter-identifier": warm}
+        got = httpx.post(replica.url + "/invocations", json=BODIES["/invocations"], headers=named, timeout=60)
+        assert got.status_code == 400 and not _answered_as(got, warm, v1_text), got.text
     assert shown_refusing >= RESOLVING, f"the control resolved the name only on {sorted(shown_refusing)}"
 
 

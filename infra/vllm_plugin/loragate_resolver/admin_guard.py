@@ -53,7 +53,6 @@ from loragate_resolver.fleet_signature import read_body as _read_body
 from loragate_resolver.fleet_signature import replay as _replay
 from loragate_resolver.surface import OPEN_KINDS, Kind, Surface
 
-HEADER = b"x-loragate-admin-key"
 SURFACE_PATH = "/loragate/surface"
 MAX_BODY_BYTES = 64 * 1024
 OUTAGE_GRACE_S = 300.0
